@@ -1,0 +1,1 @@
+"""Parley's engine: model loading, turns, caches. Never imports Qt."""

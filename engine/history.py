@@ -1,0 +1,432 @@
+"""Conversations on disk: one SQLite database (WAL) plus a content-addressed picture folder.
+
+Layout under the data dir:
+    history.sqlite3             conversations, messages, full-text index
+    pictures/ab/abcdef….png     attached pictures, named by BLAKE3 of their bytes
+
+Durability: every finished message is committed with synchronous=FULL (survives power loss);
+the text of a reply still streaming is rewritten now and then with synchronous=NORMAL, which in
+WAL mode survives the process dying. A reply row is created as `interrupted` before its first
+token and flipped to `complete` at the end, so a stop or a crash leaves the partial text behind.
+
+No Qt here: the UI calls this from its own thread; a lock makes it safe from any thread.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import blake3
+
+COMPLETE = "complete"
+INTERRUPTED = "interrupted"
+DEFAULT_TITLE = "New chat"
+SCHEMA_VERSION = 1
+
+_REF_RE = re.compile(r"^[0-9a-f]{64}(\.[a-z0-9]{1,8})?$")
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    title: str
+    created: float
+    updated: float
+    system_prompt: str | None = None
+    deleted: float | None = None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    conversation_id: str
+    role: str  # user | assistant | system
+    text: str
+    pictures: tuple[str, ...]  # picture refs; resolve with History.picture_path
+    status: str  # complete | interrupted
+    created: float
+    edited: float | None = None
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: str
+    title: str
+    message_id: int | None  # None when only the title matched
+    snippet: str
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id            TEXT PRIMARY KEY,
+    title         TEXT NOT NULL,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL,
+    system_prompt TEXT,
+    deleted       REAL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role         TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    text         TEXT NOT NULL,
+    pictures     TEXT NOT NULL DEFAULT '[]',
+    status       TEXT NOT NULL CHECK (status IN ('complete', 'interrupted')),
+    created      REAL NOT NULL,
+    edited       REAL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
+CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
+"""
+
+# Trigram FTS gives substring search ("cat" finds "concatenate"); shorter queries fall back to LIKE.
+_FTS_SCHEMA = """
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts
+    USING fts5(text, content='messages', content_rowid='id', tokenize='trigram');
+CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_au AFTER UPDATE OF text ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
+END;
+"""
+
+
+class History:
+    """The conversation store. Open one per data dir; close() when done."""
+
+    def __init__(self, data_dir: Path | str):
+        self.data_dir = Path(data_dir)
+        self.pictures_dir = self.data_dir / "pictures"
+        self.pictures_dir.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.data_dir / "history.sqlite3"
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._fts = True
+        # executescript manages its own transaction, so each script carries BEGIN/COMMIT.
+        self._db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+        try:
+            self._db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+        except sqlite3.OperationalError:  # SQLite built without FTS5 or its trigram tokenizer
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            self._fts = False
+
+    # ------------------------------------------------------------ plumbing
+
+    class _Tx:
+        def __init__(self, history: "History", durable: bool):
+            self.h, self.durable = history, durable
+
+        def __enter__(self):
+            self.h._lock.acquire()
+            if self.durable:
+                self.h._db.execute("PRAGMA synchronous=FULL")
+            self.h._db.execute("BEGIN IMMEDIATE")
+            return self.h._db
+
+        def __exit__(self, exc_type, exc, tb):
+            try:
+                self.h._db.execute("ROLLBACK" if exc_type else "COMMIT")
+            finally:
+                if self.durable:
+                    self.h._db.execute("PRAGMA synchronous=NORMAL")
+                self.h._lock.release()
+            return False
+
+    def _tx(self, durable: bool = False) -> "History._Tx":
+        return History._Tx(self, durable)
+
+    def _query(self, sql: str, args: Iterable = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            self._db.close()
+
+    # ------------------------------------------------------------ conversations
+
+    def create_conversation(self, title: str = DEFAULT_TITLE,
+                            system_prompt: str | None = None) -> Conversation:
+        now = time.time()
+        conv = Conversation(uuid.uuid4().hex, title, now, now, system_prompt)
+        with self._tx(durable=True) as db:
+            db.execute("INSERT INTO conversations(id, title, created, updated, system_prompt)"
+                       " VALUES (?, ?, ?, ?, ?)", (conv.id, title, now, now, system_prompt))
+        return conv
+
+    def list_conversations(self, include_deleted: bool = False) -> list[Conversation]:
+        where = "" if include_deleted else "WHERE deleted IS NULL"
+        rows = self._query(f"SELECT * FROM conversations {where} ORDER BY updated DESC, created DESC")
+        return [_conversation(r) for r in rows]
+
+    def get_conversation(self, conversation_id: str) -> Conversation | None:
+        rows = self._query("SELECT * FROM conversations WHERE id = ?", (conversation_id,))
+        return _conversation(rows[0]) if rows else None
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        with self._tx(durable=True) as db:
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def set_system_prompt(self, conversation_id: str, prompt: str | None) -> None:
+        with self._tx(durable=True) as db:
+            db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?",
+                       (prompt, conversation_id))
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        """Soft delete: hidden from lists and search until restore() or purge_deleted()."""
+        with self._tx(durable=True) as db:
+            db.execute("UPDATE conversations SET deleted = ? WHERE id = ?",
+                       (time.time(), conversation_id))
+
+    def restore_conversation(self, conversation_id: str) -> None:
+        with self._tx(durable=True) as db:
+            db.execute("UPDATE conversations SET deleted = NULL WHERE id = ?", (conversation_id,))
+
+    def purge_deleted(self, before: float | None = None) -> list[str]:
+        """Really remove soft-deleted conversations (deleted before `before`, default: all)."""
+        cutoff = time.time() if before is None else before
+        with self._tx(durable=True) as db:
+            ids = [r[0] for r in db.execute(
+                "SELECT id FROM conversations WHERE deleted IS NOT NULL AND deleted <= ?", (cutoff,))]
+            for cid in ids:
+                db.execute("DELETE FROM messages WHERE conversation = ?", (cid,))
+                db.execute("DELETE FROM conversations WHERE id = ?", (cid,))
+        return ids
+
+    # ------------------------------------------------------------ messages
+
+    def messages(self, conversation_id: str) -> list[StoredMessage]:
+        rows = self._query("SELECT * FROM messages WHERE conversation = ? ORDER BY id",
+                           (conversation_id,))
+        return [_message(r) for r in rows]
+
+    def get_message(self, message_id: int) -> StoredMessage | None:
+        rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
+        return _message(rows[0]) if rows else None
+
+    def add_message(self, conversation_id: str, role: str, text: str,
+                    pictures: Iterable[str] = (), status: str = COMPLETE) -> StoredMessage:
+        refs = tuple(pictures)
+        for ref in refs:
+            self._check_ref(ref)
+        now = time.time()
+        with self._tx(durable=status == COMPLETE) as db:
+            cur = db.execute(
+                "INSERT INTO messages(conversation, role, text, pictures, status, created)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, text, json.dumps(list(refs)), status, now))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        return StoredMessage(cur.lastrowid, conversation_id, role, text, refs, status, now)
+
+    def begin_reply(self, conversation_id: str) -> StoredMessage:
+        """An assistant row that reads as `interrupted` until finish_reply() says otherwise."""
+        return self.add_message(conversation_id, "assistant", "", status=INTERRUPTED)
+
+    def update_reply(self, message_id: int, text: str) -> None:
+        """Save the partial text of a streaming reply (cheap: no fsync)."""
+        with self._tx() as db:
+            db.execute("UPDATE messages SET text = ? WHERE id = ? AND text != ?",
+                       (text, message_id, text))
+
+    def finish_reply(self, message_id: int, text: str, stopped: bool = False) -> None:
+        status = INTERRUPTED if stopped else COMPLETE
+        now = time.time()
+        with self._tx(durable=True) as db:
+            db.execute("UPDATE messages SET text = ?, status = ? WHERE id = ?",
+                       (text, status, message_id))
+            db.execute("UPDATE conversations SET updated = ? WHERE id ="
+                       " (SELECT conversation FROM messages WHERE id = ?)", (now, message_id))
+
+    def edit_message(self, message_id: int, text: str,
+                     pictures: Iterable[str] | None = None) -> StoredMessage:
+        """Change a message and drop everything after it (edit-and-resend)."""
+        now = time.time()
+        with self._tx(durable=True) as db:
+            row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                raise KeyError(message_id)
+            refs = tuple(json.loads(row["pictures"]) if pictures is None else pictures)
+            for ref in refs:
+                self._check_ref(ref)
+            db.execute("UPDATE messages SET text = ?, pictures = ?, edited = ?, status = ?"
+                       " WHERE id = ?", (text, json.dumps(list(refs)), now, COMPLETE, message_id))
+            db.execute("DELETE FROM messages WHERE conversation = ? AND id > ?",
+                       (row["conversation"], message_id))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
+                       (now, row["conversation"]))
+        return StoredMessage(message_id, row["conversation"], row["role"], text, refs,
+                             COMPLETE, row["created"], now)
+
+    def truncate_after(self, message_id: int) -> int:
+        """Delete the messages after this one in its conversation; returns how many."""
+        with self._tx(durable=True) as db:
+            cur = db.execute("DELETE FROM messages WHERE id > ? AND conversation ="
+                             " (SELECT conversation FROM messages WHERE id = ?)",
+                             (message_id, message_id))
+            return cur.rowcount
+
+    def delete_from(self, message_id: int) -> int:
+        """Delete this message and everything after it (regenerate drops the old reply)."""
+        with self._tx(durable=True) as db:
+            row = db.execute("SELECT conversation FROM messages WHERE id = ?",
+                             (message_id,)).fetchone()
+            if row is None:
+                return 0
+            cur = db.execute("DELETE FROM messages WHERE conversation = ? AND id >= ?",
+                             (row[0], message_id))
+            return cur.rowcount
+
+    # ------------------------------------------------------------ search
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Conversations whose title or messages contain `query` (case-insensitive)."""
+        q = query.strip()
+        if not q:
+            return []
+        hits: list[SearchHit] = []
+        seen: set[tuple[str, int | None]] = set()
+        like = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for r in self._query("SELECT id, title FROM conversations WHERE deleted IS NULL"
+                             " AND title LIKE ? ESCAPE '\\' ORDER BY updated DESC LIMIT ?",
+                             (like, limit)):
+            hits.append(SearchHit(r["id"], r["title"], None, r["title"]))
+            seen.add((r["id"], None))
+        if self._fts and len(q) >= 3:
+            phrase = '"' + q.replace('"', '""') + '"'
+            rows = self._query(
+                "SELECT m.id, m.conversation, m.text, c.title FROM messages_fts f"
+                " JOIN messages m ON m.id = f.rowid JOIN conversations c ON c.id = m.conversation"
+                " WHERE messages_fts MATCH ? AND c.deleted IS NULL"
+                " ORDER BY c.updated DESC, m.id DESC LIMIT ?", (phrase, limit))
+        else:
+            rows = self._query(
+                "SELECT m.id, m.conversation, m.text, c.title FROM messages m"
+                " JOIN conversations c ON c.id = m.conversation"
+                " WHERE m.text LIKE ? ESCAPE '\\' AND c.deleted IS NULL"
+                " ORDER BY c.updated DESC, m.id DESC LIMIT ?", (like, limit))
+        for r in rows:
+            hits.append(SearchHit(r["conversation"], r["title"], r["id"], _snippet(r["text"], q)))
+        return hits[:limit]
+
+    # ------------------------------------------------------------ pictures
+
+    def add_picture(self, path: Path | str) -> str:
+        """Copy a picture into the store (if not there yet); returns its ref."""
+        src = Path(path)
+        hasher = blake3.blake3()
+        with open(src, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                hasher.update(chunk)
+        ref = hasher.hexdigest() + _extension(src.suffix)
+        dest = self.picture_path(ref)
+        if not (dest.exists() and dest.stat().st_size == src.stat().st_size):
+            with open(src, "rb") as f:
+                self._write_atomic(dest, f)
+        return ref
+
+    def add_picture_bytes(self, data: bytes, extension: str = ".png") -> str:
+        """Store picture bytes that came without a file (pasted or dragged image data)."""
+        ref = blake3.blake3(data).hexdigest() + _extension(extension)
+        dest = self.picture_path(ref)
+        if not (dest.exists() and dest.stat().st_size == len(data)):
+            import io
+            self._write_atomic(dest, io.BytesIO(data))
+        return ref
+
+    def picture_path(self, ref: str) -> Path:
+        self._check_ref(ref)
+        return self.pictures_dir / ref[:2] / ref
+
+    def purge_orphan_pictures(self, keep: Iterable[str] = ()) -> int:
+        """Remove stored pictures that no message references (nor `keep`, e.g. a draft's)."""
+        used = set(keep)
+        for (refs,) in self._query("SELECT pictures FROM messages WHERE pictures != '[]'"):
+            used.update(json.loads(refs))
+        removed = 0
+        for p in self.pictures_dir.glob("*/*"):
+            if p.name not in used and (_REF_RE.match(p.name) or p.name.startswith(".tmp")):
+                p.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def _write_atomic(self, dest: Path, src) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(dest.parent)
+
+    @staticmethod
+    def _check_ref(ref: str) -> None:
+        if not isinstance(ref, str) or not _REF_RE.match(ref):
+            raise ValueError(f"not a picture ref: {ref!r}")
+
+
+# ---------------------------------------------------------------- helpers
+
+def _conversation(r: sqlite3.Row) -> Conversation:
+    return Conversation(r["id"], r["title"], r["created"], r["updated"], r["system_prompt"],
+                        r["deleted"])
+
+
+def _message(r: sqlite3.Row) -> StoredMessage:
+    return StoredMessage(r["id"], r["conversation"], r["role"], r["text"],
+                         tuple(json.loads(r["pictures"])), r["status"], r["created"], r["edited"])
+
+
+def _extension(suffix: str) -> str:
+    s = suffix.lower().lstrip(".")
+    return "." + s if s and re.fullmatch(r"[a-z0-9]{1,8}", s) else ""
+
+
+def _snippet(text: str, query: str, width: int = 80) -> str:
+    i = text.lower().find(query.lower())
+    if i < 0:
+        return text[:width].replace("\n", " ")
+    start = max(0, i - width // 3)
+    s = text[start:start + width].replace("\n", " ")
+    return ("…" if start else "") + s + ("…" if start + width < len(text) else "")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,61 @@
+"""Blocking helpers over the Engine's events, for headless commands and tests."""
+from __future__ import annotations
+
+import threading
+
+from .engine import Engine
+from .events import ModelFailed, ModelReady, Token, Turn, TurnDone, TurnFailed
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+def load_blocking(engine: Engine, path: str, timeout: float = 600.0) -> ModelReady:
+    done = threading.Event()
+    box: dict = {}
+
+    def listen(ev):
+        if isinstance(ev, (ModelReady, ModelFailed)) and "ev" not in box:
+            box["ev"] = ev
+            done.set()
+
+    engine.add_listener(listen)
+    try:
+        engine.load_model(path)
+        if not done.wait(timeout):
+            raise EngineError(f"loading {path} took longer than {timeout:.0f} s")
+    finally:
+        engine.remove_listener(listen)
+    if isinstance(box["ev"], ModelFailed):
+        raise EngineError(box["ev"].message)
+    return box["ev"]
+
+
+def run_blocking(engine: Engine, turn: Turn, on_token=None, timeout: float = 3600.0) -> TurnDone | TurnFailed:
+    """Submit a turn and wait for its TurnDone / TurnFailed."""
+    done = threading.Event()
+    box: dict = {}
+    wanted: dict = {}
+
+    def listen(ev):
+        tid = getattr(ev, "turn_id", None)
+        if tid is None or tid != wanted.get("id"):
+            return
+        if isinstance(ev, Token) and on_token is not None:
+            on_token(ev)
+        elif isinstance(ev, (TurnDone, TurnFailed)):
+            box["ev"] = ev
+            done.set()
+
+    engine.add_listener(listen)
+    try:
+        # take the id before queueing so no event of this turn can slip past the listener
+        wanted["id"] = turn.turn_id = engine.new_turn_id()
+        engine.submit(turn)
+        if not done.wait(timeout):
+            engine.stop(turn.turn_id)
+            raise EngineError(f"turn did not finish within {timeout:.0f} s")
+    finally:
+        engine.remove_listener(listen)
+    return box["ev"]

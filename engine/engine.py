@@ -1,0 +1,255 @@
+"""The Engine: one model-owner thread, a request queue in, events out.
+
+Every piece of model work (load, encode, prefill, decode) runs on the owner thread, so torch
+state is never shared between threads. Callers only enqueue requests and receive events.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from .events import (
+    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Token, Turn,
+    TurnDone, TurnFailed, TurnStarted,
+)
+from .memory import build_report
+from .model import ModelLoadError, load_model
+from .paths import default_data_dir
+from .prompt import build_prompt, render
+from .session import Session
+from .settings import EngineSettings
+from .turn_runner import run_turn
+from .vision.gate import GateTurnStats, PictureGate
+from .vision.pictures import PictureError
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
+        self.settings = settings or EngineSettings()
+        self.data_dir = Path(data_dir) if data_dir else default_data_dir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._queue: queue.Queue = queue.Queue()
+        self._listeners: list[Callable[[Event], None]] = []
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._stop_lock = threading.Lock()
+        self._stop_requested: set[int] = set()
+        self._current_turn: int | None = None
+        self.loaded = None
+        self.gate: PictureGate | None = None
+        self.sessions: dict[str, Session] = {}
+        self.last_turn_stats: dict = {}
+
+    # ------------------------------------------------------------ public API (any thread)
+
+    def add_listener(self, fn: Callable[[Event], None]) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Event], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="parley-model-owner", daemon=True)
+            self._thread.start()
+        return self
+
+    def load_model(self, path: str) -> None:
+        self._queue.put(("load", str(path)))
+
+    def new_turn_id(self) -> int:
+        return next(self._ids)
+
+    def submit(self, turn: Turn) -> int:
+        """Queue a turn; a turn_id already taken from new_turn_id() is kept."""
+        if not turn.turn_id:
+            turn.turn_id = next(self._ids)
+        self._queue.put(("turn", turn))
+        return turn.turn_id
+
+    def stop(self, turn_id: int | None = None) -> None:
+        """Stop the running turn (or a queued one) before its next token."""
+        with self._stop_lock:
+            target = turn_id if turn_id is not None else self._current_turn
+            if target is not None:
+                self._stop_requested.add(target)
+
+    def request_memory_report(self) -> None:
+        self._queue.put(("memory", None))
+
+    def unload_encoder(self) -> None:
+        self._queue.put(("unload_encoder", None))
+
+    def spill_now(self, conversation_id: str) -> None:
+        self._queue.put(("spill", conversation_id))
+
+    def forget(self, conversation_id: str) -> None:
+        self._queue.put(("forget", conversation_id))
+
+    def update_settings(self, **changes) -> None:
+        self.settings.with_changes(changes)  # validate now, in the caller's thread
+        self._queue.put(("settings", changes))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self.stop()
+        self._queue.put(("shutdown", None))
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------ owner thread
+
+    def _emit(self, event: Event) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(event)
+            except Exception:  # a broken listener must not take the engine down
+                log.exception("engine listener failed on %s", type(event).__name__)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                kind, arg = self._queue.get(timeout=self._idle_tick_s())
+            except queue.Empty:
+                self._on_idle()
+                continue
+            if kind == "shutdown":
+                self._on_shutdown()
+                return
+            try:
+                handler = getattr(self, f"_do_{kind}")
+                handler(arg)
+            except Exception as exc:  # the loop survives anything a request does
+                log.exception("engine request %s failed", kind)
+                self._emit(Notice("error", f"{kind} failed: {exc}"))
+
+    def _idle_tick_s(self) -> float:
+        return 1.0
+
+    def _on_idle(self) -> None:
+        """Timers that run between requests (encoder unload, session spill)."""
+
+    def _on_shutdown(self) -> None:
+        self.sessions.clear()
+
+    def _do_load(self, path: str) -> None:
+        self._emit(ModelLoading(path))
+        try:
+            loaded = load_model(path, self.settings.device, self.settings.dtype)
+        except ModelLoadError as exc:
+            self._emit(ModelFailed(path, str(exc)))
+            return
+        except Exception as exc:
+            log.exception("model load failed")
+            self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
+            return
+        self.loaded = None
+        self.sessions.clear()  # KV of another model is meaningless
+        self.loaded = loaded
+        self.gate = PictureGate(loaded, self.settings)
+        self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device), str(loaded.dtype).replace("torch.", ""), loaded.name))
+        self._emit(EncoderState("resident"))
+        self._emit(self._report())
+
+    def _do_memory(self, _arg) -> None:
+        self._emit(self._report())
+
+    def _do_forget(self, conversation_id: str) -> None:
+        self.sessions.pop(conversation_id, None)
+        self._emit(self._report())
+
+    def _do_settings(self, changes: dict) -> None:
+        self.settings = self.settings.with_changes(changes)
+        if self.gate is not None:
+            self.gate.ram.resize(self.settings.image_cache_entries, self.settings.image_cache_ram_bytes)
+
+    def _do_unload_encoder(self, _arg) -> None:
+        self._emit(Notice("info", "This model keeps its vision encoder resident."))
+
+    def _do_spill(self, conversation_id: str) -> None:
+        self._emit(SpillState(conversation_id, "refused", "Spilling to disk is not available yet."))
+
+    def _counters(self) -> dict:
+        return dict(self.gate.counters) if self.gate else {}
+
+    def _report(self) -> MemoryReport:
+        extra = {}
+        if self.gate is not None:
+            extra["image_cache_ram"] = self.gate.ram.nbytes
+        return build_report(self.loaded, self.sessions, extra, self._counters())
+
+    def _should_stop(self, turn_id: int) -> bool:
+        return turn_id in self._stop_requested
+
+    def _do_turn(self, turn: Turn) -> None:
+        tid, cid = turn.turn_id, turn.conversation_id
+        with self._stop_lock:
+            self._current_turn = tid
+        self._emit(TurnStarted(tid, cid))
+        try:
+            if self._should_stop(tid):
+                self._emit(TurnDone(tid, cid, "", [], {}, stopped=True))
+                return
+            if self.loaded is None:
+                self._emit(TurnFailed(tid, cid, "No model is loaded. Choose a model folder first."))
+                return
+            self._run_turn(turn)
+        except (PictureError, ValueError) as exc:
+            self._emit(TurnFailed(tid, cid, str(exc)))
+        except Exception as exc:
+            log.exception("turn %s failed", tid)
+            self._emit(TurnFailed(tid, cid, f"The model failed on this turn ({type(exc).__name__}: {exc})"))
+        finally:
+            with self._stop_lock:
+                self._current_turn = None
+                self._stop_requested.discard(tid)
+
+    def _run_turn(self, turn: Turn) -> None:
+        tid, cid = turn.turn_id, turn.conversation_id
+        if not turn.messages or turn.messages[-1].role != "user":
+            raise ValueError("A turn must end with a user message.")
+        loaded, gate = self.loaded, self.gate
+        gstats = GateTurnStats()
+        entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
+        prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
+        session = self.sessions.get(cid) or self.sessions.setdefault(cid, Session(cid))
+        session.last_used = time.monotonic()
+        result = run_turn(
+            loaded, session, prompt, entries, turn.sampling,
+            ensure_features=lambda es: gate.ensure_features(es, gstats),
+            on_text=lambda text, tok: self._emit(Token(tid, cid, text, tok)),
+            should_stop=lambda: self._should_stop(tid),
+        )
+        gate.remember(entries)
+        session.last_used = time.monotonic()
+        stats = dict(result.stats)
+        stats.update({
+            "encode_s": round(gstats.encode_s, 6),
+            "encoder_loads": gstats.encoder_loads,
+            "encoder_load_s": round(gstats.load_s, 6),
+            "image_cache_hits": gstats.hits,
+            "image_cache_misses": gstats.misses,
+            "pictures_encoded": gstats.encoded,
+            "encoder_resident": True,
+            "restored_tokens": 0,
+            "spill_blocks_written": 0,
+            "spill_blocks_reused": 0,
+        })
+        self.last_turn_stats = stats
+        self._emit(TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped))
+        self._emit(self._report())

@@ -1,0 +1,61 @@
+"""The memory ledger: exact bytes per component, from tensor sizes, for the VRAM panel."""
+from __future__ import annotations
+
+import platform
+
+import psutil
+import torch
+
+from .events import MemoryReport
+
+
+def tensor_bytes(tensors) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None or t.device.type == "meta":
+            continue
+        ptr = t.data_ptr()
+        if ptr in seen:  # tied weights count once
+            continue
+        seen.add(ptr)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def model_bytes(loaded) -> tuple[int, int]:
+    """(language-model bytes, vision-encoder bytes) as they sit on the device now."""
+    vision_ids = {id(p) for p in loaded.vision_parameters()}
+    everything = list(loaded.model.parameters()) + list(loaded.model.buffers())
+    lm = tensor_bytes(t for t in everything if id(t) not in vision_ids)
+    vision = tensor_bytes(p for p in loaded.vision_parameters())
+    return lm, vision
+
+
+def device_totals(device: torch.device) -> tuple[str, int, int]:
+    """(device name, total bytes, free bytes): VRAM on CUDA, system memory otherwise."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return torch.cuda.get_device_name(device), int(total), int(free)
+    vm = psutil.virtual_memory()
+    name = platform.processor() or platform.machine() or "CPU"
+    label = "Apple GPU (shared memory)" if device.type == "mps" else f"CPU ({name})"
+    return label, int(vm.total), int(vm.available)
+
+
+def build_report(loaded, sessions: dict, extra_components: dict | None = None, counters: dict | None = None,
+                 encoder_state: str = "resident", idle_left: float | None = None) -> MemoryReport:
+    if loaded is None:
+        name, total, free = device_totals(torch.device("cpu"))
+        return MemoryReport("cpu", name, total, free, {}, {}, counters or {})
+    lm, vision = model_bytes(loaded)
+    name, total, free = device_totals(loaded.device)
+    components = {"language_model": lm, "vision_encoder": vision}
+    kv = {cid: s.kv_bytes() for cid, s in sessions.items() if s.cache is not None}
+    components["hot_kv"] = sum(kv.values())
+    components.update(extra_components or {})
+    return MemoryReport(
+        device=str(loaded.device), device_name=name, total_bytes=total, free_bytes=free,
+        components=components, sessions_kv=kv, counters=dict(counters or {}),
+        encoder_state=encoder_state, encoder_idle_left_s=idle_left,
+    )

@@ -1,0 +1,200 @@
+"""Load a vision-language model folder and describe its family.
+
+A `LoadedModel` holds the transformers model + processor and a `FamilyAdapter` that knows the
+few things that differ between families: which modules form the vision encoder, how a single
+picture is preprocessed, and how positions are computed (Qwen2-VL's 3-D rope).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(Exception):
+    """A folder that cannot be used as a model; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    name: str
+    # attribute paths (under the top-level model) of the modules that form the vision encoder
+    vision_modules: tuple[str, ...]
+    nested_images: bool = False  # the image processor wants [[img]] (one list per sample)
+    mrope: bool = False  # Qwen2-VL style 3-D positions from get_rope_index
+
+    def preprocess(self, processor, merged_image_kwargs: dict, image) -> tuple[dict, str]:
+        """One picture -> (model inputs for the encoder, placeholder replacement text).
+
+        Uses the processor's own per-picture step so the expansion equals what the processor
+        produces for the whole prompt.
+        """
+        images = [[image]] if self.nested_images else [image]
+        processed, replacements = processor._process_images(images, **merged_image_kwargs)
+        return dict(processed), replacements[0]
+
+    def encoder_inputs(self, model, processed: dict) -> dict[str, Any]:
+        """Keep only the arguments `get_image_features` accepts (rows/cols etc. are prompt-only)."""
+        params = inspect.signature(model.model.get_image_features).parameters
+        out = {}
+        for k, v in processed.items():
+            if k in params and v is not None:
+                out[k] = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+        return out
+
+
+ADAPTERS: dict[str, FamilyAdapter] = {
+    "llava": FamilyAdapter("llava", ("model.vision_tower", "model.multi_modal_projector")),
+    "qwen2_vl": FamilyAdapter("qwen2_vl", ("model.visual",), mrope=True),
+    "qwen2_5_vl": FamilyAdapter("qwen2_5_vl", ("model.visual",), mrope=True),
+    "idefics3": FamilyAdapter("idefics3", ("model.vision_model", "model.connector"), nested_images=True),
+    "smolvlm": FamilyAdapter("smolvlm", ("model.vision_model", "model.connector"), nested_images=True),
+}
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    name: str
+    model: Any
+    processor: Any
+    adapter: FamilyAdapter
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: set[int]
+    image_token_id: int
+    merged_kwargs: dict = field(default_factory=dict)
+    fingerprint: bytes = b""
+
+    @property
+    def tokenizer(self):
+        return self.processor.tokenizer
+
+    def module(self, dotted: str):
+        obj = self.model
+        for part in dotted.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return None
+        return obj
+
+    def vision_parameters(self):
+        for name in self.adapter.vision_modules:
+            mod = self.module(name)
+            if mod is not None:
+                yield from mod.parameters()
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    if requested and requested != "auto":
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    if requested and requested != "auto":
+        try:
+            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
+        except KeyError:
+            raise ModelLoadError(f"unknown dtype {requested!r} (use float32, bfloat16 or float16)") from None
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def check_folder(path: Path) -> dict:
+    """Fail early, with a sentence a user understands, on folders that are not a supported VLM."""
+    if not path.exists():
+        raise ModelLoadError(f"Model folder not found: {path}")
+    if not path.is_dir():
+        raise ModelLoadError(f"Not a folder: {path} (choose the folder that holds config.json)")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{path} has no config.json, so it is not a transformers model folder")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{cfg_path} cannot be read as JSON: {exc}") from None
+    model_type = config.get("model_type")
+    if model_type not in ADAPTERS:
+        archs = ", ".join(config.get("architectures") or []) or "unknown"
+        raise ModelLoadError(
+            f"Unsupported architecture {model_type!r} ({archs}). Parley supports: "
+            "LLaVA, Qwen2-VL, Qwen2.5-VL, Idefics3 and SmolVLM."
+        )
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{path} has no .safetensors weights (Parley loads safetensors only)")
+    return config
+
+
+def weights_identity(path: Path) -> bytes:
+    """Cheap identity of the weight files: names, sizes and mtimes (no full read of GBs)."""
+    h = hashlib.blake2b(digest_size=16)
+    for f in sorted(path.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.digest()
+
+
+def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = Path(path).expanduser().resolve()
+    config = check_folder(folder)
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    try:
+        processor = AutoProcessor.from_pretrained(folder)
+    except Exception as exc:  # transformers raises many kinds; the user needs one sentence
+        raise ModelLoadError(f"Cannot load the processor/tokenizer from {folder}: {exc}") from exc
+    if not getattr(processor, "chat_template", None) and not getattr(processor.tokenizer, "chat_template", None):
+        raise ModelLoadError(f"{folder} has no chat template, so Parley cannot format a conversation for it")
+    if getattr(processor, "image_token", None) is None:
+        raise ModelLoadError(f"The processor in {folder} has no image token; it is not a vision-language model")
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
+    except Exception as exc:
+        raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc}") from exc
+    model.to(dev).eval()
+
+    eos: set[int] = set()
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    for value in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
+        if value is not None:
+            eos.add(int(value))
+    if processor.tokenizer.eos_token_id is not None:
+        eos.add(int(processor.tokenizer.eos_token_id))
+
+    merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
+    for k in ("return_tensors", "return_mm_token_type_ids", "return_text_replacement_offsets"):
+        merged["text_kwargs"].pop(k, None)
+    merged["images_kwargs"]["return_tensors"] = "pt"
+
+    image_token_id = getattr(model.config, "image_token_id", None)
+    if image_token_id is None:
+        image_token_id = getattr(model.config, "image_token_index", None)
+    if image_token_id is None:
+        image_token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+
+    fp = hashlib.blake2b(digest_size=32)
+    fp.update(json.dumps(config, sort_keys=True).encode())
+    fp.update(weights_identity(folder))
+    fp.update(str(dt).encode())
+    name = folder.name
+    log.info("loaded %s (%s) on %s as %s", name, config["model_type"], dev, dt)
+    return LoadedModel(
+        path=folder, name=name, model=model, processor=processor, adapter=ADAPTERS[config["model_type"]],
+        device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
+        fingerprint=fp.digest(),
+    )

@@ -1,0 +1,99 @@
+"""`main.py replay`: a scripted multi-turn conversation, one JSON line per turn.
+
+Script: {"settings": {...}, "turns": [{"user": "...", "images": ["a.png"], "wait_s": 0,
+"conversation": "main", "system": "...", "restart": false}, ...]}. Picture paths are relative
+to the script's folder. Settings take sampling keys and any EngineSettings field.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TextIO
+
+from .client import EngineError, load_blocking, run_blocking
+from .engine import Engine
+from .events import Message, Sampling, Turn, TurnFailed
+from .settings import EngineSettings
+
+SAMPLING_KEYS = {"max_new_tokens", "greedy", "temperature", "top_p", "seed"}
+TURN_KEYS = {"user", "images", "wait_s", "conversation", "system", "restart"}
+
+
+class ReplayError(Exception):
+    pass
+
+
+def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
+    try:
+        script = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReplayError(f"script not found: {path}") from None
+    except ValueError as exc:
+        raise ReplayError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(script, dict) or not isinstance(script.get("turns"), list):
+        raise ReplayError('a script is {"settings": {...}, "turns": [...]}')
+    settings = dict(script.get("settings") or {})
+    unknown = set(settings) - SAMPLING_KEYS - EngineSettings.field_names()
+    if unknown:
+        raise ReplayError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    sampling = Sampling(**{k: settings.pop(k) for k in list(settings) if k in SAMPLING_KEYS})
+    if "temperature" in script.get("settings", {}) and "greedy" not in script.get("settings", {}):
+        sampling.greedy = sampling.temperature <= 0
+    base = path.parent
+    turns = []
+    for i, t in enumerate(script["turns"]):
+        if not isinstance(t, dict) or not isinstance(t.get("user"), str):
+            raise ReplayError(f"turn {i}: needs a \"user\" text")
+        bad = set(t) - TURN_KEYS
+        if bad:
+            raise ReplayError(f"turn {i}: unknown key(s): {', '.join(sorted(bad))}")
+        t = dict(t)
+        t["images"] = [str((base / p).resolve()) if not Path(p).is_absolute() else p for p in t.get("images", [])]
+        turns.append(t)
+    return sampling, settings, turns
+
+
+def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO) -> int:
+    sampling, engine_settings, turns = parse_script(script)
+    settings = EngineSettings().with_changes(engine_settings)
+
+    def open_engine() -> Engine:
+        eng = Engine(settings, data_dir).start()
+        try:
+            load_blocking(eng, model_dir)
+        except EngineError as exc:
+            eng.shutdown()
+            raise ReplayError(str(exc)) from None
+        return eng
+
+    engine = open_engine()
+    conversations: dict[str, list[Message]] = {}
+    systems: dict[str, str | None] = {}
+    failures = 0
+    try:
+        for i, t in enumerate(turns):
+            if t.get("restart"):
+                engine.shutdown()
+                engine = open_engine()
+            if t.get("wait_s"):
+                time.sleep(float(t["wait_s"]))
+            cid = str(t.get("conversation", "main"))
+            history = conversations.setdefault(cid, [])
+            if not history and t.get("system"):
+                systems[cid] = t["system"]
+            history.append(Message("user", t["user"], t["images"]))
+            result = run_blocking(engine, Turn(cid, list(history), sampling, systems.get(cid)))
+            if isinstance(result, TurnFailed):
+                history.pop()
+                failures += 1
+                line = {"turn": i, "conversation": cid, "error": result.message}
+            else:
+                history.append(Message("assistant", result.reply))
+                line = {"turn": i, "conversation": cid, "reply": result.reply,
+                        "reply_token_ids": result.token_ids, "stats": result.stats}
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+    finally:
+        engine.shutdown()
+    return 1 if failures else 0

@@ -1,0 +1,36 @@
+"""Engine settings: one dataclass, filled from the UI's settings or a replay script."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass
+class EngineSettings:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # image-cache gate
+    elastic: bool = True
+    elastic_idle_s: float = 60.0
+    image_cache_entries: int = 64
+    image_cache_ram_bytes: int = 1 << 30
+    image_cache_disk_bytes: int = 2 << 30
+    # session spill
+    spill_idle_s: float = 120.0
+    block_tokens: int = 256
+    unit_bytes: int = 32 << 20
+    store_cap_bytes: int | None = None  # None: min(20 GiB, 10% of free disk)
+    # memory reports are pushed at most this often while something changes
+    memory_report_interval_s: float = 0.5
+
+    def with_changes(self, changes: dict[str, Any]) -> "EngineSettings":
+        """A copy with `changes` applied; unknown names are a clear error, not a silent no-op."""
+        known = {f.name: f.type for f in fields(self)}
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise ValueError(f"unknown engine setting(s): {', '.join(unknown)}")
+        return replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}

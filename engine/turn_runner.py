@@ -1,0 +1,145 @@
+"""One turn on the model-owner thread: reuse the KV prefix, prefill the suffix, decode.
+
+Kept free of threads and queues: the engine calls `run_turn` and passes callbacks for tokens
+and for the stop check, so the same code serves the window, `ask` and `replay`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from .detok import IncrementalDetokenizer
+from .events import Sampling
+from .prompt import Prompt, position_ids
+from .sampling import Sampler
+from .session import Session
+
+
+@dataclass
+class TurnResult:
+    reply: str
+    token_ids: list[int]
+    stopped: bool
+    stats: dict = field(default_factory=dict)
+
+
+def _suffix_positions(full_pos: torch.Tensor | None, start: int, end: int, device) -> torch.Tensor:
+    if full_pos is None:
+        return torch.arange(start, end, device=device).unsqueeze(0)
+    return full_pos[:, :, start:end].to(device)
+
+
+def _decode_position(index: int, delta: int, mrope: bool, device) -> torch.Tensor:
+    pos = torch.tensor([[index + delta]], device=device)
+    return pos.unsqueeze(0).expand(3, 1, 1) if mrope else pos
+
+
+@torch.inference_mode()
+def run_turn(
+    loaded,
+    session: Session,
+    prompt: Prompt,
+    entries: list,
+    sampling: Sampling,
+    ensure_features: Callable[[list], None],
+    on_text: Callable[[str, int], None],
+    should_stop: Callable[[], bool],
+) -> TurnResult:
+    model, device = loaded.model, loaded.device
+    mrope = loaded.adapter.mrope and bool(entries)
+    L = len(prompt.ids)
+    if L == 0:
+        raise ValueError("empty prompt")
+    sampler = Sampler(sampling, device)
+
+    # 1. longest reusable prefix; crop the cache back to it
+    reuse = session.reusable_prefix(prompt)
+    if session.cache is None or reuse == 0:
+        session.cache = DynamicCache(config=model.config)
+        reuse = 0
+    elif session.cached_tokens > reuse:
+        session.cache.crop(reuse - session.cached_tokens)
+
+    # 2. only pictures whose tokens lie in the suffix need features
+    suffix_entries = [e for e, p in zip(entries, prompt.pictures) if p.start >= reuse]
+    ensure_features(suffix_entries)
+
+    # 3. prefill the suffix
+    full_pos, delta = position_ids(loaded, prompt, entries)
+    t0 = time.perf_counter()
+    kwargs = {}
+    if suffix_entries:
+        feats = [e.features.to(device=device, dtype=loaded.dtype) for e in suffix_entries]
+        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=feats)}
+    ids = torch.tensor([prompt.ids[reuse:]], device=device)
+    try:
+        out = model(
+            input_ids=ids, cache=session.cache, position_ids=_suffix_positions(full_pos, reuse, L, device),
+            use_cache=True, logits_to_keep=1, **kwargs,
+        )
+    except Exception:
+        session.drop_kv()  # a half-written cache must never be reused
+        raise
+    session.tags = list(prompt.tags)
+    session.pictures = list(prompt.pictures)
+    session.rope_delta = delta
+    prefill_s = time.perf_counter() - t0
+
+    # 4. decode; the cache always holds exactly `session.tags`
+    detok = IncrementalDetokenizer(loaded.tokenizer)
+    generated: list[int] = []
+    text_parts: list[str] = []
+    stopped = False
+    logits = out.logits[0, -1]
+    t1 = time.perf_counter()
+    first_token_s = None
+    while len(generated) < sampling.max_new_tokens:
+        if should_stop():
+            stopped = True
+            break
+        tok = sampler(logits)
+        generated.append(tok)
+        if first_token_s is None:
+            first_token_s = time.perf_counter() - t0
+        if tok in loaded.eos_ids:
+            break
+        piece = detok.push(tok)
+        if piece:
+            text_parts.append(piece)
+        on_text(piece, tok)
+        if len(generated) >= sampling.max_new_tokens:
+            break
+        index = len(session.tags)
+        try:
+            out = model(
+                input_ids=torch.tensor([[tok]], device=device), cache=session.cache,
+                position_ids=_decode_position(index, delta if mrope else 0, mrope, device),
+                use_cache=True, logits_to_keep=1,
+            )
+        except Exception:
+            session.drop_kv()
+            raise
+        session.tags.append(tok)
+        logits = out.logits[0, -1]
+    tail = detok.flush()
+    if tail:
+        text_parts.append(tail)
+        on_text(tail, -1)
+    decode_s = time.perf_counter() - t1
+    n_gen = len(generated)
+    stats = {
+        "prompt_tokens": L,
+        "reused_tokens": reuse,
+        "prefill_tokens": L - reuse,
+        "generated_tokens": n_gen,
+        "prefill_s": round(prefill_s, 6),
+        "decode_s": round(decode_s, 6),
+        "first_token_s": round(first_token_s or 0.0, 6),
+        "tokens_per_s": round(n_gen / decode_s, 3) if decode_s > 0 and n_gen else 0.0,
+    }
+    return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, stats=stats)

@@ -1,0 +1,23 @@
+"""Running the vision encoder + projector on one picture."""
+from __future__ import annotations
+
+import torch
+
+from .entry import PictureEntry
+
+
+@torch.inference_mode()
+def encode_entry(loaded, entry: PictureEntry) -> torch.Tensor:
+    """Post-projector features [n_tokens, hidden] for one prepared picture, kept on CPU."""
+    inputs = loaded.adapter.encoder_inputs(loaded.model, entry.encoder_inputs or {})
+    for k, v in inputs.items():
+        v = v.to(loaded.device)
+        if v.is_floating_point():
+            v = v.to(loaded.dtype)
+        inputs[k] = v
+    out = loaded.model.model.get_image_features(**inputs, return_dict=True)
+    pooled = out.pooler_output
+    feats = torch.cat(list(pooled), dim=0) if isinstance(pooled, (list, tuple)) else pooled.reshape(-1, pooled.shape[-1])
+    if feats.shape[0] != entry.n_tokens:
+        raise RuntimeError(f"encoder gave {feats.shape[0]} feature rows for a picture of {entry.n_tokens} tokens")
+    return feats.detach().to("cpu")

@@ -1,0 +1,51 @@
+"""What a picture costs to know: its content key and its cache entry."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import blake3
+import torch
+
+KEY_DOMAIN = b"parley.picture.v1\0"
+
+
+@dataclass
+class PictureEntry:
+    key: bytes
+    replacement: str  # the placeholder's expansion text (what the processor would insert)
+    n_tokens: int  # feature rows = image tokens in the expansion
+    grid_thw: list[int] | None = None  # Qwen2-VL family: needed for 3-D positions
+    features: torch.Tensor | None = None  # post-projector features, [n_tokens, hidden], on CPU
+    encoder_inputs: dict | None = field(default=None, repr=False)  # decoded pixels, this turn only
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.features is None else self.features.numel() * self.features.element_size()
+
+    def meta(self) -> dict:
+        return {"replacement": self.replacement, "n_tokens": self.n_tokens, "grid_thw": self.grid_thw}
+
+
+def encoder_identity(loaded) -> bytes:
+    """Vision weights identity + processor config + dtype: features are only valid for this triple."""
+    h = blake3.blake3()
+    h.update(loaded.fingerprint)
+    ip = loaded.processor.image_processor
+    try:
+        cfg = ip.to_json_string()
+    except Exception:  # some processors hold non-JSON values; their repr is still stable
+        cfg = repr(sorted(vars(ip).items()))
+    h.update(cfg.encode())
+    h.update(json.dumps(loaded.merged_kwargs.get("images_kwargs", {}), sort_keys=True, default=str).encode())
+    h.update(str(loaded.dtype).encode())
+    return h.digest()
+
+
+def picture_key(file_bytes: bytes, identity: bytes) -> bytes:
+    """BLAKE3 over domain tag, encoder identity and the original file bytes (no decode)."""
+    h = blake3.blake3(KEY_DOMAIN)
+    h.update(identity)
+    h.update(len(file_bytes).to_bytes(8, "little"))
+    h.update(file_bytes)
+    return h.digest()

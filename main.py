@@ -1,0 +1,109 @@
+"""Parley entry point: the window by default; `ask`, `replay` (and later `serve`) headless."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+DEMO_MODEL = ROOT / "resources" / "models" / "parley-shapes"
+
+
+def _data_dir(arg: str | None) -> Path:
+    from engine.paths import default_data_dir
+
+    return Path(arg).expanduser().resolve() if arg else default_data_dir()
+
+
+def _model_dir(arg: str | None) -> str:
+    return str(Path(arg).expanduser()) if arg else str(DEMO_MODEL)
+
+
+def cmd_ask(args) -> int:
+    from engine.engine import Engine
+    from engine.client import EngineError, load_blocking, run_blocking
+    from engine.events import Message, Sampling, Turn, TurnFailed
+
+    engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+    try:
+        load_blocking(engine, _model_dir(args.model))
+        sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
+                            top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        turn = Turn("ask", [Message("user", args.prompt, list(args.image or []))], sampling, args.system)
+        streamed = []
+
+        def on_token(ev):
+            streamed.append(ev.text)
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+
+        result = run_blocking(engine, turn, on_token=on_token)
+        if isinstance(result, TurnFailed):
+            print(f"error: {result.message}", file=sys.stderr)
+            return 1
+        sys.stdout.write("\n")
+        return 0
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.shutdown()
+
+
+def cmd_replay(args) -> int:
+    from engine.replay import ReplayError, run_replay
+
+    try:
+        return run_replay(Path(args.script), _model_dir(args.model), _data_dir(args.data_dir), sys.stdout)
+    except ReplayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_window(args) -> int:
+    from app import run_app
+
+    return run_app(args.model, _data_dir(args.data_dir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parley", description="Chat with a local vision-language model about pictures.")
+    parser.add_argument("--model", help="model folder (default: the built-in Parley Shapes demo model)")
+    parser.add_argument("--data-dir", help="keep history, caches and the KV store in this folder")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command")
+
+    ask = sub.add_parser("ask", help="ask one question and print the reply")
+    ask.add_argument("--model", default=argparse.SUPPRESS)
+    ask.add_argument("--data-dir", default=argparse.SUPPRESS)
+    ask.add_argument("--image", action="append", help="a picture to send (repeatable)")
+    ask.add_argument("--system", help="system prompt")
+    ask.add_argument("--max-new-tokens", type=int, default=256)
+    ask.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ask.add_argument("--top-p", type=float, default=0.9)
+    ask.add_argument("--seed", type=int)
+    ask.add_argument("prompt")
+    ask.set_defaults(func=cmd_ask)
+
+    rep = sub.add_parser("replay", help="run a scripted conversation; one JSON line per turn")
+    rep.add_argument("--model", default=argparse.SUPPRESS)
+    rep.add_argument("--data-dir", default=argparse.SUPPRESS)
+    rep.add_argument("script")
+    rep.set_defaults(func=cmd_replay)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command is None:
+        return cmd_window(args)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Shared pytest fixtures: tiny model folders built once per test session."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: tiny_model(family) -> folder of a seeded tiny VLM, built once per session."""
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_model(family, tmp_path_factory.mktemp(f"model-{family}"))
+        return built[family]
+
+    return get

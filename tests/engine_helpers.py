@@ -1,0 +1,53 @@
+"""Shared helpers for engine tests: a running engine over a model folder, and the reference
+greedy reply from a fresh full prefill with `model.generate`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from engine.client import load_blocking, run_blocking
+from engine.engine import Engine
+from engine.events import Message, Sampling, Turn, TurnDone
+from engine.model import load_model
+from engine.prompt import render
+from engine.settings import EngineSettings
+
+
+def open_engine(model_dir: Path, data_dir: Path, **settings) -> Engine:
+    engine = Engine(EngineSettings().with_changes(settings), data_dir).start()
+    load_blocking(engine, str(model_dir))
+    return engine
+
+
+def ask(engine: Engine, cid: str, messages: list[Message], max_new_tokens: int = 8, system: str | None = None):
+    result = run_blocking(engine, Turn(cid, list(messages), Sampling(max_new_tokens=max_new_tokens), system))
+    return result
+
+
+class Reference:
+    """The model loaded afresh; replies come from a full prefill of the whole conversation."""
+
+    def __init__(self, model_dir: Path):
+        self.loaded = load_model(model_dir)
+
+    def prompt_ids(self, messages: list[Message], system: str | None = None) -> tuple[list[int], dict]:
+        processor = self.loaded.processor
+        text = render(processor, messages, system)
+        images = [Image.open(p).convert("RGB") for m in messages for p in m.images]
+        if self.loaded.adapter.nested_images and images:
+            images = [images]
+        inputs = processor(text=text, images=images or None, return_tensors="pt")
+        return inputs["input_ids"][0].tolist(), inputs
+
+    @torch.inference_mode()
+    def reply_ids(self, messages: list[Message], max_new_tokens: int, system: str | None = None) -> list[int]:
+        ids, inputs = self.prompt_ids(messages, system)
+        out = self.loaded.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        return out[0, len(ids):].tolist()
+
+
+def expect_done(result) -> TurnDone:
+    assert isinstance(result, TurnDone), f"turn failed: {getattr(result, 'message', result)}"
+    return result

@@ -27,3 +27,16 @@ def tiny_model(tmp_path_factory):
         return built[family]
 
     return get
+
+
+def _tiny_model_families():
+    from tests.fixtures.tiny_models import FAMILIES
+
+    return FAMILIES
+
+
+@pytest.fixture(scope="session", params=_tiny_model_families())
+def tiny_model_dir(request, tiny_model):
+    """A tiny model folder; a test using it runs once per family in FAMILIES
+    (the family is in the folder's ``parley_tiny_model.json``)."""
+    return tiny_model(request.param)

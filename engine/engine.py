@@ -17,7 +17,7 @@ from .events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Token, Turn,
     TurnDone, TurnFailed, TurnStarted,
 )
-from .memory import build_report
+from .memory import build_report, device_totals
 from .model import ModelLoadError, load_model
 from .paths import default_data_dir
 from .prompt import build_prompt, render
@@ -48,6 +48,7 @@ class Engine:
         self.gate: PictureGate | None = None
         self.sessions: dict[str, Session] = {}
         self.last_turn_stats: dict = {}
+        self._active_cid: str | None = None
 
     # ------------------------------------------------------------ public API (any thread)
 
@@ -137,15 +138,48 @@ class Engine:
             except Exception as exc:  # the loop survives anything a request does
                 log.exception("engine request %s failed", kind)
                 self._emit(Notice("error", f"{kind} failed: {exc}"))
+            try:
+                self._on_idle()  # timers are due even while requests keep coming
+            except Exception:
+                log.exception("idle work failed")
 
     def _idle_tick_s(self) -> float:
-        return 1.0
+        return min(1.0, max(0.05, self.settings.elastic_idle_s / 4))
 
     def _on_idle(self) -> None:
         """Timers that run between requests (encoder unload, session spill)."""
+        if self.gate is not None and self.gate.unload_if_idle():
+            self._emit(self._report())
 
     def _on_shutdown(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
         self.sessions.clear()
+
+    def _emit_encoder_state(self, state: str) -> None:
+        left = self.gate.residency.idle_left() if self.gate is not None else None
+        self._emit(EncoderState(state, left))
+
+    def _make_room(self, needed: int) -> None:
+        """Before the encoder loads: if the device is short of memory, release hot KV of idle
+        conversations, oldest first, never the one whose turn is running."""
+        if self.loaded is None:
+            return
+        _, _, free = device_totals(self.loaded.device)
+        margin = 256 << 20
+        if free >= needed + margin:
+            return
+        idle = sorted((s for c, s in self.sessions.items() if c != self._active_cid and s.cache is not None),
+                      key=lambda s: s.last_used)
+        for s in idle:
+            if free >= needed + margin:
+                break
+            freed = s.kv_bytes()
+            self._release_session(s)
+            free += freed
+
+    def _release_session(self, session: Session) -> None:
+        session.drop_kv()
 
     def _do_load(self, path: str) -> None:
         self._emit(ModelLoading(path))
@@ -158,12 +192,23 @@ class Engine:
             log.exception("model load failed")
             self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
             return
-        self.loaded = None
+        if self.gate is not None:
+            self.gate.close()
+        self.loaded = self.gate = None
         self.sessions.clear()  # KV of another model is meaningless
         self.loaded = loaded
-        self.gate = PictureGate(loaded, self.settings)
-        self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device), str(loaded.dtype).replace("torch.", ""), loaded.name))
-        self._emit(EncoderState("resident"))
+        self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache",
+                                make_room=self._make_room, on_state=self._emit_encoder_state)
+        self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
+                              str(loaded.dtype).replace("torch.", ""), loaded.name))
+        if self.gate.disk_error and self.gate.disk_error != "disabled":
+            self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
+                                         "pictures are cached in memory only."))
+        if self.gate.residency.disabled_reason:
+            self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.residency.disabled_reason))
+        # elastic: the encoder's memory is only taken while pictures need encoding
+        if not self.gate.unload():
+            self._emit_encoder_state(self.gate.residency.state)
         self._emit(self._report())
 
     def _do_memory(self, _arg) -> None:
@@ -177,21 +222,36 @@ class Engine:
         self.settings = self.settings.with_changes(changes)
         if self.gate is not None:
             self.gate.ram.resize(self.settings.image_cache_entries, self.settings.image_cache_ram_bytes)
+            r = self.gate.residency
+            r.idle_s = self.settings.elastic_idle_s
+            if r.disabled_reason is None:
+                r.elastic = self.settings.elastic
+                if not r.elastic and r.ensure_loaded():  # non-elastic means always resident
+                    self._emit_encoder_state(r.state)
 
     def _do_unload_encoder(self, _arg) -> None:
-        self._emit(Notice("info", "This model keeps its vision encoder resident."))
+        if self.gate is None:
+            return
+        if not self.gate.unload():
+            r = self.gate.residency
+            why = r.disabled_reason or ("elastic mode is off" if not r.elastic else f"it is {r.state}")
+            self._emit(Notice("info", f"The vision encoder was not unloaded: {why}."))
+        self._emit(self._report())
 
     def _do_spill(self, conversation_id: str) -> None:
         self._emit(SpillState(conversation_id, "refused", "Spilling to disk is not available yet."))
 
     def _counters(self) -> dict:
-        return dict(self.gate.counters) if self.gate else {}
+        return self.gate.stats_counters() if self.gate else {}
 
     def _report(self) -> MemoryReport:
         extra = {}
+        state, left = "resident", None
         if self.gate is not None:
             extra["image_cache_ram"] = self.gate.ram.nbytes
-        return build_report(self.loaded, self.sessions, extra, self._counters())
+            extra["image_cache_disk"] = self.gate.disk.nbytes if self.gate.disk is not None else 0
+            state, left = self.gate.residency.state, self.gate.residency.idle_left()
+        return build_report(self.loaded, self.sessions, extra, self._counters(), state, left)
 
     def _should_stop(self, turn_id: int) -> bool:
         return turn_id in self._stop_requested
@@ -215,6 +275,7 @@ class Engine:
             log.exception("turn %s failed", tid)
             self._emit(TurnFailed(tid, cid, f"The model failed on this turn ({type(exc).__name__}: {exc})"))
         finally:
+            self._active_cid = None
             with self._stop_lock:
                 self._current_turn = None
                 self._stop_requested.discard(tid)
@@ -229,13 +290,14 @@ class Engine:
         prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
         session = self.sessions.get(cid) or self.sessions.setdefault(cid, Session(cid))
         session.last_used = time.monotonic()
+        self._active_cid = cid
         result = run_turn(
             loaded, session, prompt, entries, turn.sampling,
             ensure_features=lambda es: gate.ensure_features(es, gstats),
             on_text=lambda text, tok: self._emit(Token(tid, cid, text, tok)),
             should_stop=lambda: self._should_stop(tid),
         )
-        gate.remember(entries)
+        self._active_cid = None
         session.last_used = time.monotonic()
         stats = dict(result.stats)
         stats.update({
@@ -243,9 +305,11 @@ class Engine:
             "encoder_loads": gstats.encoder_loads,
             "encoder_load_s": round(gstats.load_s, 6),
             "image_cache_hits": gstats.hits,
+            "image_cache_ram_hits": gstats.ram_hits,
+            "image_cache_disk_hits": gstats.disk_hits,
             "image_cache_misses": gstats.misses,
             "pictures_encoded": gstats.encoded,
-            "encoder_resident": True,
+            "encoder_resident": gate.residency.state == "resident",
             "restored_tokens": 0,
             "spill_blocks_written": 0,
             "spill_blocks_reused": 0,

@@ -1,18 +1,26 @@
 """The image-cache gate: pictures found in the cache never reach the encoder.
 
-`lookup` turns a picture path into an entry (a cache hit needs no decode); `ensure_features`
-encodes only the entries that still lack features, and only those wake the encoder.
+`lookup` turns a picture path into an entry (RAM hit, disk hit, or a miss that decodes the
+file); `ensure_features` encodes only the entries that still lack features, and only that path
+loads the encoder or restarts its idle clock. An all-hit turn never touches the residency.
 """
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
 from .pictures import prepare_entry, read_bytes
 from .ram_cache import RamImageCache
+from .residency import EncoderResidency
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,33 +33,61 @@ class GateTurnStats:
     encode_s: float = 0.0
     encoder_loads: int = 0
     load_s: float = 0.0
-    keys: list = field(default_factory=list)
 
 
 class PictureGate:
-    def __init__(self, loaded, settings):
+    def __init__(self, loaded, settings, cache_dir: Path | None = None,
+                 make_room: Callable[[int], None] | None = None,
+                 on_state: Callable[[str], None] | None = None):
         self.loaded = loaded
         self.identity = encoder_identity(loaded)
         self.ram = RamImageCache(settings.image_cache_entries, settings.image_cache_ram_bytes)
+        self.disk = DiskImageCache(cache_dir, settings.image_cache_disk_bytes) if cache_dir else None
+        self.residency = EncoderResidency(loaded, settings.elastic, settings.elastic_idle_s)
+        self.make_room = make_room or (lambda needed: None)
+        self.on_state = on_state or (lambda state: None)
+        # disk writes leave the owner thread so a slow disk never stalls a turn
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parley-image-cache")
         self.counters = {"hits": 0, "ram_hits": 0, "disk_hits": 0, "misses": 0, "encodes": 0}
+
+    @property
+    def disk_error(self) -> str | None:
+        return None if self.disk is None else self.disk.error
 
     def lookup(self, path: str, stats: GateTurnStats) -> PictureEntry:
         data = read_bytes(path)
         key = picture_key(data, self.identity)
         entry = self.ram.get(key)
+        tier = "ram_hits"
+        if entry is None and self.disk is not None:
+            entry = self.disk.get(key)
+            tier = "disk_hits"
+            if entry is not None and self.ram.max_entries > 0:
+                self.ram.put(entry)
         if entry is not None:
             stats.hits += 1
-            stats.ram_hits += 1
+            setattr(stats, tier, getattr(stats, tier) + 1)
             self.counters["hits"] += 1
-            self.counters["ram_hits"] += 1
+            self.counters[tier] += 1
             return entry
         stats.misses += 1
         self.counters["misses"] += 1
         return prepare_entry(self.loaded, key, data, Path(path).name)
 
     def ensure_features(self, entries: list[PictureEntry], stats: GateTurnStats) -> None:
-        """Encode the entries that lack features; entries with features never touch the encoder."""
+        """Encode the entries lacking features; others never touch the encoder or its clock."""
         todo = [e for e in entries if e.features is None]
+        if not todo:
+            return
+        if self.residency.state != "resident":
+            self.make_room(self.residency.weight_bytes())
+            self.on_state("loading")
+            try:
+                self.residency.ensure_loaded()
+            finally:
+                self.on_state(self.residency.state)
+            stats.encoder_loads += 1
+            stats.load_s += self.residency.last_load_s
         for e in todo:
             t0 = time.perf_counter()
             e.features = encode_entry(self.loaded, e)
@@ -59,11 +95,39 @@ class PictureGate:
             stats.encoded += 1
             self.counters["encodes"] += 1
             e.encoder_inputs = None  # pixels are not kept: the features are what is reused
-            self.ram.put(e)
+            self._store(e)
+        self.residency.touch()
 
-    def remember(self, entries: list[PictureEntry]) -> None:
-        """Entries prepared this turn whose tokens were already in the KV prefix: keep their
-        expansion so the next turn needs no decode (features come when first needed)."""
-        for e in entries:
-            if e.features is not None and e.key not in self.ram:
-                self.ram.put(e)
+    def _store(self, entry: PictureEntry) -> None:
+        if self.ram.max_entries > 0:
+            self.ram.put(entry)
+        if self.disk is not None and self.disk.available:
+            self._writer.submit(self.disk.put, entry)
+
+    def unload_if_idle(self) -> bool:
+        if self.residency.due_for_unload():
+            return self.unload()
+        return False
+
+    def unload(self) -> bool:
+        done = self.residency.unload()
+        if done:
+            self.on_state("unloaded")
+        return done
+
+    def stats_counters(self) -> dict:
+        r = self.residency
+        out = dict(self.counters)
+        out.update({
+            "encoder_loads": r.loads, "encoder_unloads": r.unloads,
+            "image_cache_evictions": self.ram.evictions,
+            "image_cache_ram_entries": len(self.ram),
+            "image_cache_disk_entries": len(self.disk) if self.disk is not None else 0,
+            "image_cache_damaged": self.disk.damaged if self.disk is not None else 0,
+        })
+        return out
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)  # pending features reach the disk before exit
+        if self.disk is not None:
+            self.disk.close()

@@ -1,0 +1,126 @@
+"""What a spillable cache looks like, and the check that refuses everything else.
+
+Only plain full-attention `DynamicLayer`s are spilled: their K/V for token t is a pure function of
+tokens <= t, so a prefix of blocks is an exact prefix cache. A sliding-window layer has dropped old
+tokens, recurrent/linear-attention state is not per token, quantized layers keep a residual
+buffer — spilling those as blocks would restore wrong attention, so they are refused by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import UnsupportedCache
+
+DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+NAME_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+_WHY = {
+    "DynamicSlidingWindowLayer": "sliding-window attention keeps only the last window of tokens",
+    "StaticSlidingWindowLayer": "sliding-window attention keeps only the last window of tokens",
+    "LinearAttentionLayer": "linear-attention/recurrent state is not stored per token",
+    "DynamicIndexedLayer": "the layer carries an extra indexer cache the store does not save",
+    "QuantoQuantizedLayer": "quantized KV keeps a residual buffer the store does not save",
+    "HQQQuantizedLayer": "quantized KV keeps a residual buffer the store does not save",
+}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """dtype and per-layer shapes: (k_heads, k_dim, v_heads, v_dim). Payload order per blob:
+    for each layer, K as [k_heads, n, k_dim] then V as [v_heads, n, v_dim], C-contiguous."""
+    dtype: torch.dtype
+    shapes: tuple[tuple[int, int, int, int], ...]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def token_bytes(self) -> int:
+        return self.itemsize * sum(kh * kd + vh * vd for kh, kd, vh, vd in self.shapes)
+
+    def segments(self, n_tokens: int):
+        """(layer, kv, heads, dim, payload_offset, nbytes) for each tensor of a blob, in order."""
+        off = 0
+        for layer, (kh, kd, vh, vd) in enumerate(self.shapes):
+            for kv, (h, d) in enumerate(((kh, kd), (vh, vd))):
+                nbytes = h * n_tokens * d * self.itemsize
+                yield layer, kv, h, d, off, nbytes
+                off += nbytes
+
+    def to_json(self) -> dict:
+        return {"dtype": DTYPE_NAMES[self.dtype], "shapes": [list(s) for s in self.shapes]}
+
+    @staticmethod
+    def from_json(d: dict) -> "KVLayout":
+        return KVLayout(NAME_DTYPES[d["dtype"]], tuple(tuple(int(x) for x in s) for s in d["shapes"]))
+
+
+def _full_attention_class():
+    from transformers.cache_utils import DynamicLayer  # the one layer type we spill
+    return DynamicLayer
+
+
+def inspect_cache(cache: Any, n_tokens: int) -> tuple[KVLayout, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Check a transformers cache is spillable and return its layout and (K, V) per layer.
+
+    Raises UnsupportedCache naming the first layer that is not a plain full-attention
+    DynamicLayer (exact type: subclasses such as sliding-window or quantized are refused).
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise UnsupportedCache(f"{type(cache).__name__} is not a transformers Cache with .layers")
+    if not layers:
+        raise UnsupportedCache("cache has no layers")
+    full = _full_attention_class()
+    dtype = None
+    shapes = []
+    kv = []
+    for i, layer in enumerate(layers):
+        name = type(layer).__name__
+        if type(layer) is not full:
+            why = _WHY.get(name)
+            if why is None and getattr(layer, "is_sliding", False):
+                why = _WHY["DynamicSlidingWindowLayer"]
+            why = why or "only plain full-attention DynamicLayer caches can be spilled exactly"
+            raise UnsupportedCache(f"layer {i} is {name}: {why}; not spilled", i, name)
+        k, v = layer.keys, layer.values
+        if not getattr(layer, "is_initialized", False) or k is None or v is None or k.dim() != 4:
+            raise UnsupportedCache(f"layer {i} ({name}) holds no K/V (shared or uninitialized layer)", i, name)
+        if k.shape[0] != 1 or v.shape[0] != 1:
+            raise UnsupportedCache(f"layer {i}: batch size {k.shape[0]} (only batch 1 is spilled)", i, name)
+        if k.shape[2] != v.shape[2]:
+            raise UnsupportedCache(f"layer {i}: K has {k.shape[2]} tokens, V has {v.shape[2]}", i, name)
+        if k.shape[2] < n_tokens:
+            raise ValueError(f"layer {i} holds {k.shape[2]} tokens, fewer than the {n_tokens} token ids given")
+        if k.dtype != v.dtype or k.dtype not in DTYPE_CODES:
+            raise UnsupportedCache(f"layer {i}: dtype {k.dtype}/{v.dtype} (float32/float16/bfloat16 only)", i, name)
+        if dtype is None:
+            dtype = k.dtype
+        elif k.dtype != dtype:
+            raise UnsupportedCache(f"layer {i}: dtype {k.dtype} differs from layer 0 ({dtype})", i, name)
+        shapes.append((int(k.shape[1]), int(k.shape[3]), int(v.shape[1]), int(v.shape[3])))
+        kv.append((k, v))
+    return KVLayout(dtype, tuple(shapes)), kv
+
+
+def build_cache(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A DynamicCache of full-attention layers holding exactly these [1, H, n, D] tensors (no copy)."""
+    from transformers.cache_utils import DynamicCache
+    full = _full_attention_class()
+    cache = DynamicCache()
+    for k, v in tensors:
+        layer = full()
+        layer.lazy_initialization(k, v)  # sets device/dtype bookkeeping the way update() would
+        layer.keys, layer.values = k, v  # adopt without the torch.cat copy update() would make
+        cache.layers.append(layer)
+    return cache

@@ -1,0 +1,197 @@
+"""Reading blobs back: one read per blob, verified, straight into preallocated tensors.
+
+For a CPU restore in the stored dtype the file is read with one preadv whose buffers are the
+destination tensors' own memory (no staging copy); otherwise it lands in a staging buffer and is
+copied (and cast, or moved to the device) per tensor. A read-ahead thread fetches the next blob
+while this one is hashed. Nothing is handed out before its header checksum, payload checksum,
+key, token ids and shapes check out; on the first failure the restore stops at the valid prefix.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import blake3
+import numpy as np
+import torch
+
+from .blob import BlobHeader, blob_size, header_len, parse_fixed, parse_header, read_full
+from .errors import BadBlob, MissingBlob
+from .layout import KVLayout
+
+
+@dataclass
+class RestoreResult:
+    cache: Any | None          # transformers DynamicCache holding n_tokens tokens, or None
+    n_tokens: int
+    state: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class ReadItem:
+    key: bytes
+    path: str
+    kind: int
+    start: int                 # sequence position of the blob's first token
+    n: int                     # tokens the blob holds
+    use: int                   # tokens wanted (<= n)
+    expect: np.ndarray | None  # token ids the blob must hold (None: checked by `accept`)
+    accept: Callable[[BlobHeader], int] | None = None  # tail: how many tokens match
+
+
+def read_layout(path: str) -> KVLayout:
+    """The layout recorded in a blob's header (two small reads)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise MissingBlob(path) from e
+    try:
+        fixed = os.pread(fd, 4096, 0)
+        hl = parse_fixed(fixed)[4]
+        buf = os.pread(fd, hl, 0) if hl > len(fixed) else fixed
+        return parse_header(bytearray(buf)).layout
+    finally:
+        os.close(fd)
+
+
+class BlobReader:
+    """Fills per-layer destination tensors [1, heads, n_total, dim] from a list of ReadItems."""
+
+    def __init__(self, layout: KVLayout, dest: list[tuple[torch.Tensor, torch.Tensor]],
+                 executor: ThreadPoolExecutor | None):
+        self.layout = layout
+        self.dest = dest
+        self.executor = executor
+        self.direct_ok = all(t.device.type == "cpu" and t.dtype == layout.dtype and t.is_contiguous()
+                             for pair in dest for t in pair)
+        # byte views of the destinations, for preadv straight into tensor memory
+        self.dest_u8 = ([tuple(t.view(torch.uint8).numpy() for t in pair) for pair in dest]
+                        if self.direct_ok else None)
+        pin = any(t.device.type == "cuda" for pair in dest for t in pair) and torch.cuda.is_available()
+        self._pin = pin
+        self._staging: list[torch.Tensor | None] = [None, None]
+        self.bytes_read = 0
+        self.blobs_read = 0
+
+    def _stage(self, slot: int, nbytes: int) -> torch.Tensor:
+        buf = self._staging[slot]
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+            self._staging[slot] = buf
+        return buf
+
+    # -- phase 1 (read-ahead thread): bytes from disk
+    def _load(self, item: ReadItem, slot: int):
+        size = blob_size(self.layout, item.n)
+        try:
+            fd = os.open(item.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return ("missing", None)
+        except OSError as e:
+            return ("bad", f"open failed: {e}")
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size:
+                return ("bad", f"size {st.st_size} != expected {size}")
+            hl = header_len(item.n, self.layout.n_layers)
+            head = bytearray(hl)
+            if self.direct_ok and item.use == item.n:
+                views = [memoryview(head)] + self._dest_views(item)
+                got = read_full(fd, views)
+                mode = ("direct", head, views[1:])
+            else:
+                buf = self._stage(slot, size)
+                mv = memoryview(buf.numpy())[:size]
+                got = read_full(fd, [mv])
+                head = mv[:hl]
+                mode = ("staged", head, buf)
+            if got != size:
+                return ("bad", f"short read {got} of {size}")
+            return ("ok", mode)
+        except OSError as e:
+            return ("bad", f"read failed: {e}")
+        finally:
+            os.close(fd)
+
+    def _dest_views(self, item: ReadItem) -> list[memoryview]:
+        views = []
+        a, b = item.start, item.start + item.n
+        for layer, kv, heads, _dim, _off, _nb in self.layout.segments(item.n):
+            arr = self.dest_u8[layer][kv]
+            for h in range(heads):
+                views.append(memoryview(arr[0, h, a:b, :]).cast("B"))
+        return views
+
+    # -- phase 2 (caller's thread): verify, then place
+    def _verify(self, item: ReadItem, loaded) -> int:
+        status, mode = loaded
+        if status == "missing":
+            raise MissingBlob(item.path)
+        if status == "bad":
+            raise BadBlob(mode)
+        kind, head, payload = mode
+        hdr = parse_header(head)
+        if hdr.key != item.key or hdr.kind != item.kind:
+            raise BadBlob("key or kind mismatch")
+        if hdr.layout != self.layout:
+            raise BadBlob("shapes/dtype differ from the session's")
+        if len(hdr.tokens) != item.n:
+            raise BadBlob("token count mismatch")
+        hasher = blake3.blake3()
+        if kind == "direct":
+            for v in payload:
+                hasher.update(v)
+        else:
+            hasher.update(memoryview(payload.numpy())[hdr.header_len:hdr.header_len + hdr.payload_len])
+        if hasher.digest() != hdr.payload_digest:
+            raise BadBlob("payload checksum mismatch")
+        if item.expect is not None and not np.array_equal(hdr.tokens, item.expect):
+            raise BadBlob("token ids differ")
+        use = item.use if item.accept is None else min(item.use, item.accept(hdr))
+        if kind == "staged" and use > 0:
+            self._place(item, payload, hdr.header_len, use)
+        return use
+
+    def _place(self, item: ReadItem, buf: torch.Tensor, base: int, use: int) -> None:
+        a = item.start
+        for layer, kv, heads, dim, off, nbytes in self.layout.segments(item.n):
+            src = buf[base + off:base + off + nbytes].view(self.layout.dtype).view(heads, item.n, dim)
+            self.dest[layer][kv][0, :, a:a + use, :].copy_(src[:, :use, :])
+
+    def run(self, items: list[ReadItem], on_fail: Callable[[ReadItem, str, str], None]) -> int:
+        """Read items in order; returns how many tokens from items[0].start were placed and
+        verified. Stops at the first bad or missing blob (reported through on_fail)."""
+        done = 0
+        pending: Future | tuple | None = None
+
+        def start(i: int):
+            if self.executor is None:
+                return self._load(items[i], i % 2)
+            return self.executor.submit(self._load, items[i], i % 2)
+
+        if items:
+            pending = start(0)
+        try:
+            for i, item in enumerate(items):
+                loaded = pending.result() if isinstance(pending, Future) else pending
+                pending = start(i + 1) if i + 1 < len(items) else None
+                try:
+                    use = self._verify(item, loaded)
+                except MissingBlob:
+                    on_fail(item, "missing", "file not found")
+                    return done
+                except BadBlob as e:
+                    on_fail(item, "bad", str(e))
+                    return done
+                self.bytes_read += blob_size(self.layout, item.n)
+                self.blobs_read += 1
+                done += use
+                if use < item.n:
+                    return done
+            return done
+        finally:
+            if isinstance(pending, Future):
+                pending.result()  # never leave a read writing into memory we hand out

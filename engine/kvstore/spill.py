@@ -1,0 +1,278 @@
+"""A spill job: device->host copies on the caller's thread, file writes on the writer thread.
+
+    job = store.begin_spill(...)      # keys, memo lookup, plan (cheap; no copies yet)
+    while not job.step(): ...         # one unit (<= unit_bytes) copied and handed over per call
+    del cache                          # the job dropped its references: the device memory can go
+    result = job.result()             # waits for the writer and the manifest commit
+
+Only blocks that are not already on disk are copied off the device at all.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import blake3
+import numpy as np
+import torch
+
+from .blob import KIND_TAIL, encode_header, header_len
+from .keys import PictureSpan
+from .layout import KVLayout
+from .writer import DurableFile
+
+if TYPE_CHECKING:
+    from .store import KVStore
+
+
+@dataclass
+class SpillResult:
+    ok: bool
+    session_id: str
+    n_tokens: int = 0
+    error: str | None = None
+    blocks_written: int = 0     # full blocks written (the tail is counted in tail_written)
+    tail_written: int = 0
+    reused_blobs: int = 0       # blocks/tail referenced from disk: not copied, not written
+    reused_bytes: int = 0
+    missing_blobs: int = 0      # named by the manifest but gone from disk: rewritten here
+    bytes_written: int = 0
+    evicted_sessions: int = 0
+    copy_seconds: float = 0.0   # owner-thread time spent in device->host copies
+    seconds: float = 0.0        # begin_spill -> manifest commit
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BlobPlan:
+    key: bytes
+    kind: int
+    start: int
+    end: int
+    size: int
+    path: str
+    write: bool = True
+
+    @property
+    def n(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class _Sink:
+    file: DurableFile
+    hasher: object = field(default_factory=blake3.blake3)
+
+
+class SpillJob:
+    def __init__(self, store: "KVStore", session_id: str, ns: bytes, tokens: np.ndarray,
+                 pictures: tuple[PictureSpan, ...], layout: KVLayout,
+                 kv: list[tuple[torch.Tensor, torch.Tensor]], plans: list[BlobPlan], state_json: str,
+                 missing: int):
+        self.session_id = session_id
+        self.ns = ns
+        self.tokens = tokens
+        self.pictures = pictures
+        self.layout = layout
+        self.plans = plans
+        self.state_json = state_json
+        self._store = store
+        self._kv = kv  # held only until every unit is copied
+        self._to_write = [p for p in plans if p.write]
+        self._pieces: Iterator | None = self._piece_iter(store.unit_bytes)
+        self._next = next(self._pieces, None)
+        self._handed_over = False
+        self._failed: str | None = None
+        self._sinks: dict[int, _Sink] = {}
+        self.written: list[BlobPlan] = []   # renamed into place, durable
+        self.dirs: set[str] = set()
+        self._done = threading.Event()
+        self._result: SpillResult | None = None
+        self._t0 = time.perf_counter()
+        self.stats = SpillResult(ok=False, session_id=session_id, n_tokens=len(tokens),
+                                 missing_blobs=missing,
+                                 reused_blobs=sum(1 for p in plans if not p.write),
+                                 reused_bytes=sum(p.size for p in plans if not p.write))
+
+    # ---------------------------------------------------------------- owner thread
+    def step(self, block: bool = True) -> bool:
+        """Copy one unit off the device and hand it to the writer. True once every copy has been
+        handed over (after which the caller may free its cache). With block=False, returns False
+        without copying when the writer's backlog is full."""
+        if self._handed_over:
+            return True
+        if self._failed:
+            self._hand_over_end()
+            return True
+        if self._next is None:
+            self._hand_over_end()
+            return True
+        pool = self._store._pool
+        buf = pool.acquire(block)
+        if buf is None:
+            return False
+        t = time.perf_counter()
+        pieces = []
+        used = 0
+        try:
+            while self._next is not None:
+                p = self._next
+                wi, layer, kv, h0, h1, t0, t1, nbytes, _last = p
+                if pieces and used + nbytes > buf.numel():
+                    break
+                plan = self._to_write[wi]
+                src = self._kv[layer][kv][0, h0:h1, plan.start + t0:plan.start + t1, :]
+                dst = buf[used:used + nbytes].view(self.layout.dtype).view(src.shape)
+                dst.copy_(src)  # synchronous: the data is in host memory when this returns
+                pieces.append((p, used))
+                used += nbytes
+                self._next = next(self._pieces, None)
+        except Exception as e:  # e.g. a device error: nothing was committed, the cache is intact
+            pool.release(buf)
+            self.fail(f"device->host copy failed: {e!r}")
+            self._hand_over_end()
+            return True
+        self.stats.copy_seconds += time.perf_counter() - t
+        self._store._writer.submit(self._write_unit, buf, pieces)
+        if self._next is None:
+            self._hand_over_end()
+        return self._handed_over
+
+    def ready(self) -> bool:
+        """Whether step() would not block (a host buffer is free, or nothing is left to copy)."""
+        return self._handed_over or self._failed is not None or self._next is None or self._store._pool.available()
+
+    @property
+    def copies_done(self) -> bool:
+        return self._handed_over
+
+    def run_copies(self) -> None:
+        while not self.step():
+            pass
+
+    def cancel(self) -> None:
+        """Abandon a job whose copies are not all handed over: nothing is installed."""
+        if not self._handed_over:
+            self.fail("cancelled")
+            self._hand_over_end()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> SpillResult | None:
+        """Wait for the writer and the manifest commit. Call after step() returned True."""
+        if not self._handed_over:
+            raise RuntimeError("wait() before all copies were handed over: call step() until it returns True")
+        if not self._done.wait(timeout):
+            return None
+        return self._result
+
+    def result(self) -> SpillResult:
+        return self.wait(None)  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- internals
+    def _piece_iter(self, unit_bytes: int) -> Iterator[tuple]:
+        """Contiguous payload pieces of each blob to write, each <= unit_bytes: whole tensors
+        when they fit, else groups of heads, else row ranges of one head."""
+        item = self.layout.itemsize
+        for wi, plan in enumerate(self._to_write):
+            n = plan.n
+            segs = list(self.layout.segments(n))
+            for si, (layer, kv, heads, dim, _off, _nb) in enumerate(segs):
+                per_head = n * dim * item
+                if per_head <= unit_bytes:
+                    step = max(1, unit_bytes // per_head)
+                    for h0 in range(0, heads, step):
+                        h1 = min(heads, h0 + step)
+                        last = si == len(segs) - 1 and h1 == heads
+                        yield (wi, layer, kv, h0, h1, 0, n, (h1 - h0) * per_head, last)
+                else:
+                    rows = max(1, unit_bytes // (dim * item))
+                    for h in range(heads):
+                        for t0 in range(0, n, rows):
+                            t1 = min(n, t0 + rows)
+                            last = si == len(segs) - 1 and h == heads - 1 and t1 == n
+                            yield (wi, layer, kv, h, h + 1, t0, t1, (t1 - t0) * dim * item, last)
+
+    def _hand_over_end(self) -> None:
+        if self._handed_over:
+            return
+        self._handed_over = True
+        self._kv = None  # drop our references: the caller may free the device cache now
+        self._pieces = None
+        self._store._writer.submit(self._store._finish_job, self)
+
+    def fail(self, message: str) -> None:
+        if self._failed is None:
+            self._failed = message
+
+    @property
+    def failed(self) -> str | None:
+        return self._failed
+
+    # ---------------------------------------------------------------- writer thread
+    def _write_unit(self, buf: torch.Tensor, pieces: list) -> None:
+        try:
+            if self._failed:
+                return
+            mv = memoryview(buf.numpy())
+            for p, off in pieces:
+                wi, nbytes, last = p[0], p[7], p[8]
+                sink = self._sinks.get(wi)
+                if sink is None:
+                    sink = self._open(wi)
+                data = mv[off:off + nbytes]
+                sink.hasher.update(data)
+                sink.file.write(data)
+                if last:
+                    self._close(wi)
+        except Exception as e:
+            self.fail(f"writing blob failed: {e}")
+        finally:
+            self._store._pool.release(buf)
+
+    def _open(self, wi: int) -> _Sink:
+        plan = self._to_write[wi]
+        sink = _Sink(DurableFile(plan.path, self._store.durable))
+        self._sinks[wi] = sink
+        # placeholder header; the real one (with the payload checksum) is written at the end
+        sink.file.write(bytes(header_len(plan.n, self.layout.n_layers)))
+        return sink
+
+    def _close(self, wi: int) -> None:
+        plan = self._to_write[wi]
+        sink = self._sinks.pop(wi)
+        try:
+            header = encode_header(plan.kind, self.layout, plan.key, self.tokens[plan.start:plan.end],
+                                   sink.hasher.digest())
+            sink.file.pwrite(header, 0)
+            if sink.file.size != plan.size:
+                raise OSError(f"blob size {sink.file.size} != expected {plan.size}")
+            sink.file.commit()  # fsync + rename; the directory is fsynced before the commit
+        except BaseException:
+            sink.file.discard()
+            raise
+        self.written.append(plan)
+        self.dirs.add(plan.path.rsplit("/", 1)[0])
+        if plan.kind == KIND_TAIL:
+            self.stats.tail_written += 1
+        else:
+            self.stats.blocks_written += 1
+        self.stats.bytes_written += plan.size
+
+    def _discard_open(self) -> None:
+        for sink in self._sinks.values():
+            sink.file.discard()
+        self._sinks.clear()
+
+    def _complete(self, ok: bool) -> None:
+        self.stats.ok = ok
+        if not ok:
+            self.stats.error = self._failed
+        self.stats.seconds = time.perf_counter() - self._t0
+        self._result = self.stats
+        self._done.set()

@@ -1,0 +1,610 @@
+"""KVStore: the SSD block store the engine spills idle sessions to and restores them from.
+
+Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
+writes, the manifest commit, refcount release and eviction run on the store's writer thread.
+Every manifest access happens under one lock.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from .blob import KIND_BLOCK, KIND_TAIL, SUFFIX, TMP_SUFFIX, blob_path, blob_size, parse_header
+from .errors import BadBlob, KVStoreError, MissingBlob
+from .keys import (KEY_BYTES, ZERO_KEY, PictureSpan, block_keys, namespace_digest, normalize_pictures,
+                   normalize_tokens, tail_key)
+from .layout import KVLayout, build_cache, inspect_cache
+from .manifest import Manifest, SessionRow, encode_state
+from .restore import BlobReader, ReadItem, RestoreResult, read_layout
+from .spill import BlobPlan, SpillJob, SpillResult
+from .writer import BufferPool, WriterThread, fsync_dir
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+DEFAULT_CAP = 20 * GiB
+COUNTER_NAMES = ("spills", "spill_failures", "blocks_written", "tails_written", "reused_blobs",
+                 "reused_bytes", "missing_blobs", "bytes_written", "restores", "restored_tokens",
+                 "restore_bytes", "bad_blobs", "evicted_sessions")
+
+
+class KVStore:
+    """SSD KV block store.
+
+    root: directory (created); holds manifest.sqlite, blobs/xx/<key>.kvb and a lock file.
+    namespace: model fingerprint bytes (config, weights identity, dtype, cache layout); part of
+        every key, so blobs of different models never mix. Overridable per call.
+    max_bytes: size cap (default min(20 GiB, 10% of free disk + what the store holds)).
+    min_free_bytes: free-space floor on the filesystem; spills that would cross it evict LRU
+        sessions first and fail cleanly if that is not enough.
+    durable: fsync files and directories (tests of logic may turn it off; never in the app).
+    """
+
+    def __init__(self, root: str, namespace: bytes | str = b"", *, block_tokens: int = 256,
+                 unit_bytes: int = 32 << 20, max_bytes: int | None = None,
+                 min_free_bytes: int = 1 * GiB, pin_memory: bool | None = None, durable: bool = True):
+        if block_tokens < 1:
+            raise ValueError("block_tokens must be >= 1")
+        self.root = os.path.abspath(root)
+        self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
+        self.block_tokens = int(block_tokens)
+        self.unit_bytes = max(4096, int(unit_bytes))
+        self.min_free_bytes = int(min_free_bytes)
+        self.durable = durable
+        self.blobs_dir = os.path.join(self.root, "blobs")
+        self._closed = False
+        try:
+            self._make_dirs()
+            self._lock_file = open(os.path.join(self.root, "lock"), "a+")
+        except OSError as e:
+            raise KVStoreError(f"KV store directory {self.root} is not usable: {e}") from e
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            self._lock_file.close()
+            raise KVStoreError(f"KV store {self.root} is in use by another process") from e
+        try:
+            self._manifest = Manifest(os.path.join(self.root, "manifest.sqlite"))
+        except Exception as e:
+            self._lock_file.close()
+            raise KVStoreError(f"KV store manifest in {self.root} cannot be opened: {e}") from e
+        self._lock = threading.RLock()
+        self._spill_pins: Counter = Counter()  # keys referenced by in-flight spill jobs
+        self._read_pins: Counter = Counter()   # keys being read by a restore
+        self._active: Counter = Counter()      # session ids with an in-flight spill job
+        self._jobs: set[SpillJob] = set()
+        self._counters: Counter = Counter({k: 0 for k in COUNTER_NAMES})
+        if pin_memory is None:
+            pin_memory = torch.cuda.is_available()
+        self._pool = BufferPool(self.unit_bytes, count=2, pin=pin_memory)
+        self._writer = WriterThread()
+        self._reader: ThreadPoolExecutor | None = None
+        self.sweep_report = self.sweep()
+        if max_bytes is None:
+            _, on_disk, _ = self._manifest.totals()
+            max_bytes = min(DEFAULT_CAP, (self._free_bytes() + on_disk) // 10)
+        self.max_bytes = int(max_bytes)
+
+    # ------------------------------------------------------------------ setup / teardown
+    def _make_dirs(self) -> None:
+        created = not os.path.isdir(self.blobs_dir)
+        os.makedirs(self.blobs_dir, exist_ok=True)
+        for i in range(256):  # fan-out made once, so a blob write never creates a directory
+            d = os.path.join(self.blobs_dir, f"{i:02x}")
+            if not os.path.isdir(d):
+                os.mkdir(d)
+                created = True
+        if created and self.durable:
+            fsync_dir(self.blobs_dir)
+            fsync_dir(self.root)
+
+    def close(self) -> None:
+        """Finish queued writes, cancel jobs whose copies were never completed, release the lock."""
+        if self._closed:
+            return
+        for job in list(self._jobs):
+            job.cancel()
+        self._writer.flush()
+        self._writer.stop()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+        with self._lock:
+            self._closed = True
+            self._manifest.close()
+        self._lock_file.close()
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KVStoreError("KV store is closed")
+
+    # ------------------------------------------------------------------ helpers
+    def _ns(self, namespace: bytes | str | None) -> bytes:
+        if namespace is None:
+            namespace = self.namespace
+        return namespace_digest(namespace, self.block_tokens)
+
+    def _path(self, key: bytes) -> str:
+        return blob_path(self.blobs_dir, key)
+
+    def _file_size(self, key: bytes) -> int:
+        try:
+            return os.stat(self._path(key)).st_size
+        except OSError:
+            return -1
+
+    def _free_bytes(self) -> int:
+        try:
+            return shutil.disk_usage(self.root).free
+        except OSError:
+            return 0
+
+    def known_blob(self, key: bytes, size: int | None = None) -> bool:
+        """The manifest has the blob and its file is present with the right size (a stat, no read)."""
+        with self._lock:
+            row = self._manifest.blob_sizes([key]).get(key)
+        return row is not None and (size is None or row == size) and self._file_size(key) == row
+
+    @property
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            n, total, sessions = self._manifest.totals() if not self._closed else (0, 0, 0)
+            out = dict(self._counters)
+        out.update(bytes_on_disk=total, blobs_on_disk=n, sessions=sessions,
+                   host_buffer_bytes=self._pool.allocated_bytes)
+        return out
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            return [r.id for r in self._manifest.sessions()]
+
+    def session_info(self, session_id: str) -> dict | None:
+        with self._lock:
+            row = self._manifest.session(session_id)
+        if row is None:
+            return None
+        return {"n_tokens": row.n_tokens, "blocks": len(row.block_keys), "tail_tokens": row.tail_tokens,
+                "bytes": row.bytes, "last_used": row.last_used, "state": row.state,
+                "block_keys": list(row.block_keys), "tail_key": row.tail_key,
+                "pictures": [(p.start, p.end, p.key) for p in row.pictures], "layout": row.layout}
+
+    def drop_session(self, session_id: str) -> bool:
+        """Forget a session (e.g. the conversation was deleted); its unshared blobs are removed."""
+        with self._lock:
+            self._check_open()
+            old = self._manifest.drop_session(session_id)
+            self._gc()
+        return old is not None
+
+    # ------------------------------------------------------------------ spill
+    def begin_spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[Any] = (),
+                    cache: Any = None, state: dict | None = None, *,
+                    namespace: bytes | str | None = None) -> SpillJob:
+        """Plan a spill of `cache` (whose first len(token_ids) tokens are these ids).
+
+        Raises UnsupportedCache for caches that cannot be spilled exactly, ValueError for bad
+        arguments. Disk problems (full, unwritable, over the cap) come back as a failed
+        SpillResult; the caller's cache is never modified either way."""
+        tokens = normalize_tokens(token_ids)
+        pictures = normalize_pictures(picture_spans)
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("nothing to spill: no tokens")
+        if any(p.end > n for p in pictures):
+            raise ValueError("a picture span ends past the last token")
+        layout, kv = inspect_cache(cache, n)
+        state_json = encode_state(state)  # fails here, before any work, if not serializable
+        ns = self._ns(namespace)
+        B = self.block_tokens
+        keys = block_keys(ns, tokens, pictures, B)
+        nb = len(keys)
+        plans = [BlobPlan(k, KIND_BLOCK, i * B, (i + 1) * B, blob_size(layout, B), self._path(k))
+                 for i, k in enumerate(keys)]
+        if n > nb * B:
+            tk = tail_key(ns, keys[-1] if keys else ZERO_KEY, tokens, nb * B, pictures)
+            plans.append(BlobPlan(tk, KIND_TAIL, nb * B, n, blob_size(layout, n - nb * B), self._path(tk)))
+        with self._lock:
+            self._check_open()
+            rows = self._manifest.blob_sizes(p.key for p in plans)
+            old = self._manifest.session(session_id)
+            memo = set(old.keys()) if old else set()
+            missing = 0
+            for p in plans:
+                size = rows.get(p.key)
+                if size == p.size and self._file_size(p.key) == p.size:
+                    p.write = False  # known blob: referenced, neither copied nor written
+                elif size is not None or p.key in memo:
+                    missing += 1     # the manifest names it but the disk lost it: rewrite now
+            job = SpillJob(self, session_id, ns, tokens, pictures, layout, kv, plans, state_json, missing)
+            self._spill_pins.update(p.key for p in plans)
+            self._active[session_id] += 1
+            self._jobs.add(job)
+            error = self._precheck_space(job)
+        if error:
+            job.fail(error)
+            job.step()  # hands the failed job to the writer, which reports it
+        return job
+
+    def spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[Any] = (),
+              cache: Any = None, state: dict | None = None, *,
+              namespace: bytes | str | None = None) -> SpillResult:
+        """begin_spill + all copies + wait."""
+        job = self.begin_spill(session_id, token_ids, picture_spans, cache, state, namespace=namespace)
+        job.run_copies()
+        return job.result()
+
+    def _precheck_space(self, job: SpillJob) -> str | None:
+        need = sum(p.size for p in job.plans if p.write)
+        total = sum(p.size for p in job.plans)
+        if total > self.max_bytes:
+            return f"session needs {total} bytes on disk, more than the store cap of {self.max_bytes} bytes"
+        free = self._free_bytes()
+        if free - need < self.min_free_bytes:
+            # the only way to make room: drop other idle sessions before writing
+            while free - need < self.min_free_bytes and self._evict_one({job.session_id}):
+                free = self._free_bytes()
+            if free - need < self.min_free_bytes:
+                return (f"not enough free disk space in {self.root}: {free} bytes free, "
+                        f"the spill needs {need} and the floor is {self.min_free_bytes}")
+        return None
+
+    def _finish_job(self, job: SpillJob) -> None:
+        """Writer thread: after the job's last unit. Commit it, or clean it up."""
+        ok = False
+        if not job.failed:
+            try:
+                if self.durable:
+                    for d in sorted(job.dirs):
+                        fsync_dir(d)  # the renames are durable before the row naming them
+                self._install(job)
+                ok = True
+            except Exception as e:
+                job.fail(f"installing the session failed: {e}")
+        with self._lock:
+            job._discard_open()
+            self._spill_pins.subtract(p.key for p in job.plans)
+            self._spill_pins += Counter()  # drop zero counts
+            self._active[job.session_id] -= 1
+            if self._active[job.session_id] <= 0:
+                del self._active[job.session_id]
+            self._jobs.discard(job)
+            if ok:
+                try:  # eviction happens after the new row is installed
+                    self._gc()
+                    job.stats.evicted_sessions = self._evict({job.session_id})
+                except Exception:
+                    log.exception("kvstore eviction failed")
+            else:
+                self._counters["spill_failures"] += 1
+                self._remove_uninstalled(job)
+        job._complete(ok)
+
+    def _install(self, job: SpillJob) -> None:
+        B = self.block_tokens
+        blocks = [p.key for p in job.plans if p.kind == KIND_BLOCK]
+        tail = next((p for p in job.plans if p.kind == KIND_TAIL), None)
+        row = SessionRow(id=job.session_id, namespace=job.ns, block_tokens=B, block_keys=blocks,
+                         tail_key=tail.key if tail else None, tail_tokens=tail.n if tail else 0,
+                         n_tokens=len(job.tokens), pictures=job.pictures, layout=job.layout,
+                         state_json=job.state_json, bytes=sum(p.size for p in job.plans),
+                         last_used=time.time())
+        written = [(p.key, p.size, p.kind) for p in job.written]
+        referenced = [(p.key, p.size, p.kind) for p in job.plans if not p.write]
+        with self._lock:
+            self._check_open()
+            self._manifest.install(row, written, referenced)
+            s = job.stats
+            c = self._counters
+            c["spills"] += 1
+            c["blocks_written"] += s.blocks_written
+            c["tails_written"] += s.tail_written
+            c["reused_blobs"] += s.reused_blobs
+            c["reused_bytes"] += s.reused_bytes
+            c["missing_blobs"] += s.missing_blobs
+            c["bytes_written"] += s.bytes_written
+
+    def _remove_uninstalled(self, job: SpillJob) -> None:
+        """A failed job's renamed files that no manifest row or other job references."""
+        keys = [p.key for p in job.written]
+        rows = self._manifest.blob_sizes(keys)
+        for p in job.written:
+            if p.key not in rows and not self._spill_pins[p.key] and not self._read_pins[p.key]:
+                _unlink(p.path)
+
+    # ------------------------------------------------------------------ refcounts / eviction
+    def _gc(self) -> None:
+        """Delete blobs no session references (rows first, then files: a crash in between leaves
+        only an orphan file, which the startup sweep removes)."""
+        cands = [(k, s) for k, s in self._manifest.unreferenced()
+                 if not self._spill_pins[k] and not self._read_pins[k]]
+        if not cands:
+            return
+        self._manifest.delete_blobs([k for k, _ in cands])
+        for k, _ in cands:
+            _unlink(self._path(k))
+
+    def _evict_one(self, protect: set[str]) -> bool:
+        for sid, _ in self._manifest.lru_sessions():
+            if sid not in protect and sid not in self._active:
+                self._manifest.drop_session(sid)
+                self._gc()
+                self._counters["evicted_sessions"] += 1
+                return True
+        return False
+
+    def _evict(self, protect: set[str]) -> int:
+        """Whole sessions, least recently used first, until under the cap and above the floor."""
+        evicted = 0
+        while True:
+            _, total, _ = self._manifest.totals()
+            if total <= self.max_bytes and self._free_bytes() >= self.min_free_bytes:
+                return evicted
+            if not self._evict_one(protect):
+                return evicted
+            evicted += 1
+
+    # ------------------------------------------------------------------ startup sweep
+    def sweep(self) -> dict:
+        """Remove temp files and blob files the manifest does not reference; reconcile refcounts.
+        Decided from the manifest and a directory listing only: no payload is read."""
+        report = {"tmp_removed": 0, "orphans_removed": 0, "unreferenced_removed": 0,
+                  "missing_rows": 0, "size_mismatch_removed": 0}
+        files: dict[bytes, int] = {}
+        for sub in sorted(os.listdir(self.blobs_dir)):
+            d = os.path.join(self.blobs_dir, sub)
+            if not os.path.isdir(d):
+                continue
+            with os.scandir(d) as it:
+                for ent in it:
+                    if ent.name.endswith(TMP_SUFFIX):
+                        if _unlink(ent.path):
+                            report["tmp_removed"] += 1
+                    elif ent.name.endswith(SUFFIX) and len(ent.name) == 2 * KEY_BYTES + len(SUFFIX):
+                        try:
+                            files[bytes.fromhex(ent.name[:2 * KEY_BYTES])] = ent.stat().st_size
+                        except (ValueError, OSError):
+                            pass
+        with self._lock:
+            rec = self._manifest.reconcile(files)
+            report["missing_rows"] = rec["missing_rows"]
+            keep = self._manifest.all_blobs()
+            self._gc()
+            report["unreferenced_removed"] = len(rec["unreferenced"])
+            for key in rec["size_mismatch"]:
+                if _unlink(self._path(key)):  # torn file: the next spill rewrites it
+                    report["size_mismatch_removed"] += 1
+            for key in files:
+                if key not in keep:
+                    if _unlink(self._path(key)):
+                        report["orphans_removed"] += 1
+        return report
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[Any] = (),
+                device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *,
+                namespace: bytes | str | None = None, max_tokens: int | None = None,
+                shared: bool = True, cut_pictures: bool = True) -> RestoreResult:
+        """Restore the longest verified prefix of `token_ids` the store holds.
+
+        Uses the session's own blocks and tail, and (shared=True) any session's blocks whose
+        chained keys match the given tokens. max_tokens caps the prefix (the engine passes
+        len(prompt) - 1 so one token is left to prefill). cut_pictures: never end inside a
+        picture span. `state` is the session row's state when the session's own row was usable
+        (stats['state_complete'] says whether it describes exactly n_tokens tokens)."""
+        t0 = time.perf_counter()
+        tokens = normalize_tokens(token_ids)
+        pictures = normalize_pictures(picture_spans)
+        ns = self._ns(namespace)
+        B = self.block_tokens
+        limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), int(max_tokens)))
+        keys = block_keys(ns, tokens, pictures, B, limit_blocks=math.ceil(limit / B))
+        stats: dict[str, Any] = {"source": "none", "blobs_read": 0, "bytes_read": 0, "bad_blobs": 0,
+                                 "missing_blobs": 0, "session_tokens": 0, "state_complete": False}
+        with self._lock:
+            self._check_open()
+            row = self._manifest.session(session_id) if session_id is not None else None
+            usable = row is not None and row.namespace == ns and row.block_tokens == B
+            own = row.block_keys if usable else []
+            present = self._manifest.blob_sizes(keys) if shared else {}
+            chain: list[bytes] = []
+            from_own = 0
+            for i, k in enumerate(keys):
+                if i < len(own) and own[i] == k:
+                    from_own += 1
+                elif k not in present:
+                    break
+                chain.append(k)
+            use_tail = (usable and row.tail_key is not None and from_own == len(own) == len(chain)
+                        and len(own) * B < limit)
+            pins = chain + ([row.tail_key] if use_tail else [])
+            self._read_pins.update(pins)
+        try:
+            if usable:
+                stats["session_tokens"] = row.n_tokens
+            if not pins:
+                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
+            stats["source"] = ("session" if from_own == len(chain) else
+                               "shared" if from_own == 0 else "session+shared")
+            try:
+                layout = row.layout if usable else read_layout(self._path(chain[0]))
+            except (BadBlob, MissingBlob) as e:
+                self._blob_failed(chain[0], "missing" if isinstance(e, MissingBlob) else "bad", stats)
+                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
+            n_plan = min(limit, len(chain) * B + (row.tail_tokens if use_tail else 0))
+            if cut_pictures:
+                n_plan = _cut_at_pictures(n_plan, pictures)
+            items = []
+            for i, k in enumerate(chain):
+                if i * B >= n_plan:
+                    break
+                items.append(ReadItem(k, self._path(k), KIND_BLOCK, i * B, B, min(B, n_plan - i * B),
+                                      tokens[i * B:(i + 1) * B]))
+            base = len(chain) * B
+            if use_tail and n_plan > base:
+                accept = _tail_acceptor(tokens, pictures, row, base)
+                items.append(ReadItem(row.tail_key, self._path(row.tail_key), KIND_TAIL, base,
+                                      row.tail_tokens, n_plan - base, None, accept))
+            if not items:
+                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
+            dev = torch.device(device)
+            out_dtype = dtype or layout.dtype
+            dest = [(torch.empty((1, kh, n_plan, kd), dtype=out_dtype, device=dev),
+                     torch.empty((1, vh, n_plan, vd), dtype=out_dtype, device=dev))
+                    for kh, kd, vh, vd in layout.shapes]
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-read")
+            reader = BlobReader(layout, dest, self._reader)
+            n = reader.run(items, lambda it, why, detail: self._blob_failed(it.key, why, stats, detail))
+            stats["blobs_read"] = reader.blobs_read
+            stats["bytes_read"] = reader.bytes_read
+            if cut_pictures:
+                n = _cut_at_pictures(n, pictures)
+            if n == 0:
+                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
+            if n < n_plan:
+                dest = [(_shrink(k, n), _shrink(v, n)) for k, v in dest]
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            cache = build_cache(dest)
+            state = row.state if usable else {}
+            stats["state_complete"] = bool(usable and n == row.n_tokens)
+            with self._lock:
+                self._counters["restores"] += 1
+                self._counters["restored_tokens"] += n
+                self._counters["restore_bytes"] += reader.bytes_read
+                if usable and from_own and not self._closed:
+                    try:  # LRU: a restored session is in use; a failed touch must not fail the restore
+                        self._manifest.touch(session_id, time.time())
+                    except Exception as e:
+                        log.warning("kvstore: cannot record use of session %s: %s", session_id, e)
+            return self._restore_done(RestoreResult(cache, n, state, stats), t0)
+        finally:
+            with self._lock:
+                self._read_pins.subtract(pins)
+                self._read_pins += Counter()
+
+    def _restore_done(self, result: RestoreResult, t0: float) -> RestoreResult:
+        result.stats["seconds"] = time.perf_counter() - t0
+        return result
+
+    def _blob_failed(self, key: bytes, why: str, stats: dict, detail: str = "") -> None:
+        with self._lock:
+            if why == "missing":
+                self._counters["missing_blobs"] += 1
+                stats["missing_blobs"] += 1
+            else:
+                self._counters["bad_blobs"] += 1
+                stats["bad_blobs"] += 1
+                log.warning("kvstore: discarding bad blob %s: %s", key.hex(), detail)
+                # remove it so the next spill sees it missing and rewrites it; never serve it
+                if not self._spill_pins[key]:
+                    _unlink(self._path(key))
+
+    # ------------------------------------------------------------------ diagnostics
+    def verify(self) -> dict:
+        """Deep check (reads every referenced blob): for tests and diagnostics, not the hot path."""
+        report: dict[str, Any] = {"sessions": 0, "blobs_ok": 0, "bad": [], "missing": [], "refcount_errors": []}
+        with self._lock:
+            rows = self._manifest.sessions()
+            blobs = self._manifest.all_blobs()
+        refs: Counter = Counter()
+        for row in rows:
+            report["sessions"] += 1
+            refs.update(row.keys())
+        for key, n in refs.items():
+            if key not in blobs:
+                report["refcount_errors"].append((key.hex(), "no row"))
+            elif blobs[key][1] != n:
+                report["refcount_errors"].append((key.hex(), f"refcount {blobs[key][1]} != {n}"))
+            try:
+                _check_blob_file(self._path(key), key)
+                report["blobs_ok"] += 1
+            except MissingBlob:
+                report["missing"].append(key.hex())
+            except BadBlob as e:
+                report["bad"].append((key.hex(), str(e)))
+        return report
+
+
+# ---------------------------------------------------------------------- module helpers
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+            log.warning("kvstore: cannot remove %s: %s", path, e)
+        return False
+
+
+def _check_blob_file(path: str, key: bytes) -> None:
+    import blake3
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        raise MissingBlob(path) from e
+    hdr = parse_header(memoryview(data))
+    if hdr.key != key:
+        raise BadBlob("key mismatch")
+    if len(data) != hdr.header_len + hdr.payload_len:
+        raise BadBlob("size mismatch")
+    if blake3.blake3(memoryview(data)[hdr.header_len:]).digest() != hdr.payload_digest:
+        raise BadBlob("payload checksum mismatch")
+
+
+def _cut_at_pictures(n: int, pictures: tuple[PictureSpan, ...]) -> int:
+    """Move n back so it does not split a picture (its features are injected whole)."""
+    changed = True
+    while changed:
+        changed = False
+        for p in pictures:
+            if p.start < n < p.end:
+                n = p.start
+                changed = True
+    return n
+
+
+def _tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):
+    """How many of a stored tail's tokens the new prompt shares: equal token ids, and the same
+    pictures (same span, same key) over that range."""
+    def accept(hdr) -> int:
+        stored = hdr.tokens
+        given = tokens[base:base + len(stored)]
+        m = min(len(stored), len(given))
+        diff = np.nonzero(stored[:m] != given[:m])[0]
+        if len(diff):
+            m = int(diff[0])
+        end = base + m
+        mine = {p for p in row.pictures if p.overlaps(base, end)}
+        theirs = {p for p in pictures if p.overlaps(base, end)}
+        for p in mine ^ theirs:
+            end = min(end, max(base, p.start))
+        return end - base
+    return accept
+
+
+def _shrink(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n tokens; copied out when the view would pin much unused memory."""
+    view = t[:, :, :n, :]
+    return view if n * 8 >= t.shape[2] * 7 else view.clone()

@@ -1,0 +1,158 @@
+"""Elastic residency of the vision encoder: release its weights when idle, read them back from
+the model folder's safetensors when a picture needs encoding.
+
+Only parameters are released (replaced by empty tensors on the same device, not meta tensors:
+some models read `self.device` from their first parameter, which is often the vision tower's);
+small buffers such as position ids stay, because many are not in the checkpoint. On CUDA the cache allocator is emptied so the memory
+really goes back to the device.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+log = logging.getLogger(__name__)
+
+
+class ResidencyError(RuntimeError):
+    pass
+
+
+class EncoderResidency:
+    def __init__(self, loaded, elastic: bool, idle_s: float):
+        self.loaded = loaded
+        self.elastic = elastic
+        self.idle_s = idle_s
+        self.state = "resident"
+        self.last_used = time.monotonic()
+        self.loads = 0
+        self.unloads = 0
+        self.last_load_s = 0.0
+        self._keymap: dict[str, tuple[Path, str]] | None = None
+        self._shapes: dict[str, torch.Size] = {}
+        self.disabled_reason: str | None = None
+        if elastic:
+            try:
+                self._keymap = self._build_keymap()
+            except ResidencyError as exc:
+                log.warning("elastic encoder disabled: %s", exc)
+                self.elastic = False
+                self.disabled_reason = str(exc)
+
+    # -------------------------------------------------------------- weights on disk
+
+    def _param_names(self) -> list[str]:
+        names = []
+        for prefix in self.loaded.adapter.vision_modules:
+            mod = self.loaded.module(prefix)
+            if mod is None:
+                continue
+            names += [f"{prefix}.{n}" for n, _ in mod.named_parameters()]
+        return names
+
+    def _build_keymap(self) -> dict[str, tuple[Path, str]]:
+        """Parameter name -> (safetensors file, checkpoint key). Checkpoints name the vision
+        weights either like the model (`model.visual.*`) or in the older layout without the
+        leading `model.` (`visual.*`, `vision_tower.*`); both are accepted."""
+        folder = self.loaded.path
+        index = folder / "model.safetensors.index.json"
+        where: dict[str, Path] = {}
+        if index.is_file():
+            for key, fname in json.loads(index.read_text())["weight_map"].items():
+                where[key] = folder / fname
+        else:
+            for f in sorted(folder.glob("*.safetensors")):
+                with safe_open(f, framework="pt") as sf:
+                    for key in sf.keys():
+                        where[key] = f
+        out: dict[str, tuple[Path, str]] = {}
+        for name in self._param_names():
+            for candidate in (name, name.removeprefix("model.")):
+                if candidate in where:
+                    out[name] = (where[candidate], candidate)
+                    break
+            else:
+                raise ResidencyError(f"the vision weight {name} is not in the model's safetensors files")
+        return out
+
+    # -------------------------------------------------------------- state changes
+
+    def _params(self):
+        for prefix in self.loaded.adapter.vision_modules:
+            mod = self.loaded.module(prefix)
+            if mod is None:
+                continue
+            for mname, sub in mod.named_modules():
+                for pname, p in list(sub._parameters.items()):
+                    if p is not None:
+                        full = ".".join(x for x in (prefix, mname, pname) if x)
+                        yield full, sub, pname, p
+
+    def unload(self) -> bool:
+        if not self.elastic or self.state != "resident":
+            return False
+        for full, sub, pname, p in list(self._params()):
+            self._shapes[full] = p.shape
+            sub._parameters[pname] = torch.nn.Parameter(
+                torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False
+            )
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.state = "unloaded"
+        self.unloads += 1
+        return True
+
+    def ensure_loaded(self) -> bool:
+        """Load the weights if they are released; returns True when a load happened."""
+        if self.state == "resident":
+            return False
+        t0 = time.perf_counter()
+        self.state = "loading"
+        by_file: dict[Path, list[tuple[str, str]]] = {}
+        for name, (f, key) in self._keymap.items():
+            by_file.setdefault(f, []).append((name, key))
+        dev = self.loaded.device
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            for f, items in by_file.items():
+                with safe_open(f, framework="pt", device=str(dev) if dev.type == "cuda" else "cpu") as sf:
+                    for name, key in items:
+                        tensors[name] = sf.get_tensor(key)
+            for full, sub, pname, p in list(self._params()):
+                t = tensors[full]
+                want = tuple(self._shapes.get(full, p.shape))
+                if tuple(t.shape) != want:
+                    raise ResidencyError(f"{full}: checkpoint shape {tuple(t.shape)} != model {want}")
+                sub._parameters[pname] = torch.nn.Parameter(t.to(device=dev, dtype=p.dtype), requires_grad=False)
+        except Exception:
+            self.state = "unloaded"
+            raise
+        self.state = "resident"
+        self.loads += 1
+        self.last_load_s = time.perf_counter() - t0
+        return True
+
+    def touch(self) -> None:
+        """An encode happened: restart the idle clock (only encodes do this, never cache hits)."""
+        self.last_used = time.monotonic()
+
+    def idle_left(self) -> float | None:
+        if not self.elastic or self.state != "resident":
+            return None
+        return max(0.0, self.idle_s - (time.monotonic() - self.last_used))
+
+    def due_for_unload(self) -> bool:
+        left = self.idle_left()
+        return left is not None and left <= 0.0
+
+    def weight_bytes(self) -> int:
+        """Bytes the encoder needs when resident (from shapes, whatever the state)."""
+        total = 0
+        for full, _, _, p in self._params():
+            total += self._shapes.get(full, p.shape).numel() * p.element_size()
+        return total

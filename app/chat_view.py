@@ -1,0 +1,145 @@
+"""The message list: a QListView over MessageListModel, painted by MessageDelegate.
+
+It follows the newest message while the user is at the bottom (streaming keeps the reply in
+view) and leaves the scroll position alone once they scroll up to read.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QMimeData, QModelIndex, QPoint, QRect, Qt, Signal
+from PySide6.QtGui import QAction, QGuiApplication, QPainter, QPalette
+from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu
+
+from .message_delegate import MessageDelegate
+from .message_model import MessageIdRole, MessageListModel, RoleRole, StreamingRole, IsLastRole
+from .picture_intake import mime_has_pictures
+
+
+class ChatView(QListView):
+    actionTriggered = Signal(str, int)  # ("copy" | "edit" | "regenerate", message id)
+    mimeDropped = Signal(QMimeData)  # pictures dropped on the conversation
+
+    def __init__(self, model: MessageListModel, parent=None):
+        super().__init__(parent)
+        self.setModel(model)
+        self.msg_model = model
+        self.delegate = MessageDelegate(self)
+        self.setItemDelegate(self.delegate)
+        self.setObjectName("chatView")
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.verticalScrollBar().setSingleStep(24)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setResizeMode(QListView.ResizeMode.Adjust)
+        self.setUniformItemSizes(False)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setMouseTracking(True)
+        self.setAcceptDrops(True)
+        self.setDragDropMode(QAbstractItemView.DragDropMode.DropOnly)
+        self.setFrameShape(QListView.Shape.NoFrame)
+        self.placeholder = ""
+        self._follow = True
+        self.delegate.actionTriggered.connect(self.actionTriggered)
+        self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
+        self.verticalScrollBar().rangeChanged.connect(self._on_range)
+        model.dataChanged.connect(self._on_data_changed)
+        model.modelReset.connect(self._on_reset)
+        model.rowsInserted.connect(lambda *_: self._relayout())
+        model.rowsRemoved.connect(lambda *_: self._relayout())
+
+    # ------------------------------------------------------------ following the newest message
+
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 4
+
+    def _on_range(self, _lo: int, hi: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(hi)
+
+    def _on_reset(self) -> None:
+        self.delegate.hover = None
+        self._follow = True
+        self._relayout()
+        self.scrollToBottom()
+
+    def _on_data_changed(self, top: QModelIndex, _bottom: QModelIndex, _roles=()) -> None:
+        # Heights depend on text: a changed row must be measured again. Sizes of the other rows
+        # come from the delegate's cache, so this stays cheap with hundreds of messages.
+        self._relayout()
+
+    def _relayout(self) -> None:
+        self.scheduleDelayedItemsLayout()
+
+    def following(self) -> bool:
+        return self._follow
+
+    # ------------------------------------------------------------ look
+
+    def changeEvent(self, event) -> None:
+        if event.type() in (event.Type.PaletteChange, event.Type.FontChange, event.Type.StyleChange):
+            self.delegate.clear_caches()
+            self._relayout()
+        super().changeEvent(event)
+
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        if self.model().rowCount() == 0 and self.placeholder:
+            p = QPainter(self.viewport())
+            p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
+            r = self.viewport().rect().adjusted(40, 40, -40, -40)
+            p.drawText(r, Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap, self.placeholder)
+            p.end()
+
+    def set_placeholder(self, text: str) -> None:
+        if text != self.placeholder:
+            self.placeholder = text
+            self.viewport().update()
+
+    # ------------------------------------------------------------ menu and keys
+
+    def contextMenuEvent(self, event) -> None:
+        index = self.indexAt(event.pos())
+        if not index.isValid():
+            return
+        mid = int(index.data(MessageIdRole))
+        menu = QMenu(self)
+        menu.addAction("Copy", lambda: self.actionTriggered.emit("copy", mid))
+        if index.data(RoleRole) == "user":
+            menu.addAction("Edit and resend", lambda: self.actionTriggered.emit("edit", mid))
+        elif index.data(IsLastRole) and not index.data(StreamingRole):
+            menu.addAction("Regenerate", lambda: self.actionTriggered.emit("regenerate", mid))
+        menu.exec(event.globalPos())
+
+    def action_point(self, message_id: int, name: str) -> QPoint | None:
+        """Viewport point of a message's action link (for tests and accessibility tools)."""
+        row = self.msg_model.row_of(message_id)
+        if row is None:
+            return None
+        index = self.msg_model.index(row, 0)
+        self.scrollTo(index)
+        rect = self.delegate.action_rect(index, name)
+        if rect is None:
+            return None
+        return self.visualRect(index).topLeft() + rect.center()
+
+    # ------------------------------------------------------------ drops go to the composer
+
+    def dragEnterEvent(self, event) -> None:
+        if mime_has_pictures(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dragMoveEvent(self, event) -> None:
+        if mime_has_pictures(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event) -> None:
+        if mime_has_pictures(event.mimeData()):
+            self.mimeDropped.emit(event.mimeData())
+            event.acceptProposedAction()
+        else:
+            event.ignore()

@@ -1,0 +1,297 @@
+"""The composer: multi-line draft, attached pictures, send / stop, inline problems.
+
+Enter sends, Shift+Enter starts a new line. Pictures arrive by the attach button, by drag and
+drop (files or image data), or by paste; each is checked and stored on arrival. A refused one
+(a PDF, a damaged or huge picture) is reported in a line above the draft, and the draft and
+the other attachments stay as they were.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QKeyEvent, QPixmap
+from PySide6.QtWidgets import (
+    QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QToolButton,
+    QVBoxLayout, QWidget,
+)
+
+from .icons import icon
+from .picture_intake import Attachment, PictureIntake, mime_has_pictures
+
+PICTURE_FILTER = "Pictures (*.png *.jpg *.jpeg *.webp *.gif *.bmp *.tif *.tiff);;All files (*)"
+
+
+class ComposerEdit(QPlainTextEdit):
+    submit = Signal()
+    mimeOffered = Signal(QMimeData, str)  # pictures pasted or dropped into the text
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("composerEdit")
+        self.setPlaceholderText("Message — Enter to send, Shift+Enter for a new line")
+        self.setTabChangesFocus(True)
+        self.document().contentsChanged.connect(self.updateGeometry)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
+                e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+            self.submit.emit()
+            return
+        super().keyPressEvent(e)
+
+    def sizeHint(self) -> QSize:
+        fm = self.fontMetrics()
+        lines = max(1, min(8, int(self.document().size().height())))
+        m = self.contentsMargins()
+        h = lines * fm.lineSpacing() + 2 * int(self.document().documentMargin()) + m.top() + m.bottom() + 4
+        return QSize(super().sizeHint().width(), h)
+
+    def minimumSizeHint(self) -> QSize:  # the scroll area's default is ~5 lines tall
+        return QSize(100, self.sizeHint().height())
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return mime_has_pictures(source) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        if mime_has_pictures(source):
+            self.mimeOffered.emit(source, "pasted")
+            return
+        super().insertFromMimeData(source)
+
+    def dropEvent(self, e) -> None:
+        if mime_has_pictures(e.mimeData()):
+            self.mimeOffered.emit(e.mimeData(), "dropped")
+            e.acceptProposedAction()
+            return
+        super().dropEvent(e)
+
+
+class AttachmentChip(QFrame):
+    removeRequested = Signal(object)  # the chip
+
+    def __init__(self, att: Attachment, parent=None):
+        super().__init__(parent)
+        self.attachment = att
+        self.setObjectName("attachmentChip")
+        self.setToolTip(att.name)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(4, 4, 2, 4)
+        lay.setSpacing(2)
+        self.picture = QLabel()
+        self.picture.setFixedSize(56, 56)
+        self.picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        pm = QPixmap.fromImage(att.thumb)
+        if not pm.isNull():
+            self.picture.setPixmap(pm.scaled(56, 56, Qt.AspectRatioMode.KeepAspectRatio,
+                                             Qt.TransformationMode.SmoothTransformation))
+        lay.addWidget(self.picture)
+        self.remove = QToolButton()
+        self.remove.setText("×")
+        self.remove.setToolTip(f"Remove {att.name}")
+        self.remove.setAutoRaise(True)
+        self.remove.clicked.connect(lambda: self.removeRequested.emit(self))
+        lay.addWidget(self.remove, 0, Qt.AlignmentFlag.AlignTop)
+
+
+class Composer(QFrame):
+    sendRequested = Signal(str, list)  # text, picture refs
+    stopRequested = Signal()
+    editCancelled = Signal()
+
+    def __init__(self, intake: PictureIntake, parent=None):
+        super().__init__(parent)
+        self.intake = intake
+        self.setObjectName("composer")
+        self.setAcceptDrops(True)
+        self.editing_message_id: int | None = None
+        self._generating = False
+        self._ready = True
+
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(10, 6, 10, 10)
+        outer.setSpacing(4)
+
+        self.banner = QWidget()
+        bl = QHBoxLayout(self.banner)
+        bl.setContentsMargins(0, 0, 0, 0)
+        self.banner_label = QLabel("Editing a message — the conversation continues from here")
+        self.banner_label.setObjectName("mutedLabel")
+        cancel = QToolButton()
+        cancel.setText("Cancel")
+        cancel.setAutoRaise(True)
+        cancel.clicked.connect(self.cancel_edit)
+        bl.addWidget(self.banner_label, 1)
+        bl.addWidget(cancel)
+        self.banner.hide()
+        outer.addWidget(self.banner)
+
+        self.problem = QLabel()
+        self.problem.setObjectName("problemLabel")
+        self.problem.setWordWrap(True)
+        self.problem.hide()
+        self._problem_timer = QTimer(self)
+        self._problem_timer.setSingleShot(True)
+        self._problem_timer.timeout.connect(self.problem.hide)
+        outer.addWidget(self.problem)
+
+        self.chips_row = QWidget()
+        self.chips = QHBoxLayout(self.chips_row)
+        self.chips.setContentsMargins(0, 0, 0, 0)
+        self.chips.addStretch(1)
+        self.chips_row.hide()
+        outer.addWidget(self.chips_row)
+
+        row = QHBoxLayout()
+        row.setSpacing(6)
+        self.attach = QToolButton()
+        self.attach.setObjectName("attachButton")
+        self.attach.setIcon(icon("attach"))
+        self.attach.setIconSize(QSize(20, 20))
+        self.attach.setToolTip("Attach pictures")
+        self.attach.setAutoRaise(True)
+        self.attach.clicked.connect(self.choose_files)
+        self.edit = ComposerEdit()
+        self.edit.submit.connect(self.submit)
+        self.edit.mimeOffered.connect(self.take_mime)
+        self.send = QToolButton()
+        self.send.setObjectName("sendButton")
+        self.send.setIconSize(QSize(20, 20))
+        self.send.setAutoRaise(True)
+        self.send.clicked.connect(self._send_or_stop)
+        row.addWidget(self.attach, 0, Qt.AlignmentFlag.AlignBottom)
+        row.addWidget(self.edit, 1)
+        row.addWidget(self.send, 0, Qt.AlignmentFlag.AlignBottom)
+        outer.addLayout(row)
+        self._update_send()
+
+    # ------------------------------------------------------------ state from outside
+
+    def set_generating(self, generating: bool) -> None:
+        self._generating = generating
+        self._update_send()
+
+    def set_ready(self, ready: bool, why: str = "") -> None:
+        self._ready = ready
+        self.send.setToolTip("" if ready else why)
+        self._update_send()
+
+    def _update_send(self) -> None:
+        if self._generating:
+            self.send.setIcon(icon("stop"))
+            self.send.setToolTip("Stop (Esc)")
+            self.send.setEnabled(True)
+        else:
+            self.send.setIcon(icon("send"))
+            self.send.setEnabled(self._ready)
+            if self._ready:
+                self.send.setToolTip("Send (Enter)")
+
+    def attachments(self) -> list[Attachment]:
+        out = []
+        for i in range(self.chips.count()):
+            w = self.chips.itemAt(i).widget()
+            if isinstance(w, AttachmentChip):
+                out.append(w.attachment)
+        return out
+
+    def text(self) -> str:
+        return self.edit.toPlainText()
+
+    # ------------------------------------------------------------ attachments
+
+    def add_attachments(self, atts: list[Attachment]) -> None:
+        have = {a.ref for a in self.attachments()}
+        for att in atts:
+            if att.ref in have:
+                continue
+            have.add(att.ref)
+            chip = AttachmentChip(att)
+            chip.removeRequested.connect(self._remove_chip)
+            self.chips.insertWidget(self.chips.count() - 1, chip)
+        self.chips_row.setVisible(bool(have))
+
+    def _remove_chip(self, chip: AttachmentChip) -> None:
+        self.chips.removeWidget(chip)
+        chip.deleteLater()
+        self.chips_row.setVisible(bool(self.attachments()))
+
+    def clear_attachments(self) -> None:
+        for chip in [self.chips.itemAt(i).widget() for i in range(self.chips.count())]:
+            if isinstance(chip, AttachmentChip):
+                self._remove_chip(chip)
+
+    def take_mime(self, mime: QMimeData, verb: str = "dropped") -> None:
+        found, errors = self.intake.from_mime(mime, verb)
+        self.add_attachments(found)
+        if errors:
+            self.show_problem("; ".join(errors))
+        elif found:
+            self.problem.hide()
+
+    def take_files(self, paths: list[str]) -> None:
+        mime = QMimeData()
+        mime.setUrls([QUrl.fromLocalFile(p) for p in paths])
+        self.take_mime(mime, "chosen")
+
+    def choose_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach pictures", "", PICTURE_FILTER)
+        if paths:
+            self.take_files(paths)
+
+    def show_problem(self, message: str) -> None:
+        self.problem.setText(message)
+        self.problem.show()
+        self._problem_timer.start(12000)
+
+    # ------------------------------------------------------------ send / edit
+
+    def submit(self) -> None:
+        if self._generating or not self._ready:
+            return
+        text = self.edit.toPlainText().strip()
+        refs = [a.ref for a in self.attachments()]
+        if not text and not refs:
+            return
+        self.sendRequested.emit(text, refs)
+
+    def _send_or_stop(self) -> None:
+        if self._generating:
+            self.stopRequested.emit()
+        else:
+            self.submit()
+
+    def clear(self) -> None:
+        self.edit.clear()
+        self.clear_attachments()
+        self.problem.hide()
+        self.editing_message_id = None
+        self.banner.hide()
+
+    def begin_edit(self, message_id: int, text: str, atts: list[Attachment]) -> None:
+        self.clear()
+        self.editing_message_id = message_id
+        self.edit.setPlainText(text)
+        self.add_attachments(atts)
+        self.banner.show()
+        self.edit.setFocus()
+        self.edit.moveCursor(self.edit.textCursor().MoveOperation.End)
+
+    def cancel_edit(self) -> None:
+        if self.editing_message_id is not None:
+            self.clear()
+            self.editCancelled.emit()
+
+    # ------------------------------------------------------------ drops on the frame
+
+    def dragEnterEvent(self, e) -> None:
+        if mime_has_pictures(e.mimeData()):
+            e.acceptProposedAction()
+
+    def dragMoveEvent(self, e) -> None:
+        if mime_has_pictures(e.mimeData()):
+            e.acceptProposedAction()
+
+    def dropEvent(self, e) -> None:
+        if mime_has_pictures(e.mimeData()):
+            self.take_mime(e.mimeData(), "dropped")
+            e.acceptProposedAction()

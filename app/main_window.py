@@ -1,0 +1,368 @@
+"""The main window: sidebar | conversation + composer, the memory dock, menus, status bar.
+
+It wires parts together and owns no chat logic (that is ChatController) and no engine
+access beyond the bridge.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtCore import QUrl
+from PySide6.QtWidgets import (
+    QApplication, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QVBoxLayout, QWidget,
+)
+
+from engine.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
+from engine.history import History
+
+from .bridge import EngineBridge
+from .chat_controller import ChatController
+from .chat_view import ChatView
+from .composer import Composer
+from .icons import app_icon, icon
+from .message_model import MessageListModel
+from .model_picker import ModelPicker
+from .picture_intake import PictureIntake, mime_has_pictures
+from .preferences import Preferences
+from .settings_dialog import SettingsDialog
+from .sidebar import Sidebar
+from .theme import apply_theme
+from .vram_panel import VramPanel
+
+HINT_NO_MODEL = "No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O)."
+HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, bridge: EngineBridge, history: History, prefs: Preferences, data_dir: Path):
+        super().__init__()
+        self.bridge, self.history, self.prefs, self.data_dir = bridge, history, prefs, Path(data_dir)
+        self.setWindowTitle("Parley")
+        self.setWindowIcon(app_icon())
+        self.resize(1200, 800)
+        self.model_ready = False
+        self.model_path: str | None = None
+        self.model_name = ""
+        self._closed = False
+        self._turn_t0: dict[int, float] = {}
+
+        history.purge_deleted()  # deletions from earlier sessions are final
+        history.purge_orphan_pictures()
+
+        self.messages = MessageListModel(self)
+        self.controller = ChatController(history, bridge, prefs, self.messages, self)
+        self.intake = PictureIntake(history)
+        self.sidebar = Sidebar(history)
+        self.chat = ChatView(self.messages)
+        self.composer = Composer(self.intake)
+        self.notice = QLabel()
+        self.notice.setObjectName("chatNotice")
+        self.notice.setWordWrap(True)
+        self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.notice.hide()
+
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.setSpacing(0)
+        rl.addWidget(self.chat, 1)
+        rl.addWidget(self.notice)
+        rl.addWidget(self.composer)
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([260, 940])
+        self.setCentralWidget(self.splitter)
+
+        self.vram = VramPanel(self._title_for, self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram)
+        self.resizeDocks([self.vram], [380], Qt.Orientation.Horizontal)
+
+        self._build_status_bar()
+        self._build_menus()
+        self._wire()
+        self._restore_layout()
+        self.sidebar.refresh()
+        convs = history.list_conversations()
+        self.controller.open_conversation(convs[0].id if convs else None)
+        self._update_hints()
+
+    # ------------------------------------------------------------ building
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)  # busy: loading reports no fraction
+        self.progress.setMaximumWidth(140)
+        self.progress.hide()
+        self.model_label = QLabel("No model")
+        self.device_label = QLabel("")
+        self.speed_label = QLabel("")
+        for w in (self.progress, self.model_label, self.device_label, self.speed_label):
+            sb.addPermanentWidget(w)
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        file = mb.addMenu("&File")
+        self.act_new = file.addAction(icon("new-chat"), "New chat", self.new_chat)
+        self.act_new.setShortcut(QKeySequence.StandardKey.New)
+        self.act_open = file.addAction(icon("model"), "Open model…", self.choose_model)
+        self.act_open.setShortcut(QKeySequence.StandardKey.Open)
+        file.addSeparator()
+        self.act_settings = file.addAction("Settings…", self.open_settings)
+        self.act_settings.setShortcut(QKeySequence.StandardKey.Preferences)
+        self.act_settings.setMenuRole(QAction.MenuRole.PreferencesRole)
+        file.addSeparator()
+        act_quit = file.addAction("Quit", self.close)
+        act_quit.setShortcut(QKeySequence.StandardKey.Quit)
+        act_quit.setMenuRole(QAction.MenuRole.QuitRole)
+
+        edit = mb.addMenu("&Edit")
+        self.act_undo = edit.addAction("Undo delete", self.sidebar.undo_delete)
+        self.act_undo.setShortcut(QKeySequence.StandardKey.Undo)
+        self.act_undo.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.sidebar.addAction(self.act_undo)
+        edit.addAction("Rename chat", self.sidebar.rename_current, QKeySequence(Qt.Key.Key_F2))
+        edit.addAction("Delete chat", self.delete_current)
+        edit.addSeparator()
+        self.act_regen = edit.addAction("Regenerate reply", lambda: self.controller.regenerate())
+        self.act_regen.setShortcut(QKeySequence("Ctrl+R"))
+        self.act_stop = edit.addAction("Stop reply", self.stop_or_cancel)
+        self.act_stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        self.act_stop.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        edit.addAction("Find chat", lambda: self.sidebar.search.setFocus(), QKeySequence.StandardKey.Find)
+
+        view = mb.addMenu("&View")
+        toggle = self.vram.toggleViewAction()
+        toggle.setShortcut(QKeySequence("Ctrl+M"))
+        toggle.setIcon(icon("memory"))
+        view.addAction(toggle)
+        help_menu = mb.addMenu("&Help")
+        help_menu.addAction("About Parley", self._about)
+
+        paste = QShortcut(QKeySequence.StandardKey.Paste, self.chat)
+        paste.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        paste.activated.connect(self.paste_into_composer)
+
+    def _wire(self) -> None:
+        b, c = self.bridge, self.controller
+        b.modelLoading.connect(self._on_model_loading)
+        b.modelReady.connect(self._on_model_ready)
+        b.modelFailed.connect(self._on_model_failed)
+        b.turnStarted.connect(lambda ev: self._turn_t0.__setitem__(ev.turn_id, time.monotonic()))
+        b.tokens.connect(self._on_tokens)
+        b.turnDone.connect(self._on_turn_done)
+        b.memoryReport.connect(self.vram.on_memory_report)
+        b.encoderState.connect(self.vram.on_encoder_state)
+        b.spillState.connect(self.vram.on_spill_state)
+        b.notice.connect(self._on_notice)
+        self.vram.reportWanted.connect(b.request_memory_report)
+        self.vram.unloadEncoderRequested.connect(b.unload_encoder)
+        self.vram.spillRequested.connect(self._spill_current)
+
+        c.conversationsChanged.connect(self.sidebar.refresh)
+        c.currentChanged.connect(self._on_current_changed)
+        c.generatingChanged.connect(self.composer.set_generating)
+        c.problem.connect(self.show_notice)
+        self.sidebar.conversationActivated.connect(self._open)
+        self.sidebar.newRequested.connect(self.new_chat)
+        self.sidebar.deleteRequested.connect(c.delete_conversation)
+        self.sidebar.undoRequested.connect(c.restore_conversation)
+        self.sidebar.renameRequested.connect(c.rename)
+        self.composer.sendRequested.connect(self._send)
+        self.composer.stopRequested.connect(c.stop)
+        self.chat.actionTriggered.connect(self._message_action)
+        self.chat.mimeDropped.connect(lambda mime: self.composer.take_mime(mime, "dropped"))
+        self.chat.delegate.pictureClicked.connect(lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p)))
+        self.chat.delegate.linkClicked.connect(lambda href: QDesktopServices.openUrl(QUrl(href)))
+
+    # ------------------------------------------------------------ model
+
+    def load_model(self, path: str) -> None:
+        self.model_path = str(path)
+        self.bridge.load_model(str(path))
+
+    def choose_model(self) -> None:
+        picker = ModelPicker(self.prefs.recent_models(), self.bridge.check_model_folder,
+                             current=self.model_path, parent=self)
+        if picker.exec() and picker.chosen:
+            self.load_model(picker.chosen)
+
+    def _on_model_loading(self, ev: ModelLoading) -> None:
+        self.model_ready = False
+        self.progress.show()
+        self.model_label.setText(f"Loading {Path(ev.path).name}…")
+        self.composer.set_ready(False, "The model is loading")
+        self._update_hints(f"Loading {Path(ev.path).name}…")
+
+    def _on_model_ready(self, ev: ModelReady) -> None:
+        self.model_ready = True
+        self.model_path, self.model_name = ev.path, ev.name
+        self.progress.hide()
+        self.model_label.setText(f"{ev.name} ({ev.family})")
+        self.device_label.setText(f"{ev.device} · {ev.dtype}")
+        self.composer.set_ready(True)
+        self.vram.on_model(ev.device, ev.name)
+        self.prefs.add_recent_model(ev.path)
+        self.prefs.set_last_model(ev.path)
+        self.notice.hide()
+        self._update_hints()
+
+    def _on_model_failed(self, ev: ModelFailed) -> None:
+        self.model_ready = False
+        self.progress.hide()
+        self.model_label.setText("No model")
+        self.composer.set_ready(False, "No model is loaded")
+        self.show_notice(ev.message)
+        self._update_hints(f"The model could not be loaded.\n{ev.message}\n\n"
+                           "Choose another with File ▸ Open model… (Ctrl+O).")
+
+    # ------------------------------------------------------------ chat
+
+    def new_chat(self) -> None:
+        self.composer.clear()
+        self.controller.new_conversation()
+        self.composer.edit.setFocus()
+
+    def _open(self, conversation_id: str) -> None:
+        if conversation_id != self.controller.current_id:
+            self.composer.cancel_edit()
+            self.controller.open_conversation(conversation_id)
+
+    def _send(self, text: str, refs: list) -> None:
+        self.notice.hide()
+        editing = self.composer.editing_message_id
+        if editing is not None:
+            self.controller.edit_and_resend(editing, text, refs)
+        else:
+            self.controller.send(text, refs)
+        self.composer.clear()
+
+    def stop_or_cancel(self) -> None:
+        if self.controller.is_generating():
+            self.controller.stop()
+        elif self.composer.editing_message_id is not None:
+            self.composer.cancel_edit()
+
+    def delete_current(self) -> None:
+        if self.controller.current_id:
+            self.sidebar.delete(self.controller.current_id)
+
+    def _message_action(self, name: str, message_id: int) -> None:
+        msg = self.controller.message(message_id)
+        if msg is None:
+            return
+        if name == "copy":
+            QGuiApplication.clipboard().setText(msg.text)
+            self.statusBar().showMessage("Copied", 1500)
+        elif name == "edit":
+            atts = [self.intake.restore(r) for r in msg.pictures]
+            self.composer.begin_edit(message_id, msg.text, atts)
+        elif name == "regenerate":
+            self.controller.regenerate(message_id)
+
+    def paste_into_composer(self) -> None:
+        mime = QGuiApplication.clipboard().mimeData()
+        if mime is not None and mime_has_pictures(mime):
+            self.composer.take_mime(mime, "pasted")
+        else:
+            self.composer.edit.paste()
+        self.composer.edit.setFocus()
+
+    def _on_current_changed(self, conversation_id: str) -> None:
+        self.sidebar.select(conversation_id or None)
+        conv = self.history.get_conversation(conversation_id) if conversation_id else None
+        self.setWindowTitle(f"{conv.title} — Parley" if conv else "Parley")
+        self._update_hints()
+
+    def _on_tokens(self, turn_id: int, _cid: str, _text: str, _n: int) -> None:
+        t0 = self._turn_t0.get(turn_id)
+        a = self.controller._active.get(turn_id)
+        if t0 and a and time.monotonic() - t0 > 0.2:
+            self.speed_label.setText(f"{a.tokens / (time.monotonic() - t0):.1f} tok/s")
+
+    def _on_turn_done(self, ev: TurnDone) -> None:
+        self._turn_t0.pop(ev.turn_id, None)
+        tps = ev.stats.get("tokens_per_s")
+        if tps is not None:
+            self.speed_label.setText(f"{tps:.1f} tok/s")
+        self.vram.on_turn_stats(ev.stats)
+
+    def _on_notice(self, ev: Notice) -> None:
+        if ev.level == "info":
+            self.statusBar().showMessage(ev.message, 6000)
+        else:
+            self.show_notice(ev.message)
+
+    def show_notice(self, message: str) -> None:
+        self.notice.setText(message)
+        self.notice.show()
+
+    def _spill_current(self) -> None:
+        if self.controller.current_id:
+            self.bridge.spill_now(self.controller.current_id)
+
+    def _title_for(self, conversation_id: str) -> str:
+        conv = self.history.get_conversation(conversation_id)
+        return conv.title if conv else conversation_id[:8]
+
+    def _update_hints(self, override: str | None = None) -> None:
+        if override is not None:
+            self.chat.set_placeholder(override)
+        elif not self.model_ready and self.model_path is None:
+            self.chat.set_placeholder(HINT_NO_MODEL)
+        elif self.model_ready:
+            self.chat.set_placeholder(HINT_EMPTY)
+
+    # ------------------------------------------------------------ dialogs
+
+    def open_settings(self) -> None:
+        dlg = SettingsDialog(self.prefs, self.data_dir, self)
+        if dlg.exec():
+            self.apply_settings(dlg)
+
+    def apply_settings(self, dlg: SettingsDialog) -> None:
+        changes = dlg.save()
+        if changes:
+            self.bridge.update_settings(**changes)
+        apply_theme(QApplication.instance(), self.prefs.theme())
+        self.refresh_icons()
+
+    def refresh_icons(self) -> None:
+        self.composer.attach.setIcon(icon("attach"))
+        self.composer.set_generating(self.controller.is_generating())
+        self.sidebar.new_button.setIcon(icon("new-chat"))
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "About Parley",
+                          "Parley — chat with a local vision-language model about pictures.")
+
+    # ------------------------------------------------------------ layout and closing
+
+    def _restore_layout(self) -> None:
+        geo = self.prefs.qs.value("ui/geometry")
+        state = self.prefs.qs.value("ui/state")
+        if isinstance(geo, QByteArray):
+            self.restoreGeometry(geo)
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+
+    def closeEvent(self, event) -> None:
+        self.prefs.qs.setValue("ui/geometry", self.saveGeometry())
+        self.prefs.qs.setValue("ui/state", self.saveState())
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self) -> None:
+        """Save streaming replies, stop the engine, close the history. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.controller.shutdown()
+        self.bridge.shutdown()
+        self.history.close()
+        self.prefs.sync()

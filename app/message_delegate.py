@@ -1,0 +1,291 @@
+"""Paints one message: a bubble with picture thumbnails, rich text, and a footer of actions.
+
+Layout is computed by one function used for sizing, painting and hit-testing, so what is
+drawn is what is clicked. Laid-out text documents are cached per (message, version, width):
+scrolling through hundreds of messages re-uses them, and a streaming reply rebuilds only its
+own document.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import (
+    QAbstractTextDocumentLayout, QColor, QFontMetrics, QPainter, QPalette, QTextDocument,
+)
+from PySide6.QtWidgets import QStyle, QStyledItemDelegate
+
+from .markdown_render import MarkdownRenderer, document_css, plain_html
+from .message_model import (
+    EditedRole, IsLastRole, MessageIdRole, PicturesRole, RoleRole, StatusRole, StreamingRole,
+    VersionRole,
+)
+from .thumbnails import ThumbnailCache
+
+MARGIN = 14  # left/right of the view
+GAP = 6  # between messages
+PAD = 10  # inside a bubble
+THUMB = 112
+MAX_TEXT_WIDTH = 820
+
+
+@dataclass
+class Geometry:
+    height: int
+    bubble: QRectF
+    thumbs: list[tuple[str, QRect]] = field(default_factory=list)
+    doc_origin: QPointF = field(default_factory=QPointF)
+    doc: QTextDocument | None = None
+    footer_y: int = 0
+    tags: str = ""
+    actions: list[tuple[str, QRect]] = field(default_factory=list)
+
+
+def mix(a: QColor, b: QColor, t: float) -> QColor:
+    return QColor(round(a.red() * (1 - t) + b.red() * t), round(a.green() * (1 - t) + b.green() * t),
+                  round(a.blue() * (1 - t) + b.blue() * t))
+
+
+class MessageDelegate(QStyledItemDelegate):
+    actionTriggered = Signal(str, int)  # action name ("copy" | "edit" | "regenerate"), message id
+    pictureClicked = Signal(str)  # absolute path
+    linkClicked = Signal(str)
+
+    def __init__(self, view):
+        super().__init__(view)
+        self._view = view
+        self._md = MarkdownRenderer()
+        self._docs: OrderedDict[int, tuple[tuple, QTextDocument]] = OrderedDict()
+        self._sizes: dict[int, tuple[tuple, int]] = {}
+        self.thumbs = ThumbnailCache()
+        self.hover: tuple[int, str] | None = None  # (message id, action) under the mouse
+        self.doc_capacity = 400
+
+    def clear_caches(self) -> None:
+        self._docs.clear()
+        self._sizes.clear()
+
+    # ------------------------------------------------------------ layout
+
+    def _width(self) -> int:
+        return max(200, self._view.viewport().width())
+
+    def _document(self, index, text_width: int) -> QTextDocument:
+        mid = index.data(MessageIdRole)
+        key = (index.data(VersionRole), text_width, self._view.font().key())
+        hit = self._docs.get(mid)
+        if hit is not None and hit[0] == key:
+            self._docs.move_to_end(mid)
+            return hit[1]
+        pal = self._view.palette()
+        doc = QTextDocument()
+        doc.setDocumentMargin(0)
+        doc.setDefaultFont(self._view.font())
+        code_bg = mix(pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Text), 0.08)
+        doc.setDefaultStyleSheet(document_css(
+            code_bg.name(), pal.color(QPalette.ColorRole.Text).name(),
+            pal.color(QPalette.ColorRole.Link).name(), pal.color(QPalette.ColorRole.Mid).name()))
+        text = index.data(Qt.ItemDataRole.DisplayRole) or ""
+        if index.data(RoleRole) == "assistant":
+            doc.setHtml(self._md.to_html(text, streaming=bool(index.data(StreamingRole))))
+        else:
+            doc.setHtml(plain_html(text))
+        doc.setTextWidth(text_width)
+        self._docs[mid] = (key, doc)
+        if len(self._docs) > self.doc_capacity:
+            self._docs.popitem(last=False)
+        return doc
+
+    def geometry(self, index, width: int | None = None) -> Geometry:
+        width = width or self._width()
+        fm = QFontMetrics(self._view.font())
+        user = index.data(RoleRole) == "user"
+        inner_max = min(MAX_TEXT_WIDTH, int((width - 2 * MARGIN) * (0.8 if user else 1.0))) - 2 * PAD
+        inner_max = max(80, inner_max)
+        doc = self._document(index, inner_max)
+        text_w = min(inner_max, int(doc.idealWidth()) + 1) if user else inner_max
+        text_h = int(doc.size().height()) if (index.data(Qt.ItemDataRole.DisplayRole) or "") else 0
+
+        pictures = index.data(PicturesRole) or []
+        per_row = max(1, (inner_max + GAP) // (THUMB + GAP))
+        thumb_rows = (len(pictures) + per_row - 1) // per_row
+        thumbs_w = min(len(pictures), per_row) * (THUMB + GAP) - GAP if pictures else 0
+        thumbs_h = thumb_rows * (THUMB + GAP) if pictures else 0
+
+        content_w = max(text_w, thumbs_w, 24)
+        content_h = thumbs_h + max(text_h, 0 if pictures else fm.height())
+        bubble_w, bubble_h = content_w + 2 * PAD, content_h + 2 * PAD
+        x = width - MARGIN - bubble_w if user else MARGIN
+        bubble = QRectF(x, GAP, bubble_w, bubble_h)
+        thumbs = []
+        for i, path in enumerate(pictures):
+            r, c = divmod(i, per_row)
+            thumbs.append((path, QRect(int(x) + PAD + c * (THUMB + GAP), GAP + PAD + r * (THUMB + GAP),
+                                       THUMB, THUMB)))
+        footer_y = GAP + bubble_h + 3
+        geo = Geometry(height=footer_y + fm.height() + GAP, bubble=bubble, thumbs=thumbs,
+                       doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h), doc=doc, footer_y=footer_y)
+
+        tags = []
+        if index.data(StreamingRole):
+            tags.append("generating…")
+        elif index.data(StatusRole) == "interrupted":
+            tags.append("stopped")
+        if index.data(EditedRole):
+            tags.append("edited")
+        geo.tags = " · ".join(tags)
+        names = ["copy"]
+        if user:
+            names.append("edit")
+        elif index.data(IsLastRole) and not index.data(StreamingRole):
+            names.append("regenerate")
+        labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate"}
+        # Actions sit under the bubble, on the side it is aligned to.
+        cursor = int(bubble.right()) if user else int(bubble.left())
+        spans = []
+        for name in (reversed(names) if user else names):
+            w = fm.horizontalAdvance(labels[name]) + 4
+            if user:
+                cursor -= w
+                spans.append((name, QRect(cursor, footer_y, w, fm.height())))
+                cursor -= 10
+            else:
+                spans.append((name, QRect(cursor, footer_y, w, fm.height())))
+                cursor += w + 10
+        geo.actions = spans
+        return geo
+
+    def sizeHint(self, option, index) -> QSize:
+        width = self._width()
+        mid = index.data(MessageIdRole)
+        key = (index.data(VersionRole), width, self._view.font().key(), bool(index.data(IsLastRole)))
+        hit = self._sizes.get(mid)
+        if hit is not None and hit[0] == key:
+            return QSize(width, hit[1])
+        h = self.geometry(index, width).height
+        self._sizes[mid] = (key, h)
+        return QSize(width, h)
+
+    # ------------------------------------------------------------ painting
+
+    def paint(self, painter: QPainter, option, index) -> None:
+        geo = self.geometry(index, option.rect.width() or None)
+        pal = option.palette
+        user = index.data(RoleRole) == "user"
+        mid = index.data(MessageIdRole)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.translate(option.rect.topLeft())
+        base, text = pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Text)
+        if user:
+            fill = mix(base, pal.color(QPalette.ColorRole.Highlight), 0.22)
+        else:
+            fill = mix(base, text, 0.04)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(fill)
+        painter.drawRoundedRect(geo.bubble, 10, 10)
+
+        dpr = painter.device().devicePixelRatioF() if painter.device() else 1.0
+        for path, rect in geo.thumbs:
+            pm = self.thumbs.get(path, THUMB, dpr)
+            if pm.isNull():
+                painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+                painter.setBrush(Qt.BrushStyle.NoBrush)
+                painter.drawRoundedRect(QRectF(rect), 6, 6)
+                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, "picture\nmissing")
+                continue
+            size = pm.deviceIndependentSize().toSize()
+            target = QRect(rect.topLeft(), size)
+            painter.drawPixmap(target, pm)
+
+        if geo.doc is not None and (index.data(Qt.ItemDataRole.DisplayRole) or ""):
+            painter.save()
+            painter.translate(geo.doc_origin)
+            ctx = QAbstractTextDocumentLayout.PaintContext()
+            ctx.palette.setColor(QPalette.ColorRole.Text, text)
+            geo.doc.documentLayout().draw(painter, ctx)
+            painter.restore()
+        elif index.data(StreamingRole) and not index.data(PicturesRole):
+            painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(geo.bubble.adjusted(PAD, PAD, -PAD, -PAD), "…")
+
+        footer_font = painter.font()
+        painter.setFont(footer_font)
+        muted = pal.color(QPalette.ColorRole.PlaceholderText)
+        show_actions = bool(option.state & QStyle.StateFlag.State_MouseOver) or bool(index.data(IsLastRole))
+        if geo.tags:
+            painter.setPen(muted)
+            fm = QFontMetrics(footer_font)
+            tag_w = fm.horizontalAdvance(geo.tags) + 4
+            if user:
+                left = geo.actions[-1][1].left() - 16 - tag_w if geo.actions else int(geo.bubble.right()) - tag_w
+            else:
+                left = (geo.actions[-1][1].right() + 16) if geo.actions else int(geo.bubble.left())
+            painter.drawText(QRect(left, geo.footer_y, tag_w, fm.height()), Qt.AlignmentFlag.AlignLeft, geo.tags)
+        if show_actions:
+            link = pal.color(QPalette.ColorRole.Link)
+            labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate"}
+            for name, rect in geo.actions:
+                hovered = self.hover == (mid, name)
+                f = painter.font()
+                f.setUnderline(hovered)
+                painter.setFont(f)
+                painter.setPen(link if hovered else muted)
+                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, labels[name])
+            f = painter.font()
+            f.setUnderline(False)
+            painter.setFont(f)
+        painter.restore()
+
+    # ------------------------------------------------------------ mouse
+
+    def hit(self, index, pos_in_item) -> tuple[str, str | int] | None:
+        """What lies under a point: ("action", name) | ("picture", path) | ("link", href)."""
+        geo = self.geometry(index)
+        p = pos_in_item.toPoint() if hasattr(pos_in_item, "toPoint") else pos_in_item
+        for name, rect in geo.actions:
+            if rect.contains(p):
+                return ("action", name)
+        for path, rect in geo.thumbs:
+            if rect.contains(p):
+                return ("picture", path)
+        if geo.doc is not None:
+            href = geo.doc.documentLayout().anchorAt(QPointF(p) - geo.doc_origin)
+            if href:
+                return ("link", href)
+        return None
+
+    def action_rect(self, index, name: str) -> QRect | None:
+        """Where an action link is drawn, in item coordinates (tests click there)."""
+        for n, rect in self.geometry(index).actions:
+            if n == name:
+                return rect
+        return None
+
+    def editorEvent(self, event, model, option, index) -> bool:
+        t = event.type()
+        if t not in (QEvent.Type.MouseButtonRelease, QEvent.Type.MouseMove):
+            return False
+        pos = event.position() - QPointF(option.rect.topLeft())
+        what = self.hit(index, pos)
+        mid = index.data(MessageIdRole)
+        if t == QEvent.Type.MouseMove:
+            hover = (mid, what[1]) if what and what[0] == "action" else None
+            if hover != self.hover:
+                self.hover = hover
+                self._view.viewport().update()
+            pointing = what is not None
+            self._view.viewport().setCursor(
+                Qt.CursorShape.PointingHandCursor if pointing else Qt.CursorShape.ArrowCursor)
+            return False
+        if event.button() != Qt.MouseButton.LeftButton or what is None:
+            return False
+        kind, value = what
+        if kind == "action":
+            self.actionTriggered.emit(str(value), int(mid))
+        elif kind == "picture":
+            self.pictureClicked.emit(str(value))
+        else:
+            self.linkClicked.emit(str(value))
+        return True

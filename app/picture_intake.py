@@ -1,0 +1,143 @@
+"""Taking pictures in: files, dragged or pasted image data -> checked, stored, thumbnailed.
+
+A picture is checked when it is attached (not when the turn runs), with the engine's own
+rules: a format Pillow reads, at most 64 megapixels, fully decodable. Good ones are copied
+into the history's content-addressed folder right away, so the draft no longer depends on
+the original file. A rejected one yields a short reason for the composer to show.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
+from PySide6.QtGui import QImage
+
+from engine.history import History
+
+from .thumbnails import read_scaled
+
+MAX_FILE_BYTES = 64 << 20
+MAX_PIXELS = 64_000_000  # same limit as the engine's decoder
+THUMB_BOX = 160
+# Raw image bytes other apps put on the clipboard / in drags, best first.
+_RAW_TYPES = (("image/png", ".png"), ("image/jpeg", ".jpg"), ("image/webp", ".webp"),
+              ("image/gif", ".gif"), ("image/bmp", ".bmp"))
+
+
+@dataclass
+class Attachment:
+    ref: str  # the history's picture ref
+    path: str  # where the stored copy lives
+    name: str  # what the user called it (file name, or "pasted picture")
+    thumb: QImage
+
+
+class PictureRejected(Exception):
+    pass
+
+
+def mime_has_pictures(mime: QMimeData) -> bool:
+    """Whether a drag/paste might carry pictures (files are checked only when dropped)."""
+    if mime.hasImage() or any(mime.hasFormat(t) for t, _ in _RAW_TYPES):
+        return True
+    return mime.hasUrls() and any(u.isLocalFile() for u in mime.urls())
+
+
+def check_picture_bytes(data: bytes, name: str) -> None:
+    if len(data) > MAX_FILE_BYTES:
+        raise PictureRejected(f"{name} is too big ({len(data) / 2**20:.0f} MB; the limit is "
+                              f"{MAX_FILE_BYTES >> 20} MB)")
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            w, h = probe.size
+            if w * h > MAX_PIXELS:
+                raise PictureRejected(f"{name} is too large ({w}×{h} pixels; the limit is "
+                                      f"{MAX_PIXELS // 1_000_000} megapixels)")
+            probe.load()
+    except PictureRejected:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError):
+        raise PictureRejected(f"{name} is not a picture (PNG, JPEG, WebP, GIF or BMP)") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise PictureRejected(f"{name} is a damaged picture ({exc})") from None
+
+
+class PictureIntake:
+    def __init__(self, history: History):
+        self.history = history
+
+    def from_file(self, path: str | Path) -> Attachment:
+        p = Path(path)
+        name = p.name or str(p)
+        if not p.is_file():
+            raise PictureRejected(f"{name} is not a file" if p.exists() else f"{name} was not found")
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is "
+                                  f"{MAX_FILE_BYTES >> 20} MB)")
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise PictureRejected(f"{name} cannot be read ({exc.strerror or exc})") from None
+        check_picture_bytes(data, name)
+        ref = self.history.add_picture(p)
+        return self._attachment(ref, name)
+
+    def from_bytes(self, data: bytes, extension: str, name: str) -> Attachment:
+        check_picture_bytes(data, name)
+        ref = self.history.add_picture_bytes(data, extension)
+        return self._attachment(ref, name)
+
+    def from_image(self, image: QImage, name: str = "pasted picture") -> Attachment:
+        if image.isNull():
+            raise PictureRejected(f"The {name} is empty")
+        if image.width() * image.height() > MAX_PIXELS:
+            raise PictureRejected(f"The {name} is too large ({image.width()}×{image.height()} pixels)")
+        buf = QByteArray()
+        dev = QBuffer(buf)
+        dev.open(QIODevice.OpenModeFlag.WriteOnly)
+        image.save(dev, "PNG")
+        dev.close()
+        return self.from_bytes(bytes(buf.data()), ".png", name)
+
+    def from_mime(self, mime: QMimeData, verb: str = "dropped") -> tuple[list[Attachment], list[str]]:
+        """Everything usable in a drop or paste, and a reason for each thing refused."""
+        found: list[Attachment] = []
+        errors: list[str] = []
+        urls = [u for u in mime.urls()] if mime.hasUrls() else []
+        local = [u.toLocalFile() for u in urls if u.isLocalFile()]
+        if urls and not local:
+            errors.append("Only pictures on this computer can be attached (not web links)")
+        for path in local:
+            try:
+                found.append(self.from_file(path))
+            except PictureRejected as exc:
+                errors.append(str(exc))
+        if local:
+            return found, errors
+        for mime_type, ext in _RAW_TYPES:  # the sender's own bytes beat a re-encode
+            if mime.hasFormat(mime_type):
+                try:
+                    found.append(self.from_bytes(bytes(mime.data(mime_type).data()), ext,
+                                                 f"{verb} picture"))
+                except PictureRejected as exc:
+                    errors.append(str(exc))
+                return found, errors
+        if mime.hasImage():
+            image = mime.imageData()
+            try:
+                found.append(self.from_image(QImage(image), f"{verb} picture"))
+            except (PictureRejected, TypeError) as exc:
+                errors.append(str(exc))
+        return found, errors
+
+    def restore(self, ref: str, name: str | None = None) -> Attachment:
+        """An attachment for a picture already stored (editing a sent message)."""
+        return self._attachment(ref, name or ref[:8])
+
+    def _attachment(self, ref: str, name: str) -> Attachment:
+        path = str(self.history.picture_path(ref))
+        return Attachment(ref, path, name, read_scaled(path, THUMB_BOX))

@@ -1,0 +1,120 @@
+"""User preferences in QSettings: sampling, system prompt, engine knobs, recent models, theme."""
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+
+from engine.events import Sampling
+from engine.settings import EngineSettings
+
+# Engine settings the user may change from the settings dialog (the rest stay at defaults).
+USER_ENGINE_KEYS = (
+    "elastic_idle_s", "spill_idle_s", "image_cache_entries", "image_cache_ram_bytes",
+    "image_cache_disk_bytes", "store_cap_bytes",
+)
+MAX_RECENT = 8
+
+
+class Preferences:
+    def __init__(self, settings: QSettings | None = None):
+        self.qs = settings if settings is not None else QSettings("Parley", "Parley")
+        self.session_overrides: dict = {}  # from the command line; not written back
+
+    # ------------------------------------------------------------ sampling
+
+    def sampling(self) -> Sampling:
+        d = Sampling()
+        o = self.session_overrides
+        temperature = float(o.get("temperature", self.qs.value("sampling/temperature", d.temperature)))
+        greedy_default = _bool(self.qs.value("sampling/greedy", d.greedy))
+        return Sampling(
+            greedy=bool(o.get("greedy", greedy_default)),
+            temperature=temperature,
+            top_p=float(o.get("top_p", self.qs.value("sampling/top_p", d.top_p))),
+            max_new_tokens=int(o.get("max_new_tokens",
+                                     self.qs.value("sampling/max_new_tokens", d.max_new_tokens))),
+            seed=o.get("seed"),
+        )
+
+    def set_sampling(self, s: Sampling) -> None:
+        self.qs.setValue("sampling/greedy", s.greedy)
+        self.qs.setValue("sampling/temperature", s.temperature)
+        self.qs.setValue("sampling/top_p", s.top_p)
+        self.qs.setValue("sampling/max_new_tokens", s.max_new_tokens)
+
+    def system_prompt(self) -> str:
+        if "system_prompt" in self.session_overrides:
+            return self.session_overrides["system_prompt"] or ""
+        return str(self.qs.value("chat/system_prompt", "") or "")
+
+    def set_system_prompt(self, text: str) -> None:
+        self.qs.setValue("chat/system_prompt", text)
+
+    # ------------------------------------------------------------ engine
+
+    def engine_settings(self) -> EngineSettings:
+        base = EngineSettings()
+        changes = {}
+        types = {f.name: f.type for f in fields(EngineSettings)}
+        for key in USER_ENGINE_KEYS:
+            raw = self.qs.value(f"engine/{key}")
+            if raw is None or raw == "":
+                continue
+            if key == "store_cap_bytes" and str(raw) in ("0", "None"):
+                changes[key] = None
+                continue
+            changes[key] = float(raw) if "float" in str(types[key]) else int(raw)
+        changes.update({k: v for k, v in self.session_overrides.items()
+                        if k in EngineSettings.field_names()})
+        return base.with_changes(changes)
+
+    def set_engine_value(self, key: str, value) -> None:
+        self.qs.setValue(f"engine/{key}", "None" if value is None else value)
+
+    # ------------------------------------------------------------ paths and models
+
+    def data_dir_override(self) -> Path | None:
+        v = self.qs.value("paths/data_dir")
+        return Path(v) if v else None
+
+    def set_data_dir_override(self, path: Path | None) -> None:
+        if path is None:
+            self.qs.remove("paths/data_dir")
+        else:
+            self.qs.setValue("paths/data_dir", str(path))
+
+    def recent_models(self) -> list[str]:
+        v = self.qs.value("models/recent", [])
+        if isinstance(v, str):
+            v = [v]
+        return [str(x) for x in (v or []) if x]
+
+    def add_recent_model(self, path: str) -> None:
+        recent = [p for p in self.recent_models() if p != path]
+        self.qs.setValue("models/recent", ([path] + recent)[:MAX_RECENT])
+
+    def last_model(self) -> str | None:
+        v = self.qs.value("models/last")
+        return str(v) if v else None
+
+    def set_last_model(self, path: str) -> None:
+        self.qs.setValue("models/last", path)
+
+    # ------------------------------------------------------------ look
+
+    def theme(self) -> str:
+        return str(self.qs.value("ui/theme", "system"))
+
+    def set_theme(self, mode: str) -> None:
+        self.qs.setValue("ui/theme", mode)
+
+    def sync(self) -> None:
+        self.qs.sync()
+
+
+def _bool(v) -> bool:
+    if isinstance(v, str):
+        return v.lower() in ("1", "true", "yes")
+    return bool(v)

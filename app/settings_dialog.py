@@ -1,0 +1,152 @@
+"""Settings: sampling, system prompt, engine idle timers and cache sizes, data folder, theme."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtWidgets import (
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
+    QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
+    QWidget,
+)
+
+from engine.events import Sampling
+
+from .preferences import Preferences
+
+MIB = 1 << 20
+
+
+def _mib_box(value_bytes: int | None, maximum: int, special: str | None = None) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(0, maximum)
+    box.setSuffix(" MiB")
+    if special:
+        box.setSpecialValueText(special)  # shown for 0
+    box.setValue(0 if value_bytes is None else int(value_bytes // MIB))
+    return box
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, prefs: Preferences, data_dir: Path, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setObjectName("settingsDialog")
+        self.prefs = prefs
+        s, es = prefs.sampling(), prefs.engine_settings()
+        lay = QVBoxLayout(self)
+
+        gen = QGroupBox("Replies")
+        f = QFormLayout(gen)
+        self.greedy = QCheckBox("Always pick the most likely word (deterministic)")
+        self.greedy.setChecked(s.greedy)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.01, 2.0)
+        self.temperature.setSingleStep(0.05)
+        self.temperature.setValue(s.temperature)
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.05, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setValue(s.top_p)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 32768)
+        self.max_tokens.setValue(s.max_new_tokens)
+        self.system_prompt = QPlainTextEdit(prefs.system_prompt())
+        self.system_prompt.setPlaceholderText("Optional instructions sent before every conversation")
+        self.system_prompt.setMaximumHeight(90)
+        self.greedy.toggled.connect(self._sync_enabled)
+        f.addRow(self.greedy)
+        f.addRow("Temperature", self.temperature)
+        f.addRow("Top-p", self.top_p)
+        f.addRow("Max new tokens", self.max_tokens)
+        f.addRow("System prompt", self.system_prompt)
+        lay.addWidget(gen)
+
+        mem = QGroupBox("Memory and caches")
+        m = QFormLayout(mem)
+        self.elastic_idle = QDoubleSpinBox()
+        self.elastic_idle.setRange(1, 3600)
+        self.elastic_idle.setSuffix(" s")
+        self.elastic_idle.setValue(es.elastic_idle_s)
+        self.spill_idle = QDoubleSpinBox()
+        self.spill_idle.setRange(1, 86400)
+        self.spill_idle.setSuffix(" s")
+        self.spill_idle.setValue(es.spill_idle_s)
+        self.cache_entries = QSpinBox()
+        self.cache_entries.setRange(1, 100000)
+        self.cache_entries.setValue(es.image_cache_entries)
+        self.cache_ram = _mib_box(es.image_cache_ram_bytes, 1 << 20)
+        self.cache_disk = _mib_box(es.image_cache_disk_bytes, 1 << 22)
+        self.store_cap = _mib_box(es.store_cap_bytes, 1 << 24, special="automatic")
+        m.addRow("Unload the vision encoder after idle", self.elastic_idle)
+        m.addRow("Move idle conversations to disk after", self.spill_idle)
+        m.addRow("Pictures kept in the RAM cache", self.cache_entries)
+        m.addRow("Picture cache in RAM", self.cache_ram)
+        m.addRow("Picture cache on disk", self.cache_disk)
+        m.addRow("Conversation store on disk", self.store_cap)
+        lay.addWidget(mem)
+
+        other = QGroupBox("Storage and look")
+        o = QFormLayout(other)
+        row = QWidget()
+        rl = QHBoxLayout(row)
+        rl.setContentsMargins(0, 0, 0, 0)
+        override = prefs.data_dir_override()
+        self.data_dir = QLineEdit(str(override or data_dir))
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        rl.addWidget(self.data_dir, 1)
+        rl.addWidget(browse)
+        self._initial_data_dir = self.data_dir.text()
+        o.addRow("Data folder", row)
+        o.addRow("", QLabel("A new data folder is used from the next start."))
+        self.theme = QComboBox()
+        for label, key in (("Follow the system", "system"), ("Light", "light"), ("Dark", "dark")):
+            self.theme.addItem(label, key)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(prefs.theme())))
+        o.addRow("Theme", self.theme)
+        lay.addWidget(other)
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay.addWidget(buttons)
+        self._sync_enabled()
+
+    def _sync_enabled(self) -> None:
+        self.temperature.setEnabled(not self.greedy.isChecked())
+        self.top_p.setEnabled(not self.greedy.isChecked())
+
+    def _browse(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Data folder", self.data_dir.text())
+        if path:
+            self.data_dir.setText(path)
+
+    def engine_changes(self) -> dict:
+        """Engine settings as chosen in the dialog (all user-settable keys)."""
+        cap = self.store_cap.value()
+        return {
+            "elastic_idle_s": float(self.elastic_idle.value()),
+            "spill_idle_s": float(self.spill_idle.value()),
+            "image_cache_entries": int(self.cache_entries.value()),
+            "image_cache_ram_bytes": int(self.cache_ram.value()) * MIB,
+            "image_cache_disk_bytes": int(self.cache_disk.value()) * MIB,
+            "store_cap_bytes": None if cap == 0 else cap * MIB,
+        }
+
+    def save(self) -> dict:
+        """Write everything to preferences; returns the engine settings that changed."""
+        p = self.prefs
+        p.set_sampling(Sampling(greedy=self.greedy.isChecked(), temperature=self.temperature.value(),
+                                top_p=self.top_p.value(), max_new_tokens=self.max_tokens.value()))
+        p.set_system_prompt(self.system_prompt.toPlainText().strip())
+        before = p.engine_settings()
+        changes = {}
+        for key, value in self.engine_changes().items():
+            p.set_engine_value(key, value)
+            if getattr(before, key) != value:
+                changes[key] = value
+        if self.data_dir.text().strip() != self._initial_data_dir:
+            p.set_data_dir_override(Path(self.data_dir.text().strip()).expanduser())
+        p.set_theme(self.theme.currentData())
+        p.sync()
+        return changes

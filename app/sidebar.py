@@ -1,0 +1,250 @@
+"""The sidebar: conversations newest first, search, new chat, rename, delete with undo."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from PySide6.QtCore import QAbstractListModel, QModelIndex, QRect, QRectF, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QKeySequence, QPainter, QPalette
+from PySide6.QtWidgets import (
+    QAbstractItemView, QFrame, QHBoxLayout, QLabel, QLineEdit, QListView, QMenu, QPushButton,
+    QStyle, QStyledItemDelegate, QToolButton, QVBoxLayout, QWidget,
+)
+
+from engine.history import History
+
+from .icons import icon
+from .message_delegate import mix
+
+IdRole = Qt.ItemDataRole.UserRole + 1
+SubtitleRole = Qt.ItemDataRole.UserRole + 2
+UNDO_SECONDS = 10
+
+
+@dataclass
+class Row:
+    id: str
+    title: str
+    subtitle: str
+
+
+def when(ts: float, now: float | None = None) -> str:
+    now = now or time.time()
+    lt, ln = time.localtime(ts), time.localtime(now)
+    if lt.tm_yday == ln.tm_yday and lt.tm_year == ln.tm_year:
+        return time.strftime("Today %H:%M", lt)
+    if now - ts < 2 * 86400 and (ln.tm_yday - lt.tm_yday) % 366 == 1:
+        return "Yesterday"
+    return time.strftime("%d %b %Y" if lt.tm_year != ln.tm_year else "%d %b", lt)
+
+
+class ConversationListModel(QAbstractListModel):
+    renameRequested = Signal(str, str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.rows: list[Row] = []
+
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        r = self.rows[index.row()]
+        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+            return r.title
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return r.title
+        return {IdRole: r.id, SubtitleRole: r.subtitle}.get(role)
+
+    def flags(self, index):
+        return super().flags(index) | Qt.ItemFlag.ItemIsEditable
+
+    def setData(self, index, value, role=Qt.ItemDataRole.EditRole) -> bool:
+        if role != Qt.ItemDataRole.EditRole or not str(value).strip():
+            return False
+        r = self.rows[index.row()]
+        r.title = str(value).strip()
+        self.dataChanged.emit(index, index)
+        self.renameRequested.emit(r.id, r.title)
+        return True
+
+    def set_rows(self, rows: list[Row]) -> None:
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def row_of(self, conversation_id: str) -> int | None:
+        for i, r in enumerate(self.rows):
+            if r.id == conversation_id:
+                return i
+        return None
+
+
+class TwoLineDelegate(QStyledItemDelegate):
+    def sizeHint(self, option, index) -> QSize:
+        fm = QFontMetrics(option.font)
+        return QSize(200, 2 * fm.height() + 14)
+
+    def paint(self, painter, option, index) -> None:
+        self.initStyleOption(option, index)
+        fm = QFontMetrics(option.font)
+        pal = option.palette
+        r = option.rect.adjusted(10, 6, -8, -6)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        hovered = bool(option.state & QStyle.StateFlag.State_MouseOver)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        if selected or hovered:
+            base = pal.color(QPalette.ColorRole.Base)
+            tint = pal.color(QPalette.ColorRole.Highlight)
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(mix(base, tint, 0.28 if selected else 0.10))
+            painter.drawRoundedRect(QRectF(option.rect.adjusted(2, 1, -2, -1)), 6, 6)
+        painter.setPen(pal.color(QPalette.ColorRole.Text))
+        f = QFont(option.font)
+        f.setBold(True)
+        painter.setFont(f)
+        title = QFontMetrics(f).elidedText(index.data() or "", Qt.TextElideMode.ElideRight, r.width())
+        painter.drawText(QRect(r.left(), r.top(), r.width(), fm.height()), Qt.AlignmentFlag.AlignLeft, title)
+        painter.setFont(option.font)
+        painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+        sub = fm.elidedText(index.data(SubtitleRole) or "", Qt.TextElideMode.ElideRight, r.width())
+        painter.drawText(QRect(r.left(), r.top() + fm.height() + 2, r.width(), fm.height()),
+                         Qt.AlignmentFlag.AlignLeft, sub)
+        painter.restore()
+
+
+class Sidebar(QWidget):
+    conversationActivated = Signal(str)
+    newRequested = Signal()
+    deleteRequested = Signal(str)
+    undoRequested = Signal(str)
+    renameRequested = Signal(str, str)
+
+    def __init__(self, history: History, parent=None):
+        super().__init__(parent)
+        self.history = history
+        self.setObjectName("sidebar")
+        self.current_id: str | None = None
+        self._deleted: list[tuple[str, str]] = []  # (id, title), newest last
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.setSpacing(6)
+        top = QHBoxLayout()
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats")
+        self.search.setClearButtonEnabled(True)
+        self.new_button = QToolButton()
+        self.new_button.setIcon(icon("new-chat"))
+        self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.setAutoRaise(True)
+        self.new_button.clicked.connect(self.newRequested)
+        top.addWidget(self.search, 1)
+        top.addWidget(self.new_button)
+        lay.addLayout(top)
+
+        self.model = ConversationListModel(self)
+        self.model.renameRequested.connect(self.renameRequested)
+        self.list = QListView()
+        self.list.setObjectName("conversationList")
+        self.list.setModel(self.model)
+        self.list.setItemDelegate(TwoLineDelegate(self.list))
+        self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
+                                  | QAbstractItemView.EditTrigger.DoubleClicked)
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._menu)
+        self.list.setFrameShape(QFrame.Shape.NoFrame)
+        self.list.clicked.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
+        self.list.activated.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
+        lay.addWidget(self.list, 1)
+
+        self.undo_bar = QFrame()
+        self.undo_bar.setObjectName("undoBar")
+        ub = QHBoxLayout(self.undo_bar)
+        ub.setContentsMargins(8, 4, 4, 4)
+        self.undo_label = QLabel()
+        self.undo_button = QPushButton("Undo")
+        self.undo_button.clicked.connect(self.undo_delete)
+        ub.addWidget(self.undo_label, 1)
+        ub.addWidget(self.undo_button)
+        self.undo_bar.hide()
+        lay.addWidget(self.undo_bar)
+        self._undo_timer = QTimer(self)
+        self._undo_timer.setSingleShot(True)
+        self._undo_timer.timeout.connect(self.undo_bar.hide)
+
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(150)
+        self._search_timer.timeout.connect(self.refresh)
+        self.search.textChanged.connect(lambda _: self._search_timer.start())
+
+    # ------------------------------------------------------------ content
+
+    def refresh(self) -> None:
+        query = self.search.text().strip()
+        if query:
+            rows, seen = [], set()
+            for hit in self.history.search(query):
+                if hit.conversation_id not in seen:
+                    seen.add(hit.conversation_id)
+                    rows.append(Row(hit.conversation_id, hit.title, hit.snippet))
+        else:
+            rows = [Row(c.id, c.title, when(c.updated)) for c in self.history.list_conversations()]
+        self.model.set_rows(rows)
+        self.select(self.current_id)
+
+    def select(self, conversation_id: str | None) -> None:
+        self.current_id = conversation_id
+        row = self.model.row_of(conversation_id) if conversation_id else None
+        if row is None:
+            self.list.clearSelection()
+            return
+        self.list.setCurrentIndex(self.model.index(row, 0))
+
+    def keyPressEvent(self, e) -> None:
+        if e.matches(QKeySequence.StandardKey.Delete) and self.list.currentIndex().isValid():
+            self.delete(self.list.currentIndex().data(IdRole))
+            return
+        super().keyPressEvent(e)
+
+    # ------------------------------------------------------------ actions
+
+    def _menu(self, pos) -> None:
+        index = self.list.indexAt(pos)
+        if not index.isValid():
+            return
+        cid = index.data(IdRole)
+        menu = QMenu(self)
+        menu.addAction("Rename", lambda: self.list.edit(index))
+        menu.addAction("Delete", lambda: self.delete(cid))
+        menu.exec(self.list.viewport().mapToGlobal(pos))
+
+    def rename_current(self) -> None:
+        if self.list.currentIndex().isValid():
+            self.list.edit(self.list.currentIndex())
+
+    def delete(self, conversation_id: str) -> None:
+        row = self.model.row_of(conversation_id)
+        title = self.model.rows[row].title if row is not None else "chat"
+        self._deleted.append((conversation_id, title))
+        self.deleteRequested.emit(conversation_id)
+        self.undo_label.setText(f"Deleted “{title}”")
+        self.undo_bar.show()
+        self._undo_timer.start(UNDO_SECONDS * 1000)
+
+    def can_undo(self) -> bool:
+        return bool(self._deleted)
+
+    def undo_delete(self) -> None:
+        if not self._deleted:
+            return
+        cid, _ = self._deleted.pop()
+        self.undoRequested.emit(cid)
+        if self._deleted:
+            self.undo_label.setText(f"Deleted “{self._deleted[-1][1]}”")
+        else:
+            self.undo_bar.hide()

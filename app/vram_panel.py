@@ -1,0 +1,272 @@
+"""The live memory panel (a dock): device, a stacked bar by component, encoder, KV, store, counters.
+
+Events only record the latest values; a 4 Hz timer writes them into labels created once
+(rows for keys seen for the first time are added, never rebuilt), so a burst of reports
+costs nothing and the encoder's idle countdown ticks smoothly between reports.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QDockWidget, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton,
+    QScrollArea, QVBoxLayout, QWidget,
+)
+
+from engine.events import EncoderState, MemoryReport, SpillState
+
+from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
+
+COMPONENT_NAMES = {
+    "language_model": "Language model weights",
+    "vision_encoder": "Vision encoder",
+    "hot_kv": "Hot KV cache",
+    "image_cache_ram": "Image cache (RAM)",
+    "image_cache_disk": "Image cache (disk)",
+}
+
+
+def on_device(key: str) -> bool:
+    """Disk-resident components are listed but not stacked in the memory bar."""
+    return "disk" not in key
+STORE_KEYS = [("store_bytes", "Bytes on disk", True), ("store_blocks", "Blocks", False),
+              ("reused_blobs", "Reused blocks", False), ("reused_bytes", "Reused bytes", True),
+              ("blocks_written", "Blocks written", False), ("spills", "Spills", False),
+              ("restores", "Restores", False), ("restore_bytes", "Restored bytes", True),
+              ("missing_blobs", "Missing blocks", False), ("bad_blobs", "Bad blocks", False),
+              ("image_cache_disk_bytes", "Image cache on disk", True)]
+TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encode_s", "Encode", "s"),
+             ("restore_s", "Restore", "s"), ("first_token_s", "First token", "s"),
+             ("tokens_per_s", "Speed", "tok/s"), ("prompt_tokens", "Prompt tokens", ""),
+             ("reused_tokens", "Reused tokens", ""), ("generated_tokens", "Generated tokens", ""),
+             ("image_cache_hits", "Picture cache hits", ""), ("image_cache_misses", "Picture cache misses", "")]
+REFRESH_MS = 250
+POLL_MS = 1000
+
+
+def _num(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 1000 else f"{v:,.0f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+class _Rows:
+    """Label rows keyed by name, created on first use and updated in place."""
+
+    def __init__(self, form: QFormLayout):
+        self.form = form
+        self.labels: dict[str, QLabel] = {}
+
+    def set(self, key: str, title: str, text: str, tooltip: str = "") -> QLabel:
+        label = self.labels.get(key)
+        if label is None:
+            label = QLabel()
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            label.setObjectName(f"value_{key}")
+            self.labels[key] = label
+            self.form.addRow(title, label)
+        if label.text() != text:
+            label.setText(text)
+        label.setToolTip(tooltip)
+        return label
+
+
+class VramPanel(QDockWidget):
+    reportWanted = Signal()
+    unloadEncoderRequested = Signal()
+    spillRequested = Signal()
+
+    def __init__(self, title_for: Callable[[str], str] = lambda cid: cid[:8], parent=None):
+        super().__init__("Memory", parent)
+        self.setObjectName("vramPanel")
+        self.title_for = title_for
+        self.report: MemoryReport | None = None
+        self.encoder_state = "—"
+        self.encoder_idle_left: float | None = None
+        self._idle_stamp = time.monotonic()
+        self.spill_states: dict[str, SpillState] = {}
+        self.last_stats: dict = {}
+        self._dirty = False
+
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        lay.setContentsMargins(8, 8, 8, 8)
+        self.device = QLabel("No model loaded")
+        self.device.setObjectName("deviceLabel")
+        self.device.setWordWrap(True)
+        self.totals = QLabel("")
+        self.totals.setObjectName("totalsLabel")
+        self.bar = MemoryBar()
+        lay.addWidget(self.device)
+        lay.addWidget(self.totals)
+        lay.addWidget(self.bar)
+        self.legend = QGridLayout()
+        self.legend.setHorizontalSpacing(8)
+        self._legend_rows: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
+        lay.addLayout(self.legend)
+
+        enc = QGroupBox("Vision encoder")
+        el = QHBoxLayout(enc)
+        self.encoder = QLabel("—")
+        self.encoder.setObjectName("encoderLabel")
+        self.unload = QPushButton("Unload encoder")
+        self.unload.clicked.connect(self.unloadEncoderRequested)
+        el.addWidget(self.encoder, 1)
+        el.addWidget(self.unload)
+        lay.addWidget(enc)
+
+        kv = QGroupBox("Hot KV by conversation")
+        kl = QVBoxLayout(kv)
+        self.kv = QLabel("none")
+        self.kv.setObjectName("kvLabel")
+        self.kv.setWordWrap(True)
+        self.spill_label = QLabel("")
+        self.spill_label.setObjectName("spillLabel")
+        self.spill_label.setWordWrap(True)
+        self.spill = QPushButton("Spill now")
+        self.spill.setToolTip("Write the open conversation's KV cache to disk now")
+        self.spill.clicked.connect(self.spillRequested)
+        kl.addWidget(self.kv)
+        kl.addWidget(self.spill_label)
+        kl.addWidget(self.spill, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(kv)
+
+        store = QGroupBox("SSD store")
+        self.store_rows = _Rows(QFormLayout(store))
+        lay.addWidget(store)
+        counters = QGroupBox("Counters")
+        self.counter_rows = _Rows(QFormLayout(counters))
+        lay.addWidget(counters)
+        turn = QGroupBox("Last turn")
+        self.turn_rows = _Rows(QFormLayout(turn))
+        lay.addWidget(turn)
+        lay.addStretch(1)
+        for key, title, is_bytes in STORE_KEYS[:3]:
+            self.store_rows.set(key, title, "—")
+        self.turn_rows.set("tokens_per_s", "Speed", "—")
+
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(370)
+        scroll.setWidget(body)
+        self.setWidget(scroll)
+
+        self._refresh = QTimer(self)
+        self._refresh.setInterval(REFRESH_MS)
+        self._refresh.timeout.connect(self._apply)
+        self._refresh.start()
+        self._poll = QTimer(self)
+        self._poll.setInterval(POLL_MS)
+        self._poll.timeout.connect(self._maybe_poll)
+        self._poll.start()
+
+    # ------------------------------------------------------------ events in
+
+    def on_memory_report(self, r: MemoryReport) -> None:
+        self.report = r
+        self.encoder_state = r.encoder_state
+        self.encoder_idle_left = r.encoder_idle_left_s
+        self._idle_stamp = time.monotonic()
+        self._dirty = True
+
+    def on_encoder_state(self, e: EncoderState) -> None:
+        self.encoder_state = e.state
+        self.encoder_idle_left = e.idle_left_s
+        self._idle_stamp = time.monotonic()
+        self._dirty = True
+
+    def on_spill_state(self, s: SpillState) -> None:
+        self.spill_states[s.conversation_id] = s
+        self._dirty = True
+
+    def on_turn_stats(self, stats: dict) -> None:
+        self.last_stats = dict(stats)
+        self._dirty = True
+
+    def on_model(self, device: str, name: str) -> None:
+        self.device.setText(f"{name} on {device}")
+
+    def _maybe_poll(self) -> None:
+        if self.isVisible():
+            self.reportWanted.emit()
+
+    # ------------------------------------------------------------ labels out
+
+    def refresh_now(self) -> None:
+        self._dirty = True
+        self._apply()
+
+    def _apply(self) -> None:
+        self._apply_encoder()  # the countdown moves even without new events
+        if not self._dirty:
+            return
+        self._dirty = False
+        r = self.report
+        if r is not None:
+            self.device.setText(f"{r.device_name} ({r.device})")
+            used = r.total_bytes - r.free_bytes
+            self.totals.setText(f"Total {human_bytes(r.total_bytes)} · free {human_bytes(r.free_bytes)}"
+                                f" · used {human_bytes(used)}")
+            self.totals.setToolTip(f"total {r.total_bytes:,} B\nfree {r.free_bytes:,} B")
+            segments = [(k, int(v)) for k, v in r.components.items()]
+            self.bar.set_values([s for s in segments if on_device(s[0])], r.total_bytes, r.free_bytes)
+            for k, v in segments:
+                self._legend(k, v)
+            lines = [f"{self.title_for(cid)}: {exact_bytes(b)}"
+                     for cid, b in sorted(r.sessions_kv.items(), key=lambda kv: -kv[1])]
+            self._set(self.kv, "\n".join(lines) or "none")
+            for key, title, is_bytes in STORE_KEYS:
+                if key in r.counters:
+                    v = r.counters[key]
+                    self.store_rows.set(key, title, exact_bytes(v) if is_bytes else _num(v))
+            store_keys = {k for k, _, _ in STORE_KEYS}
+            for key, v in sorted(r.counters.items()):
+                if key not in store_keys:
+                    self.counter_rows.set(key, key.replace("_", " "), _num(v))
+        spills = [f"{self.title_for(cid)}: {s.state}" + (f" — {s.detail}" if s.detail else "")
+                  for cid, s in self.spill_states.items()]
+        self._set(self.spill_label, "\n".join(spills[-4:]))
+        st = self.last_stats
+        for key, title, unit in TURN_KEYS:
+            if key in st:
+                v = st[key]
+                text = f"{v * 1000:.1f} ms" if unit == "s" else (f"{v:,.1f} {unit}" if unit else _num(v))
+                self.turn_rows.set(key, title, text)
+
+    def _apply_encoder(self) -> None:
+        text = self.encoder_state
+        if self.encoder_idle_left is not None and self.encoder_state == "resident":
+            left = max(0.0, self.encoder_idle_left - (time.monotonic() - self._idle_stamp))
+            text += f" — unloads in {left:.0f} s if idle"
+        self._set(self.encoder, text)
+
+    def _legend(self, key: str, value: int) -> None:
+        row = self._legend_rows.get(key)
+        if row is None:
+            swatch, name, val = QLabel(), QLabel(COMPONENT_NAMES.get(key, key.replace("_", " "))), QLabel()
+            swatch.setFixedSize(12, 12)
+            swatch.setStyleSheet(f"background: {color_for(key).name()}; border-radius: 2px;")
+            val.setObjectName(f"component_{key}")
+            val.setAlignment(Qt.AlignmentFlag.AlignRight)
+            n = len(self._legend_rows)
+            self.legend.addWidget(swatch, n, 0)
+            self.legend.addWidget(name, n, 1)
+            self.legend.addWidget(val, n, 2)
+            row = self._legend_rows[key] = (swatch, name, val)
+        label = row[2]
+        text = exact_bytes(value)
+        if key == "vision_encoder":
+            text += f" — {self.encoder_state}"
+        self._set(label, text)
+
+    @staticmethod
+    def _set(label: QLabel, text: str) -> None:
+        if label.text() != text:
+            label.setText(text)
+
+    def component_text(self, key: str) -> str:
+        row = self._legend_rows.get(key)
+        return row[2].text() if row else ""

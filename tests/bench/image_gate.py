@@ -1,0 +1,87 @@
+"""What the image-cache gate saves, measured side by side in one run.
+
+- cached-picture turn with the encoder unloaded ÷ text-only turn of the same prompt length
+  (goal ≤ 1.05, with 0 encoder loads);
+- the same picture turn with the gate off (no feature cache, encoder loaded for every picture
+  turn, as a client without the gate would) ÷ text-only;
+- a new-picture turn, with its load and encode times.
+Each turn runs in a fresh conversation so no KV prefix is reused past the template's opening.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from _common import ratio_line, workdir
+
+from engine.events import Message
+from tests.engine_helpers import ask, expect_done, open_engine
+from tests.fixtures.pictures import make_picture
+from tests.fixtures.tiny_models import build_tiny_model
+
+REPEATS = 5
+NEW = 16
+
+
+def turn_s(engine, cid, messages) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    done = expect_done(ask(engine, cid, messages, NEW))
+    return time.perf_counter() - t0, done.stats
+
+
+def main() -> None:
+    d = workdir("gate")
+    model_dir = build_tiny_model(
+        "llava", d / "model", image_size=224, patch_size=14,
+        vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
+        text={"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
+              "num_attention_heads": 8, "num_key_value_heads": 4},
+    )
+    pic = make_picture(d / "p.png", 1, size=(320, 240))
+    question = "What is in this picture?"
+
+    gated = open_engine(model_dir, d / "data-gated", elastic=True, elastic_idle_s=3600)
+    ungated = open_engine(model_dir, d / "data-ungated", elastic=True, elastic_idle_s=3600,
+                          image_cache_entries=0, image_cache_disk_bytes=0)
+    try:
+        vision_params = sum(p.numel() for p in gated.loaded.vision_parameters() if p.numel()) or \
+            gated.gate.residency.weight_bytes() // 4
+        # the first picture turn: a miss, so the encoder loads and encodes
+        t_new, s_new = turn_s(gated, "new", [Message("user", question, [str(pic)])])
+        gated.unload_encoder()
+        # a text-only prompt of exactly the same token length
+        n_prompt = s_new["prompt_tokens"]
+        filler = "word"
+        text = question
+        while True:
+            _, s = turn_s(gated, "probe", [Message("user", text)])
+            if s["prompt_tokens"] >= n_prompt:
+                break
+            text += " " + filler
+        text_len = s["prompt_tokens"]
+
+        cached, textonly, nogate, loads = [], [], [], 0
+        for r in range(REPEATS):
+            t, s = turn_s(gated, f"hit{r}", [Message("user", question, [str(pic)])])
+            cached.append(t)
+            loads += s["encoder_loads"]
+            assert s["encoder_resident"] is False
+            textonly.append(turn_s(gated, f"txt{r}", [Message("user", text)])[0])
+            ungated.unload_encoder()
+            nogate.append(turn_s(ungated, f"ng{r}", [Message("user", question, [str(pic)])])[0])
+    finally:
+        gated.shutdown()
+        ungated.shutdown()
+    c, tx, ng = statistics.median(cached), statistics.median(textonly), statistics.median(nogate)
+    print(f"vision tower ≈ {vision_params / 1e6:.0f}M parameters; picture prompt {n_prompt} tokens, "
+          f"text-only prompt {text_len} tokens; {NEW} new tokens; medians of {REPEATS}")
+    print(f"text-only turn {tx * 1000:.1f} ms | cached picture, encoder unloaded {c * 1000:.1f} ms "
+          f"({loads} encoder loads) | gate off {ng * 1000:.1f} ms")
+    print(ratio_line("cached-picture turn / text-only turn", c / tx, "<= 1.05, 0 loads"))
+    print(ratio_line("gate-off picture turn / text-only turn", ng / tx, "shows what the gate saves"))
+    print(f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new['encoder_load_s'] * 1000:.1f} ms "
+          f"and encode {s_new['encode_s'] * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -253,6 +253,36 @@ class Engine:
             state, left = self.gate.residency.state, self.gate.residency.idle_left()
         return build_report(self.loaded, self.sessions, extra, self._counters(), state, left)
 
+    STATELESS_PREFIX = "api:"
+    MAX_STATELESS_SESSIONS = 8
+
+    def _match_stateless(self, prompt) -> str:
+        """Pick the stateless session sharing the longest prefix with `prompt` (clients re-send
+        the whole conversation each request), or open a new one, dropping the least recently
+        used beyond the limit. Window conversations are never borrowed: cropping them would
+        throw away their own reuse."""
+        best, best_len = None, 0
+        for cid, s in self.sessions.items():
+            if cid.startswith(self.STATELESS_PREFIX):
+                n = s.reusable_prefix(prompt)
+                # a shared template opening is no reason to crop another client's conversation;
+                # continuing it (or an edit near its end) is
+                if n > best_len and n * 2 >= s.cached_tokens:
+                    best, best_len = cid, n
+        if best is not None:
+            return best
+        stateless = sorted((s for c, s in self.sessions.items() if c.startswith(self.STATELESS_PREFIX)),
+                           key=lambda s: s.last_used)
+        for s in stateless[: max(0, len(stateless) - self.MAX_STATELESS_SESSIONS + 1)]:
+            self._retire_session(s)
+        self._stateless_seq = getattr(self, "_stateless_seq", 0) + 1
+        return f"{self.STATELESS_PREFIX}{self._stateless_seq}"
+
+    def _retire_session(self, session: Session) -> None:
+        """A session leaves RAM for good (the spill store keeps its blocks when present)."""
+        self._release_session(session)
+        self.sessions.pop(session.conversation_id, None)
+
     def _should_stop(self, turn_id: int) -> bool:
         return turn_id in self._stop_requested
 
@@ -288,6 +318,8 @@ class Engine:
         gstats = GateTurnStats()
         entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
         prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
+        if not cid:  # a stateless client (the API): continue whichever of its sessions fits best
+            cid = turn.conversation_id = self._match_stateless(prompt)
         session = self.sessions.get(cid) or self.sessions.setdefault(cid, Session(cid))
         session.last_used = time.monotonic()
         self._active_cid = cid

@@ -172,3 +172,24 @@ def test_memory_report_has_exact_component_bytes(llava, tmp_path):
         assert rep.total_bytes > 0 and 0 < rep.free_bytes <= rep.total_bytes
     finally:
         engine.shutdown()
+
+
+def test_stateless_turns_continue_the_best_matching_session(llava, tmp_path):
+    """API clients re-send the whole conversation: the engine finds the session to continue."""
+    engine = open_engine(llava, tmp_path / "d")
+    pic = make_picture(tmp_path / "a.png", 2)
+    try:
+        # a window conversation with the same opening is never borrowed
+        expect_done(ask(engine, "window", [Message("user", "What is it?", [str(pic)])], 4))
+        convo = [Message("user", "What is it?", [str(pic)])]
+        d1 = expect_done(ask(engine, "", convo, 4))
+        assert d1.conversation_id.startswith("api:") and d1.stats["reused_tokens"] == 0
+        convo += [Message("assistant", d1.reply), Message("user", "More?")]
+        d2 = expect_done(ask(engine, "", convo, 4))
+        assert d2.conversation_id == d1.conversation_id
+        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]
+        assert d2.token_ids == Reference(llava).reply_ids(convo, 4)
+        other = expect_done(ask(engine, "", [Message("user", "Unrelated question")], 2))
+        assert other.conversation_id != d1.conversation_id
+    finally:
+        engine.shutdown()

@@ -307,7 +307,7 @@ class MainWindow(QMainWindow):
             self.bridge.spill_now(self.controller.current_id)
 
     def _title_for(self, conversation_id: str) -> str:
-        conv = self.history.get_conversation(conversation_id)
+        conv = None if self._closed else self.history.get_conversation(conversation_id)
         return conv.title if conv else conversation_id[:8]
 
     def _update_hints(self, override: str | None = None) -> None:
@@ -362,6 +362,8 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         self._closed = True
+        self.vram.stop()
+        self.sidebar.stop()
         self.controller.shutdown()
         self.bridge.shutdown()
         self.history.close()

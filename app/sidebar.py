@@ -185,6 +185,8 @@ class Sidebar(QWidget):
     # ------------------------------------------------------------ content
 
     def refresh(self) -> None:
+        if self.history is None:
+            return
         query = self.search.text().strip()
         if query:
             rows, seen = [], set()
@@ -196,6 +198,11 @@ class Sidebar(QWidget):
             rows = [Row(c.id, c.title, when(c.updated)) for c in self.history.list_conversations()]
         self.model.set_rows(rows)
         self.select(self.current_id)
+
+    def stop(self) -> None:
+        self._search_timer.stop()
+        self._undo_timer.stop()
+        self.history = None  # closed with the window; nothing may read it afterwards
 
     def select(self, conversation_id: str | None) -> None:
         self.current_id = conversation_id

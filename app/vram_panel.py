@@ -189,6 +189,11 @@ class VramPanel(QDockWidget):
     def on_model(self, device: str, name: str) -> None:
         self.device.setText(f"{name} on {device}")
 
+    def stop(self) -> None:
+        """No more refreshes or polls (the window is closing)."""
+        self._refresh.stop()
+        self._poll.stop()
+
     def _maybe_poll(self) -> None:
         if self.isVisible():
             self.reportWanted.emit()

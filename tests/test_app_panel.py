@@ -1,0 +1,84 @@
+"""The memory dock follows MemoryReport / EncoderState / SpillState events, from the real engine
+and from events delivered through the bridge's listener (the path engine threads use)."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from engine.events import EncoderState, MemoryReport, SpillState
+from tests.fixtures.pictures import make_picture
+from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
+
+
+def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
+    w = make_window(max_new_tokens=8)
+    w.composer.take_files([str(make_picture(tmp_path / "p.png", seed=2))])
+    send(qtbot, w, "what is this")
+    wait_reply(qtbot, w)
+    with qtbot.waitSignal(w.bridge.memoryReport, timeout=30000) as blocker:
+        w.bridge.request_memory_report()
+    report: MemoryReport = blocker.args[0]
+    w.vram.refresh_now()
+    lm = report.components["language_model"]
+    assert f"({lm:,} B)" in w.vram.component_text("language_model")
+    assert f"({report.components['vision_encoder']:,} B)" in w.vram.component_text("vision_encoder")
+    cid = w.controller.current_id
+    assert report.sessions_kv[cid] > 0
+    assert f"what is this: " in w.vram.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.vram.kv.text()
+    assert report.device_name in w.vram.device.text()
+    assert w.vram.bar.total == report.total_bytes
+    # last turn timings arrived with TurnDone
+    assert "tok/s" in w.vram.turn_rows.labels["tokens_per_s"].text()
+    assert "ms" in w.vram.turn_rows.labels["prefill_s"].text()
+
+
+def test_panel_follows_events_through_the_bridge(make_window, qtbot):
+    w = make_window(load=False)
+    cid = w.controller.new_conversation()
+    w.controller.rename(cid, "Holiday")
+    report = MemoryReport(
+        device="cuda:0", device_name="Test GPU", total_bytes=80 << 30, free_bytes=60 << 30,
+        components={"language_model": 14_000_000_123, "vision_encoder": 600_000_001,
+                    "hot_kv": 123_456_789, "image_cache_ram": 5_000_000, "image_cache_disk": 7},
+        sessions_kv={cid: 123_456_789},
+        counters={"store_bytes": 9_999_999, "store_blocks": 42, "reused_blobs": 17, "hits": 3},
+        encoder_state="resident", encoder_idle_left_s=30.0)
+    w.bridge.inject(report)
+    qtbot.waitUntil(lambda: "Test GPU" in w.vram.device.text(), timeout=5000)
+    qtbot.waitUntil(lambda: "14,000,000,123 B" in w.vram.component_text("language_model"), timeout=5000)
+    assert "600,000,001 B" in w.vram.component_text("vision_encoder")
+    assert "Holiday: 117.7 MiB (123,456,789 B)" in w.vram.kv.text()
+    assert w.vram.store_rows.labels["store_blocks"].text() == "42"
+    assert w.vram.store_rows.labels["reused_blobs"].text() == "17"
+    assert "9,999,999 B" in w.vram.store_rows.labels["store_bytes"].text()
+    assert w.vram.counter_rows.labels["hits"].text() == "3"
+    # disk-resident components are listed, not stacked in the device bar
+    assert "image_cache_disk" not in dict(w.vram.bar.segments)
+    assert dict(w.vram.bar.segments)["hot_kv"] == 123_456_789
+    assert "unloads in" in w.vram.encoder.text()
+
+    legend_widgets = list(w.vram._legend_rows.values())
+    w.bridge.inject(EncoderState("unloaded"))
+    qtbot.waitUntil(lambda: w.vram.encoder.text() == "unloaded", timeout=5000)
+    w.bridge.inject(EncoderState("loading"))
+    qtbot.waitUntil(lambda: w.vram.encoder.text() == "loading", timeout=5000)
+    w.bridge.inject(SpillState(cid, "spilled", "12 blocks, 9 reused"))
+    qtbot.waitUntil(lambda: "Holiday: spilled — 12 blocks, 9 reused" in w.vram.spill_label.text(), timeout=5000)
+    w.bridge.inject(report)
+    qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("resident"), timeout=5000)
+    assert list(w.vram._legend_rows.values()) == legend_widgets  # updated in place, not rebuilt
+
+
+def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path):
+    w = make_window(max_new_tokens=4)
+    w.composer.take_files([str(make_picture(tmp_path / "p.png", seed=9))])
+    send(qtbot, w, "hi")
+    wait_reply(qtbot, w)
+    w.vram.show()
+    with qtbot.waitSignal(w.bridge.memoryReport, timeout=30000):
+        qtbot.mouseClick(w.vram.unload, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("unloaded")
+                    or "not unloaded" in w.statusBar().currentMessage(), timeout=5000)
+    with qtbot.waitSignal(w.bridge.spillState, timeout=30000) as blocker:
+        qtbot.mouseClick(w.vram.spill, Qt.MouseButton.LeftButton)
+    assert blocker.args[0].conversation_id == w.controller.current_id
+    qtbot.waitUntil(lambda: blocker.args[0].state in w.vram.spill_label.text(), timeout=5000)

@@ -1,0 +1,135 @@
+"""Pictures into the composer: real drop events (file URLs, image data), paste, refusals."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import blake3
+from PIL import Image
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QGuiApplication, QImage
+from PySide6.QtWidgets import QApplication
+
+from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture, picture_bytes
+from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
+
+
+def drop(widget, mime: QMimeData) -> bool:
+    """Drag enter, move and drop on `widget`, as the platform delivers them; True if accepted."""
+    pos = QPoint(widget.width() // 2, widget.height() // 2)
+    actions = Qt.DropAction.CopyAction
+    enter = QDragEnterEvent(pos, actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(widget, enter)
+    if not enter.isAccepted():
+        return False
+    move = QDragMoveEvent(pos, actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(widget, move)
+    ev = QDropEvent(QPointF(pos), actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(widget, ev)
+    return ev.isAccepted()
+
+
+def file_mime(*paths: Path) -> QMimeData:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    return mime
+
+
+def refs(w):
+    return [a.ref for a in w.composer.attachments()]
+
+
+def test_drop_files_on_the_composer_then_send(make_window, qtbot, tmp_path):
+    w = make_window(max_new_tokens=8)
+    a = make_picture(tmp_path / "a.png", seed=1)
+    b = make_picture(tmp_path / "b.jpg", seed=2, fmt="JPEG")
+    assert drop(w.composer.edit.viewport(), file_mime(a, b))
+    assert refs(w) == [blake3.blake3(a.read_bytes()).hexdigest() + ".png",
+                       blake3.blake3(b.read_bytes()).hexdigest() + ".jpg"]
+    assert w.composer.text() == ""  # the file URLs did not land in the text
+    assert drop(w.composer.edit.viewport(), file_mime(a))  # the same picture again: no duplicate
+    assert len(refs(w)) == 2
+    send(qtbot, w, "two pictures")
+    wait_reply(qtbot, w)
+    assert len(w.messages.items()[0].pictures) == 2
+    assert w.history.messages(w.controller.current_id)[0].pictures == tuple(refs_sent := [
+        blake3.blake3(a.read_bytes()).hexdigest() + ".png", blake3.blake3(b.read_bytes()).hexdigest() + ".jpg"])
+    assert len(refs_sent) == 2
+
+
+def test_drop_on_the_conversation_goes_to_the_composer(make_window, tmp_path):
+    w = make_window(load=False)
+    a = make_picture(tmp_path / "a.png", seed=7)
+    assert drop(w.chat.viewport(), file_mime(a))
+    assert len(refs(w)) == 1
+
+
+def test_drop_image_data_from_another_app(make_window):
+    w = make_window(load=False)
+    img = QImage(40, 30, QImage.Format.Format_RGB32)
+    img.fill(Qt.GlobalColor.darkCyan)
+    mime = QMimeData()
+    mime.setImageData(img)
+    assert drop(w.composer.edit.viewport(), mime)
+    [att] = w.composer.attachments()
+    assert att.ref.endswith(".png") and Path(att.path).is_file()
+    stored = QImage(att.path)
+    assert (stored.width(), stored.height()) == (40, 30)
+
+
+def test_drop_raw_png_bytes_keeps_them_as_they_are(make_window):
+    w = make_window(load=False)
+    data = picture_bytes(11)
+    mime = QMimeData()
+    mime.setData("image/png", data)
+    assert drop(w.composer.edit.viewport(), mime)
+    [att] = w.composer.attachments()
+    assert Path(att.path).read_bytes() == data
+
+
+def test_paste_a_picture(make_window, qtbot):
+    w = make_window(load=False)
+    img = QImage(32, 32, QImage.Format.Format_RGB32)
+    img.fill(Qt.GlobalColor.red)
+    QGuiApplication.clipboard().setImage(img)
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "look:")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    assert len(w.composer.attachments()) == 1
+    assert w.composer.text() == "look:"
+    QGuiApplication.clipboard().setText(" plain text")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    assert w.composer.text() == "look: plain text" and len(w.composer.attachments()) == 1
+
+
+def test_refused_files_explain_themselves_and_keep_the_draft(make_window, qtbot, tmp_path):
+    w = make_window(load=False)
+    good = make_picture(tmp_path / "good.png", seed=4)
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "my draft")
+    assert drop(w.composer.edit.viewport(), file_mime(good))
+
+    pdf = make_not_a_picture(tmp_path / "report.pdf")
+    broken = make_broken_picture(tmp_path / "cut.png", size=(200, 150))
+    huge = tmp_path / "huge.png"
+    Image.new("1", (10000, 8000)).save(huge)
+    assert drop(w.composer.edit.viewport(), file_mime(pdf, broken, huge))
+
+    problem = w.composer.problem.text()
+    assert w.composer.problem.isVisible()
+    assert "report.pdf is not a picture" in problem
+    assert "cut.png is a damaged picture" in problem
+    assert "huge.png is too large (10000×8000" in problem
+    assert w.composer.text() == "my draft"
+    assert [a.name for a in w.composer.attachments()] == ["good.png"]
+    # nothing of the refused files was stored
+    assert len(list(w.history.pictures_dir.glob("*/*"))) == 1
+
+
+def test_remove_an_attachment(make_window, qtbot, tmp_path):
+    w = make_window(load=False)
+    a = make_picture(tmp_path / "a.png", seed=1)
+    b = make_picture(tmp_path / "b.png", seed=2)
+    w.composer.take_files([str(a), str(b)])
+    chip = w.composer.chips.itemAt(0).widget()
+    qtbot.mouseClick(chip.remove, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: [x.name for x in w.composer.attachments()] == ["b.png"], timeout=2000)

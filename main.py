@@ -1,4 +1,4 @@
-"""Parley entry point: the window by default; `ask`, `replay` (and later `serve`) headless."""
+"""Parley entry point: the window by default; `ask`, `replay` and `serve` headless."""
 from __future__ import annotations
 
 import argparse
@@ -62,6 +62,47 @@ def cmd_replay(args) -> int:
         return 1
 
 
+def cmd_serve(args) -> int:
+    import signal
+    import threading
+
+    from engine.api import ApiConfigError, ApiServer, check_bind
+
+    token = args.api_token or os.environ.get("PARLEY_API_TOKEN") or None
+    try:
+        check_bind(args.host, token)  # refuse before anything is loaded
+    except ApiConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from engine.client import EngineError, load_blocking
+    from engine.engine import Engine
+
+    engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+    server = None
+    try:
+        server = ApiServer(engine, args.host, args.port, token=token, data_dir=engine.data_dir)
+        ready = load_blocking(engine, _model_dir(args.model))
+        server.start()
+        print(f"Parley API listening on {server.url} (model {ready.name}); Ctrl+C stops it", flush=True)
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        try:
+            while not done.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        return 0
+    except (ApiConfigError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # while the model was loading
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+        engine.shutdown()
+
+
 def cmd_window(args) -> int:
     from app import run_app
 
@@ -92,6 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--data-dir", default=argparse.SUPPRESS)
     rep.add_argument("script")
     rep.set_defaults(func=cmd_replay)
+
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API (/v1/chat/completions) on this machine")
+    srv.add_argument("--model", default=argparse.SUPPRESS)
+    srv.add_argument("--data-dir", default=argparse.SUPPRESS)
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    srv.add_argument("--port", type=int, default=8011, help="port (default 8011; 0 = any free port)")
+    srv.add_argument("--api-token", help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback; "
+                                         "or set PARLEY_API_TOKEN)")
+    srv.set_defaults(func=cmd_serve)
     return parser
 
 

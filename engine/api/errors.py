@@ -1,0 +1,29 @@
+"""Errors the API answers with, in OpenAI's error shape."""
+from __future__ import annotations
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
+          404: "invalid_request_error", 405: "invalid_request_error", 411: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    """A request the API answers with an HTTP error and OpenAI's `{"error": {...}}` body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+class ApiConfigError(ValueError):
+    """The server cannot be started as asked (e.g. a network bind without a token)."""
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code)

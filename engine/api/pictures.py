@@ -1,0 +1,95 @@
+"""Pictures sent inline as data: URLs, stored once per content under the data folder.
+
+A picture is kept as `<data_dir>/api-pictures/<blake3 hex>.<ext>` holding the client's bytes
+unchanged, so the same bytes always name the same file and the engine's image cache (keyed by
+those bytes) finds a picture the client re-sends. A payload is fully decoded once, the first
+time it is seen; a picture already on disk costs one hash and one stat.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import re
+import threading
+from pathlib import Path
+
+import blake3
+from PIL import Image
+
+from .errors import bad
+
+_DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),", re.IGNORECASE)
+_WS = re.compile(rb"\s+")
+_EXT = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff", "MPO": "jpg"}
+
+
+def decode_data_url(url: str, param: str) -> bytes:
+    """`data:image/...;base64,...` -> bytes; anything else is a clear 400."""
+    low = url[:16].lower()
+    if low.startswith(("http://", "https://")):
+        raise bad("Parley does not fetch remote images: send the picture inline as a data URL "
+                  "(data:image/png;base64,...).", param, "remote_image_refused")
+    m = _DATA_URL.match(url)
+    if m is None:
+        raise bad("An image_url must be a data URL (data:image/png;base64,...).", param, "invalid_image_url")
+    mime, params = m.group(1).strip().lower(), m.group(2).lower()
+    if "base64" not in [p.strip() for p in params.split(";")]:
+        raise bad("An image data URL must be base64-encoded (data:image/png;base64,...).", param, "invalid_image_url")
+    if mime and not mime.startswith("image/"):
+        raise bad(f"The payload is not a picture (its data URL says {mime!r}).", param, "invalid_image")
+    payload = _WS.sub(b"", url[m.end():].encode("ascii", "replace"))
+    payload += b"=" * (-len(payload) % 4)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad("The picture's base64 data cannot be decoded.", param, "invalid_base64") from None
+    if not data:
+        raise bad("The picture's data is empty.", param, "invalid_image")
+    return data
+
+
+class PictureStore:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._lock = threading.Lock()
+        self._known: dict[str, Path] = {}  # content hex -> file, for pictures seen by this process
+
+    def put(self, data: bytes, param: str) -> Path:
+        """Store `data` (validated as a picture the first time) and return its file."""
+        digest = blake3.blake3(data).hexdigest()
+        with self._lock:
+            known = self._known.get(digest)
+        if known is not None and known.exists():
+            return known
+        try:
+            fmt = Image.open(io.BytesIO(data)).format or ""
+        except Exception:
+            fmt = ""
+        ext = _EXT.get(fmt.upper(), fmt.lower() or "bin")
+        path = self.folder / f"{digest}.{ext}"
+        if not path.exists():
+            from ..vision.pictures import PictureError, decode  # torch comes with engine.vision: import late
+
+            try:
+                decode(data, "The picture")  # a payload that is not a picture (or is damaged) -> 400
+            except PictureError as exc:
+                raise bad(str(exc), param, "invalid_image") from None
+            self._write(path, data)
+        with self._lock:
+            self._known[digest] = path
+        return path
+
+    def _write(self, path: Path, data: bytes) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # same bytes -> same name: a concurrent writer's copy is identical
+        finally:
+            if tmp.exists():
+                tmp.unlink()

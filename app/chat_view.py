@@ -5,13 +5,15 @@ view) and leaves the scroll position alone once they scroll up to read.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QMimeData, QModelIndex, QPoint, QRect, Qt, Signal
-from PySide6.QtGui import QAction, QGuiApplication, QPainter, QPalette
+from PySide6.QtCore import QElapsedTimer, QMimeData, QModelIndex, QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter, QPalette
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu
 
 from .message_delegate import MessageDelegate
 from .message_model import MessageIdRole, MessageListModel, RoleRole, StreamingRole, IsLastRole
 from .picture_intake import mime_has_pictures
+
+RELAYOUT_MIN_MS = 80  # a streaming reply that keeps growing re-flows the list at most this often
 
 
 class ChatView(QListView):
@@ -38,11 +40,17 @@ class ChatView(QListView):
         self.setDragDropMode(QAbstractItemView.DragDropMode.DropOnly)
         self.setFrameShape(QListView.Shape.NoFrame)
         self.placeholder = ""
+        self.layout_width = 200  # viewport width rows are laid out for (kept by resizeEvent)
         self._follow = True
+        self._since_layout = QElapsedTimer()
+        self._layout_timer = QTimer(self)
+        self._layout_timer.setSingleShot(True)
+        self._layout_timer.timeout.connect(self._relayout)
         self.delegate.actionTriggered.connect(self.actionTriggered)
         self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
         model.dataChanged.connect(self._on_data_changed)
+        model.textGrew.connect(self._on_text_grew)
         model.modelReset.connect(self._on_reset)
         model.rowsInserted.connect(lambda *_: self._relayout())
         model.rowsRemoved.connect(lambda *_: self._relayout())
@@ -64,12 +72,33 @@ class ChatView(QListView):
         self.scrollToBottom()
 
     def _on_data_changed(self, top: QModelIndex, _bottom: QModelIndex, _roles=()) -> None:
-        # Heights depend on text: a changed row must be measured again. Sizes of the other rows
-        # come from the delegate's cache, so this stays cheap with hundreds of messages.
         self._relayout()
 
-    def _relayout(self) -> None:
+    def _on_text_grew(self, row: int) -> None:
+        # A relayout asks every row for its size, so it is skipped while the streaming row keeps
+        # its height (the delegate reserves a few lines ahead) and rate-limited when it grows.
+        index = self.msg_model.index(row, 0)
+        old = self.delegate.cached_height(index)
+        new = self.delegate.sizeHint(None, index).height()
+        if old == new:
+            self.update(index)
+        else:
+            self._relayout(throttle=True)
+
+    def _relayout(self, throttle: bool = False) -> None:
+        if throttle:
+            wait = RELAYOUT_MIN_MS - self._since_layout.elapsed()
+            if self._since_layout.isValid() and wait > 0:
+                if not self._layout_timer.isActive():
+                    self._layout_timer.start(int(wait))
+                return
+        self._layout_timer.stop()
+        self._since_layout.start()
         self.scheduleDelayedItemsLayout()
+
+    def doItemsLayout(self) -> None:
+        self.layout_width = max(200, self.viewport().width())
+        super().doItemsLayout()
 
     def following(self) -> bool:
         return self._follow

@@ -17,10 +17,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate
 
 from .markdown_render import MarkdownRenderer, document_css, plain_html
-from .message_model import (
-    EditedRole, IsLastRole, MessageIdRole, PicturesRole, RoleRole, StatusRole, StreamingRole,
-    VersionRole,
-)
+from .message_model import MessageItem
 from .thumbnails import ThumbnailCache
 
 MARGIN = 14  # left/right of the view
@@ -28,6 +25,7 @@ GAP = 6  # between messages
 PAD = 10  # inside a bubble
 THUMB = 112
 MAX_TEXT_WIDTH = 820
+STREAM_SLACK_LINES = 4
 
 
 @dataclass
@@ -61,19 +59,30 @@ class MessageDelegate(QStyledItemDelegate):
         self.thumbs = ThumbnailCache()
         self.hover: tuple[int, str] | None = None  # (message id, action) under the mouse
         self.doc_capacity = 400
+        self._reserved: dict[int, int] = {}  # streaming message id -> height reserved for it
+        self._font_key = view.font().key()
 
     def clear_caches(self) -> None:
         self._docs.clear()
         self._sizes.clear()
+        self._reserved.clear()
+        self._font_key = self._view.font().key()
 
     # ------------------------------------------------------------ layout
 
     def _width(self) -> int:
         return max(200, self._view.viewport().width())
 
-    def _document(self, index, text_width: int) -> QTextDocument:
-        mid = index.data(MessageIdRole)
-        key = (index.data(VersionRole), text_width, self._view.font().key())
+    def _item(self, index) -> tuple[MessageItem, bool]:
+        """The row's item straight from our model: far cheaper than a dozen data() calls,
+        which matters because the view asks every row's size on each relayout."""
+        items = self._view.msg_model._items
+        row = index.row()
+        return items[row], row == len(items) - 1
+
+    def _document(self, it: MessageItem, text_width: int) -> QTextDocument:
+        mid = it.id
+        key = (it.version, text_width, self._font_key)
         hit = self._docs.get(mid)
         if hit is not None and hit[0] == key:
             self._docs.move_to_end(mid)
@@ -86,9 +95,9 @@ class MessageDelegate(QStyledItemDelegate):
         doc.setDefaultStyleSheet(document_css(
             code_bg.name(), pal.color(QPalette.ColorRole.Text).name(),
             pal.color(QPalette.ColorRole.Link).name(), pal.color(QPalette.ColorRole.Mid).name()))
-        text = index.data(Qt.ItemDataRole.DisplayRole) or ""
-        if index.data(RoleRole) == "assistant":
-            doc.setHtml(self._md.to_html(text, streaming=bool(index.data(StreamingRole))))
+        text = it.text
+        if it.role == "assistant":
+            doc.setHtml(self._md.to_html(text, streaming=it.streaming))
         else:
             doc.setHtml(plain_html(text))
         doc.setTextWidth(text_width)
@@ -99,15 +108,16 @@ class MessageDelegate(QStyledItemDelegate):
 
     def geometry(self, index, width: int | None = None) -> Geometry:
         width = width or self._width()
+        it, is_last = self._item(index)
         fm = QFontMetrics(self._view.font())
-        user = index.data(RoleRole) == "user"
+        user = it.role == "user"
         inner_max = min(MAX_TEXT_WIDTH, int((width - 2 * MARGIN) * (0.8 if user else 1.0))) - 2 * PAD
         inner_max = max(80, inner_max)
-        doc = self._document(index, inner_max)
+        doc = self._document(it, inner_max)
         text_w = min(inner_max, int(doc.idealWidth()) + 1) if user else inner_max
-        text_h = int(doc.size().height()) if (index.data(Qt.ItemDataRole.DisplayRole) or "") else 0
+        text_h = int(doc.size().height()) if it.text else 0
 
-        pictures = index.data(PicturesRole) or []
+        pictures = it.pictures
         per_row = max(1, (inner_max + GAP) // (THUMB + GAP))
         thumb_rows = (len(pictures) + per_row - 1) // per_row
         thumbs_w = min(len(pictures), per_row) * (THUMB + GAP) - GAP if pictures else 0
@@ -124,21 +134,31 @@ class MessageDelegate(QStyledItemDelegate):
             thumbs.append((path, QRect(int(x) + PAD + c * (THUMB + GAP), GAP + PAD + r * (THUMB + GAP),
                                        THUMB, THUMB)))
         footer_y = GAP + bubble_h + 3
-        geo = Geometry(height=footer_y + fm.height() + GAP, bubble=bubble, thumbs=thumbs,
+        height = footer_y + fm.height() + GAP
+        if it.streaming:
+            # Reserve room to grow, so the list re-flows every few lines, not every token.
+            reserved = self._reserved.get(it.id, 0)
+            if height > reserved:
+                reserved = height + STREAM_SLACK_LINES * fm.lineSpacing()
+                self._reserved[it.id] = reserved
+            height = reserved
+        else:
+            self._reserved.pop(it.id, None)
+        geo = Geometry(height=height, bubble=bubble, thumbs=thumbs,
                        doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h), doc=doc, footer_y=footer_y)
 
         tags = []
-        if index.data(StreamingRole):
+        if it.streaming:
             tags.append("generating…")
-        elif index.data(StatusRole) == "interrupted":
+        elif it.status == "interrupted":
             tags.append("stopped")
-        if index.data(EditedRole):
+        if it.edited:
             tags.append("edited")
         geo.tags = " · ".join(tags)
         names = ["copy"]
         if user:
             names.append("edit")
-        elif index.data(IsLastRole) and not index.data(StreamingRole):
+        elif is_last and not it.streaming:
             names.append("regenerate")
         labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate"}
         # Actions sit under the bubble, on the side it is aligned to.
@@ -156,15 +176,20 @@ class MessageDelegate(QStyledItemDelegate):
         geo.actions = spans
         return geo
 
+    def cached_height(self, index) -> int | None:
+        """The height last measured for this row's message (any version), if any."""
+        hit = self._sizes.get(self._item(index)[0].id)
+        return hit[2] if hit else None
+
     def sizeHint(self, option, index) -> QSize:
-        width = self._width()
-        mid = index.data(MessageIdRole)
-        key = (index.data(VersionRole), width, self._view.font().key(), bool(index.data(IsLastRole)))
-        hit = self._sizes.get(mid)
-        if hit is not None and hit[0] == key:
-            return QSize(width, hit[1])
+        # Called for every row on each relayout: the cached path must stay tiny.
+        it = self._view.msg_model._items[index.row()]
+        width = self._view.layout_width
+        hit = self._sizes.get(it.id)
+        if hit is not None and hit[0] == it.version and hit[1] == width:
+            return hit[3]
         h = self.geometry(index, width).height
-        self._sizes[mid] = (key, h)
+        self._sizes[it.id] = (it.version, width, h, QSize(width, h))
         return QSize(width, h)
 
     # ------------------------------------------------------------ painting
@@ -172,8 +197,9 @@ class MessageDelegate(QStyledItemDelegate):
     def paint(self, painter: QPainter, option, index) -> None:
         geo = self.geometry(index, option.rect.width() or None)
         pal = option.palette
-        user = index.data(RoleRole) == "user"
-        mid = index.data(MessageIdRole)
+        it, is_last = self._item(index)
+        user = it.role == "user"
+        mid = it.id
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.translate(option.rect.topLeft())
@@ -199,21 +225,21 @@ class MessageDelegate(QStyledItemDelegate):
             target = QRect(rect.topLeft(), size)
             painter.drawPixmap(target, pm)
 
-        if geo.doc is not None and (index.data(Qt.ItemDataRole.DisplayRole) or ""):
+        if geo.doc is not None and it.text:
             painter.save()
             painter.translate(geo.doc_origin)
             ctx = QAbstractTextDocumentLayout.PaintContext()
             ctx.palette.setColor(QPalette.ColorRole.Text, text)
             geo.doc.documentLayout().draw(painter, ctx)
             painter.restore()
-        elif index.data(StreamingRole) and not index.data(PicturesRole):
+        elif it.streaming and not it.pictures:
             painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
             painter.drawText(geo.bubble.adjusted(PAD, PAD, -PAD, -PAD), "…")
 
         footer_font = painter.font()
         painter.setFont(footer_font)
         muted = pal.color(QPalette.ColorRole.PlaceholderText)
-        show_actions = bool(option.state & QStyle.StateFlag.State_MouseOver) or bool(index.data(IsLastRole))
+        show_actions = bool(option.state & QStyle.StateFlag.State_MouseOver) or is_last
         if geo.tags:
             painter.setPen(muted)
             fm = QFontMetrics(footer_font)
@@ -269,7 +295,7 @@ class MessageDelegate(QStyledItemDelegate):
             return False
         pos = event.position() - QPointF(option.rect.topLeft())
         what = self.hit(index, pos)
-        mid = index.data(MessageIdRole)
+        mid = self._item(index)[0].id
         if t == QEvent.Type.MouseMove:
             hover = (mid, what[1]) if what and what[0] == "action" else None
             if hover != self.hover:

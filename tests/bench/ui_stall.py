@@ -1,0 +1,157 @@
+"""UI stall while a reply streams: the longest gap between heartbeats on the UI thread.
+
+A 5 ms QTimer ticks on the UI thread of the real window while the real engine streams a long
+reply from a tiny model (thousands of tokens a second on a CPU: the worst case for flooding
+the UI). The conversation already holds 600 messages, so the view is as heavy as it gets.
+Goal: the longest stall stays under 50 ms.
+
+    .venv/bin/python tests/bench/ui_stall.py [--tokens 1500] [--strict]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import app  # noqa: E402,F401  (PySide6 refcount workaround)
+from PySide6.QtCore import QElapsedTimer, QEventLoop, QSettings, QTimer  # noqa: E402
+
+from app.bridge import EngineBridge  # noqa: E402
+from app.main import make_application  # noqa: E402
+from app.main_window import MainWindow  # noqa: E402
+from app.preferences import Preferences  # noqa: E402
+from engine.events import Sampling  # noqa: E402
+from engine.history import History  # noqa: E402
+from tests.fixtures.pictures import make_picture  # noqa: E402
+from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402
+
+GOAL_MS = 50.0
+HEARTBEAT_MS = 5
+
+
+class Heartbeat:
+    """Gaps between ticks (wall ms) and the UI thread's own CPU time inside each gap: a long gap
+    with little CPU is the OS or the engine thread (GIL) keeping the UI thread waiting."""
+
+    def __init__(self):
+        self.gaps: list[float] = []
+        self.cpu: list[float] = []
+        self._cpu0 = 0.0
+        self.clock = QElapsedTimer()
+        self.timer = QTimer()
+        self.timer.setInterval(HEARTBEAT_MS)
+        self.timer.timeout.connect(self._tick)
+
+    def start(self) -> None:
+        self.gaps.clear()
+        self.cpu.clear()
+        self._cpu0 = time.thread_time()
+        self.clock.start()
+        self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def _tick(self) -> None:
+        self.gaps.append(self.clock.nsecsElapsed() / 1e6)
+        cpu = time.thread_time()
+        self.cpu.append((cpu - self._cpu0) * 1000)
+        self._cpu0 = cpu
+        self.clock.restart()
+
+
+def run_until(app, done, timeout_s: float = 120.0) -> None:
+    loop = QEventLoop()
+    check = QTimer()
+    check.timeout.connect(lambda: loop.quit() if done() else None)
+    check.start(20)
+    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
+    loop.exec()
+    check.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=1500)
+    ap.add_argument("--messages", type=int, default=600)
+    ap.add_argument("--strict", action="store_true", help="exit 1 when the goal is missed")
+    args = ap.parse_args()
+
+    qapp = make_application([])
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = build_tiny_model("llava", tmp / "model")
+        data = tmp / "data"
+        history = History(data)
+        conv = history.create_conversation("Long conversation")
+        pic = history.add_picture(make_picture(tmp / "p.png", seed=1, size=(320, 240)))
+        for i in range(args.messages // 2):
+            history.add_message(conv.id, "user", f"Question {i}: what about this **shape**?",
+                                [pic] if i % 10 == 0 else [])
+            history.add_message(conv.id, "assistant", f"Answer {i}.\n\n```python\nprint({i})\n```\n\n- one\n- two")
+        prefs = Preferences(QSettings(str(tmp / "prefs.ini"), QSettings.Format.IniFormat))
+        prefs.set_sampling(Sampling(greedy=True, max_new_tokens=args.tokens))
+        bridge = EngineBridge.create(prefs.engine_settings(), data)
+        w = MainWindow(bridge, history, prefs, data)
+        w.resize(1200, 800)
+        w.show()
+        w.load_model(str(model))
+        run_until(qapp, lambda: w.model_ready)
+
+        w.controller.open_conversation(None)
+        w.chat.delegate.clear_caches()  # measure a cold open: no laid-out documents yet
+        run_until(qapp, lambda: False, 0.2)
+        beat = Heartbeat()
+        beat.start()
+        t0 = time.perf_counter()
+        w.controller.open_conversation(conv.id)
+        shown = []
+        QTimer.singleShot(0, lambda: shown.append(time.perf_counter()))
+        run_until(qapp, lambda: False, 1.0)
+        beat.stop()
+        open_s, open_stall = shown[0] - t0, max(beat.gaps)
+
+        results = []
+        for label, with_picture in (("text turn", False), ("picture turn", True)):
+            if with_picture:
+                w.composer.take_files([str(make_picture(tmp / "q.png", seed=2, size=(320, 240)))])
+            w.composer.edit.setPlainText("Describe the picture in detail.")
+            done = []
+            w.bridge.turnDone.connect(done.append)
+            beat.start()
+            w.composer.submit()
+            run_until(qapp, lambda: bool(done))
+            beat.stop()
+            w.bridge.turnDone.disconnect(done.append)
+            gaps = sorted(beat.gaps)
+            ev = done[0]
+            results.append((label, gaps[-1], gaps[int(len(gaps) * 0.99) - 1], statistics.median(gaps),
+                            len(ev.token_ids), ev.stats.get("tokens_per_s", 0.0), max(beat.cpu)))
+        w.close()
+
+    worst = max(r[1] for r in results)
+    print(f"ui_stall: conversation of {args.messages} messages shown in {open_s * 1000:.0f} ms "
+          f"(longest stall while opening {open_stall:.0f} ms)")
+    for label, mx, p99, med, n, tps, cpu in results:
+        print(f"ui_stall: {label}: {n} tokens at {tps:.0f} tok/s; heartbeat every {HEARTBEAT_MS} ms: "
+              f"longest stall {mx:.1f} ms, p99 {p99:.1f} ms, median {med:.1f} ms; "
+              f"most UI-thread CPU in one gap {cpu:.1f} ms")
+    print(f"ui_stall: machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+          "(stalls beyond the UI thread's own CPU time are waits for a core or the GIL)")
+    verdict = "OK" if worst <= GOAL_MS else "OVER GOAL"
+    print(f"ui_stall: longest UI stall while generating = {worst:.1f} ms (goal <= {GOAL_MS:.0f} ms) {verdict}")
+    return 1 if (args.strict and worst > GOAL_MS) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

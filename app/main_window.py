@@ -8,11 +8,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, Qt, QUrl
 from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtCore import QUrl
 from PySide6.QtWidgets import (
-    QApplication, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QVBoxLayout, QWidget,
+    QApplication, QInputDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter,
+    QVBoxLayout, QWidget,
 )
 
 from engine.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
@@ -128,6 +128,7 @@ class MainWindow(QMainWindow):
         self.sidebar.addAction(self.act_undo)
         edit.addAction("Rename chat", self.sidebar.rename_current, QKeySequence(Qt.Key.Key_F2))
         edit.addAction("Delete chat", self.delete_current)
+        edit.addAction("Chat instructions…", self.edit_chat_prompt)
         edit.addSeparator()
         self.act_regen = edit.addAction("Regenerate reply", lambda: self.controller.regenerate())
         self.act_regen.setShortcut(QKeySequence("Ctrl+R"))
@@ -251,6 +252,18 @@ class MainWindow(QMainWindow):
     def delete_current(self) -> None:
         if self.controller.current_id:
             self.sidebar.delete(self.controller.current_id)
+
+    def edit_chat_prompt(self) -> None:
+        """This conversation's own system prompt (empty: use the one from Settings)."""
+        cid = self.controller.current_id
+        conv = self.history.get_conversation(cid) if cid else None
+        if conv is None:
+            return
+        text, ok = QInputDialog.getMultiLineText(
+            self, "Chat instructions", "System prompt for this chat (empty: the default from Settings):",
+            conv.system_prompt or "")
+        if ok:
+            self.history.set_system_prompt(cid, text.strip() or None)
 
     def _message_action(self, name: str, message_id: int) -> None:
         msg = self.controller.message(message_id)

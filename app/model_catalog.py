@@ -38,7 +38,7 @@ def read_config(folder: Path) -> dict | None:
 
 
 def is_vision_language(config: dict) -> bool:
-    return bool(config.get("vision_config")) or any(
+    return "vision_config" in config or any(
         k in config for k in ("image_token_index", "image_token_id", "vision_start_token_id"))
 
 

@@ -118,6 +118,29 @@ def test_stop_scanner_releases_only_safe_text(stops, pieces, sent, hit):
     assert out == sent and sc.text == sent and sc.hit == hit
 
 
+def test_picture_store_is_content_addressed_validated_and_capped(tmp_path):
+    from engine.api import ApiError
+    from engine.api.pictures import PictureStore
+    from tests.fixtures.pictures import picture_bytes
+
+    store = PictureStore(tmp_path / "pics", max_bytes=1, keep_s=0)
+    a, b = picture_bytes(1), picture_bytes(2, fmt="JPEG")
+    pa = store.put(a, "p")
+    assert pa.name == blake3.blake3(a).hexdigest() + ".png" and pa.read_bytes() == a
+    assert store.put(a, "p") == pa  # same bytes, same file
+    pb = store.put(b, "p")
+    assert pb.suffix == ".jpg" and pb.exists()
+    assert not pa.exists() and store.pruned == 1  # over the cap: the older picture went, the new one stays
+    assert store.put(a, "p").exists()  # and comes back when sent again
+    with pytest.raises(ApiError) as err:
+        store.put(b"%PDF-1.4 not a picture", "messages[0].content[1]")
+    assert err.value.status == 400 and err.value.param == "messages[0].content[1]"
+    kept = PictureStore(tmp_path / "kept", max_bytes=1)  # recently used pictures are never pruned
+    p1, p2 = kept.put(a, "p"), kept.put(b, "p")
+    assert p1.exists() and p2.exists()
+    assert not list((tmp_path / "pics").glob(".*.tmp"))
+
+
 def test_network_bind_without_token_is_refused():
     for host in ("0.0.0.0", "", "::"):
         with pytest.raises(ApiConfigError, match="Refusing to serve the API"):
@@ -411,6 +434,24 @@ def test_client_disconnect_stops_the_generation(served, stream):
         engine.remove_listener(listen)
     assert served.server.activity.snapshot()["disconnects"] >= 1
     assert_good_request_works(served)
+
+
+@pytest.mark.slow
+def test_http_10_client_gets_a_plain_event_stream(served):
+    body = json.dumps({"messages": [user("Hello there")], "max_tokens": 4, "temperature": 0, "stream": True})
+    host, port = served.server.address
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode()))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower()
+    events = [line[6:] for line in payload.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert text == served.ref_text([Message("user", "Hello there")], 4)[0]
 
 
 # ---------------------------------------------------------------- sharing the engine

@@ -3,7 +3,8 @@
 A picture is kept as `<data_dir>/api-pictures/<blake3 hex>.<ext>` holding the client's bytes
 unchanged, so the same bytes always name the same file and the engine's image cache (keyed by
 those bytes) finds a picture the client re-sends. A payload is fully decoded once, the first
-time it is seen; a picture already on disk costs one hash and one stat.
+time it is seen; a picture already on disk costs one hash and one stat. The folder is
+size-capped (least recently used pictures go first, never one used in the last hour).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import io
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import blake3
@@ -51,17 +53,30 @@ def decode_data_url(url: str, param: str) -> bytes:
 
 
 class PictureStore:
-    def __init__(self, folder: Path):
+    """Content-addressed picture files, size-capped: past `max_bytes` the least recently used
+    files go, but never one used within `keep_s` (a queued turn may still need it)."""
+
+    def __init__(self, folder: Path, max_bytes: int = 2 << 30, keep_s: float = 3600.0):
         self.folder = Path(folder)
+        self.max_bytes = max_bytes
+        self.keep_s = keep_s
         self._lock = threading.Lock()
         self._known: dict[str, Path] = {}  # content hex -> file, for pictures seen by this process
+        self._sizes: dict[Path, int] | None = None  # the folder's files, scanned on first write
+        self.pruned = 0
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            self._scan()
+            return sum(self._sizes.values())
 
     def put(self, data: bytes, param: str) -> Path:
         """Store `data` (validated as a picture the first time) and return its file."""
         digest = blake3.blake3(data).hexdigest()
         with self._lock:
             known = self._known.get(digest)
-        if known is not None and known.exists():
+        if known is not None and self._touch(known):
             return known
         try:
             fmt = Image.open(io.BytesIO(data)).format or ""
@@ -69,7 +84,7 @@ class PictureStore:
             fmt = ""
         ext = _EXT.get(fmt.upper(), fmt.lower() or "bin")
         path = self.folder / f"{digest}.{ext}"
-        if not path.exists():
+        if not self._touch(path):
             from ..vision.pictures import PictureError, decode  # torch comes with engine.vision: import late
 
             try:
@@ -77,9 +92,58 @@ class PictureStore:
             except PictureError as exc:
                 raise bad(str(exc), param, "invalid_image") from None
             self._write(path, data)
+            with self._lock:
+                self._scan()
+                self._sizes[path] = len(data)
+                if sum(self._sizes.values()) > self.max_bytes:
+                    self._prune(keep=path)
         with self._lock:
             self._known[digest] = path
         return path
+
+    @staticmethod
+    def _touch(path: Path) -> bool:
+        """Mark a stored picture as used now; False when it is not there."""
+        try:
+            os.utime(path)
+            return True
+        except OSError:
+            return False
+
+    def _scan(self) -> None:
+        if self._sizes is not None:
+            return
+        self._sizes = {}
+        try:
+            for entry in os.scandir(self.folder):
+                if entry.is_file() and not entry.name.startswith("."):
+                    self._sizes[Path(entry.path)] = entry.stat().st_size
+        except FileNotFoundError:
+            pass
+
+    def _prune(self, keep: Path) -> None:
+        total = sum(self._sizes.values())
+        now = time.time()
+        by_age = []
+        for path in self._sizes:
+            try:
+                by_age.append((path.stat().st_mtime, path))
+            except OSError:
+                by_age.append((0.0, path))
+        for mtime, path in sorted(by_age):
+            if total <= self.max_bytes * 0.9:
+                break
+            if path == keep or now - mtime < self.keep_s:
+                continue
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            total -= self._sizes.pop(path)
+            self._known = {k: v for k, v in self._known.items() if v != path}
+            self.pruned += 1
 
     def _write(self, path: Path, data: bytes) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ are image-cache hits that never wake the encoder.
 from __future__ import annotations
 
 import hashlib
+import sys
 import hmac
 import ipaddress
 import json
@@ -34,6 +35,7 @@ from .stops import StopScanner
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
+FLUSH_S = 0.02  # streamed text goes out at most this often (tokens in between share one chunk)
 
 
 class ClientGone(Exception):
@@ -153,6 +155,11 @@ class _Http(ThreadingHTTPServer):
         self.sockets_lock = threading.Lock()
         super().__init__(address, _Handler)
 
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client that hung up or idled out: nothing to report
+        log.exception("API connection from %s failed", client_address)
+
     def server_bind(self):
         if self.address_family == socket.AF_INET6:
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -178,7 +185,8 @@ class ApiServer:
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 8011, token: str | None = None,
                  data_dir: str | Path | None = None, *, max_body_bytes: int = 32 << 20, max_pictures: int = 16,
-                 max_pending: int = 32, on_activity: Callable[[dict], None] | None = None):
+                 max_pending: int = 32, max_picture_bytes: int = 2 << 30,
+                 on_activity: Callable[[dict], None] | None = None):
         check_bind(host, token)
         self.engine = engine
         self.token = token
@@ -186,7 +194,7 @@ class ApiServer:
         self.max_body_bytes = max_body_bytes
         self.max_pictures = max_pictures
         self.max_pending = max_pending
-        self.pictures = PictureStore(Path(data_dir or engine.data_dir) / "api-pictures")
+        self.pictures = PictureStore(Path(data_dir or engine.data_dir) / "api-pictures", max_picture_bytes)
         self.activity = ApiActivity(on_activity)
         self._turns: dict[int, queue.Queue] = {}
         self._turns_lock = threading.Lock()
@@ -281,13 +289,19 @@ class ApiServer:
             return
         # no token (loopback only): refuse what a web page could send, and DNS rebinding
         host = headers.get("Host")
-        if host is not None and not _name_is_local(_host_header_name(host)):
+        if host is not None and not self._host_allowed(_host_header_name(host)):
             raise ApiError(403, f"Host {host!r} is not allowed; the API answers on localhost only.", None,
                            "host_not_allowed")
         origin = headers.get("Origin")
         if origin is not None and not _name_is_local(urlsplit(origin).hostname):
             raise ApiError(403, "Requests from web pages are not allowed without an API token.", None,
                            "origin_not_allowed")
+
+    def _host_allowed(self, name: str) -> bool:
+        if _name_is_local(name):
+            return True
+        local = {self.address[0].lower(), socket.gethostname().lower()}
+        return name.lower().rstrip(".") in local
 
     def model_name(self) -> str | None:
         loaded = self.engine.loaded
@@ -315,6 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "Parley"
     sys_version = ""
+    disable_nagle_algorithm = True  # tokens go out as they come
     timeout = 120  # an idle keep-alive connection is closed after this
 
     server: _Http
@@ -457,10 +472,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
+        self._end_headers_with(b"" if self._is_head else data)
+
+    def _end_headers_with(self, body: bytes) -> None:
+        """Headers and the first bytes of the body in one write: no small-packet (Nagle) stall."""
+        self._headers_buffer.append(b"\r\n" + body)
+        self.flush_headers()
         self._headers_sent = True
-        if not self._is_head:
-            self.wfile.write(data)
 
     def _client_gone(self) -> bool:
         if self.server.api._closing:
@@ -500,13 +518,16 @@ class _Handler(BaseHTTPRequestHandler):
             finally:
                 api.activity.end()
 
-    def _events(self, tid: int, q: queue.Queue):
-        """Batches of this turn's events until it is done; a vanished client stops the turn."""
+    def _events(self, tid: int, q: queue.Queue, due: Callable[[], float | None] = lambda: None):
+        """Batches of this turn's events until it is done; a vanished client stops the turn.
+        `due()` may name a moment (monotonic) by which the caller wants a batch, even an empty one."""
         self._turn_over = False
         checked = time.monotonic()
         while True:
+            wake = due()
+            timeout = POLL_S if wake is None else min(POLL_S, max(0.0, wake - time.monotonic()))
             try:
-                batch = [q.get(timeout=POLL_S)]
+                batch = [q.get(timeout=timeout)]
                 try:
                     while True:
                         batch.append(q.get_nowait())
@@ -514,15 +535,14 @@ class _Handler(BaseHTTPRequestHandler):
                     pass
             except queue.Empty:
                 batch = []
-            if not batch or time.monotonic() - checked >= POLL_S:
+            self._turn_over = any(isinstance(e, (TurnDone, TurnFailed)) for e in batch)
+            if time.monotonic() - checked >= POLL_S:
                 checked = time.monotonic()
-                if not any(isinstance(e, (TurnDone, TurnFailed)) for e in batch) and self._client_gone():
+                if not self._turn_over and self._client_gone():
                     self._abandon(tid)
-            if batch:
-                self._turn_over = any(isinstance(e, (TurnDone, TurnFailed)) for e in batch)
-                yield batch
-                if self._turn_over:
-                    return
+            yield batch
+            if self._turn_over:
+                return
 
     def _abandon(self, tid: int):
         """The client went away: stop its generation (unless it is already over)."""
@@ -579,13 +599,15 @@ class _Handler(BaseHTTPRequestHandler):
                 obj["usage"] = None
             return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
-        for batch in self._events(tid, q):
+        pending: list[str] = []  # text not sent yet: tokens go out at most every FLUSH_S, joined
+        last_write = [0.0]
+        for batch in self._events(tid, q, lambda: last_write[0] + FLUSH_S if pending else None):
             out: list[bytes] = []
             for ev in batch:
                 if isinstance(ev, Token):
                     piece = self._feed(ev, scanner, tid)
                     if piece:
-                        out.append(chunk({"content": piece}))
+                        pending.append(piece)
                 elif isinstance(ev, TurnFailed):
                     err = _failure_status(ev.message)
                     if not self._headers_sent:
@@ -595,32 +617,41 @@ class _Handler(BaseHTTPRequestHandler):
                 elif isinstance(ev, TurnDone):
                     tail = scanner.flush()
                     if tail:
-                        out.append(chunk({"content": tail}))
+                        pending.append(tail)
                     out.append(chunk({}, self._finish_reason(ev, req, scanner)))
                     if req.include_usage:
                         obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                                "system_fingerprint": None, "choices": [], "usage": _usage(ev)}
                         out.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
                     out.append(b"data: [DONE]\n\n")
+            now = time.monotonic()
+            if pending and (self._turn_over or now - last_write[0] >= FLUSH_S):
+                out.insert(0, chunk({"content": "".join(pending)}))
+                pending.clear()
             if not out:
                 continue
+            last_write[0] = now
             if not self._headers_sent:
-                self._start_stream()
                 out.insert(0, chunk({"role": "assistant", "content": ""}))
-            self._write_chunk(b"".join(out), tid)
-        self._write_chunk(b"", tid)  # the chunked body's end
-
-    def _start_stream(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("X-Accel-Buffering", "no")
-        self.end_headers()
-        self._headers_sent = True
-
-    def _write_chunk(self, data: bytes, tid: int) -> None:
-        try:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        except OSError:
-            self._abandon(tid)
+            body = data = b"".join(out)
+            chunked = self.request_version != "HTTP/1.0"  # an HTTP/1.0 client reads until we close
+            if chunked:
+                body = b"%x\r\n%s\r\n" % (len(data), data)
+                if self._turn_over:
+                    body += b"0\r\n\r\n"  # the chunked body's end
+            try:
+                if not self._headers_sent:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                    self.send_header("Cache-Control", "no-cache")
+                    if chunked:
+                        self.send_header("Transfer-Encoding", "chunked")
+                    else:
+                        self.close_connection = True
+                        self.send_header("Connection", "close")
+                    self.send_header("X-Accel-Buffering", "no")
+                    self._end_headers_with(body)
+                else:
+                    self.wfile.write(body)
+            except OSError:
+                self._abandon(tid)

@@ -263,6 +263,10 @@ class ChatController(QObject):
         return MessageItem(m.id, m.role, m.text, [str(self.history.picture_path(r)) for r in m.pictures],
                            m.status, False, m.edited is not None)
 
+    def tokens_so_far(self, turn_id: int) -> int:
+        a = self._active.get(turn_id)
+        return a.tokens if a else 0
+
     def message(self, message_id: int) -> StoredMessage | None:
         return self.history.get_message(message_id)
 

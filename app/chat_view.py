@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QElapsedTimer, QMimeData, QModelIndex, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPalette
-from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu
+from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle
 
 from .message_delegate import MessageDelegate
 from .message_model import MessageIdRole, MessageListModel, RoleRole, StreamingRole, IsLastRole
@@ -97,7 +97,12 @@ class ChatView(QListView):
         self.scheduleDelayedItemsLayout()
 
     def doItemsLayout(self) -> None:
-        self.layout_width = max(200, self.viewport().width())
+        # Rows are as wide as the viewport *with* a scroll bar, shown or not: otherwise the first
+        # layout of a long conversation (no bar yet) is thrown away when the bar appears.
+        width = self.viewport().width()
+        if not self.verticalScrollBar().isVisible():
+            width -= self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent, None, self)
+        self.layout_width = max(200, width)
         super().doItemsLayout()
 
     def following(self) -> bool:

@@ -294,9 +294,9 @@ class MainWindow(QMainWindow):
 
     def _on_tokens(self, turn_id: int, _cid: str, _text: str, _n: int) -> None:
         t0 = self._turn_t0.get(turn_id)
-        a = self.controller._active.get(turn_id)
-        if t0 and a and time.monotonic() - t0 > 0.2:
-            self.speed_label.setText(f"{a.tokens / (time.monotonic() - t0):.1f} tok/s")
+        if t0 and time.monotonic() - t0 > 0.2:
+            n = self.controller.tokens_so_far(turn_id)
+            self.speed_label.setText(f"{n / (time.monotonic() - t0):.1f} tok/s")
 
     def _on_turn_done(self, ev: TurnDone) -> None:
         self._turn_t0.pop(ev.turn_id, None)

@@ -32,7 +32,9 @@ def human_bytes(n: int | float | None) -> str:
 
 
 def exact_bytes(n: int | None) -> str:
-    return "—" if n is None else f"{human_bytes(n)} ({int(n):,} B)"
+    if n is None:
+        return "—"
+    return f"{int(n):,} B" if abs(n) < 1024 else f"{human_bytes(n)} ({int(n):,} B)"
 
 
 class MemoryBar(QWidget):

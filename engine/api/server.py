@@ -35,7 +35,7 @@ from .stops import StopScanner
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
-FLUSH_S = 0.02  # streamed text goes out at most this often (tokens in between share one chunk)
+FLUSH_S = 0.05  # streamed text goes out at most this often (tokens in between share one chunk)
 
 
 class ClientGone(Exception):
@@ -196,7 +196,7 @@ class ApiServer:
         self.max_pending = max_pending
         self.pictures = PictureStore(Path(data_dir or engine.data_dir) / "api-pictures", max_picture_bytes)
         self.activity = ApiActivity(on_activity)
-        self._turns: dict[int, queue.Queue] = {}
+        self._turns: dict[int, tuple[queue.Queue, bool]] = {}  # turn id -> (its events, wants tokens)
         self._turns_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -257,18 +257,21 @@ class ApiServer:
         tid = getattr(ev, "turn_id", None)
         if tid is None:
             return
-        q = self._turns.get(tid)
-        if q is not None:
-            q.put(ev)
+        entry = self._turns.get(tid)
+        if entry is not None and (entry[1] or not isinstance(ev, Token)):
+            entry[0].put(ev)
 
     @contextmanager
-    def _turn(self):
+    def _turn(self, tokens: bool = True):
+        """A turn id and the queue its events arrive in; without `tokens` only the end arrives
+        (a plain reply needs no per-token wake-ups)."""
         with self._turns_lock:
             if len(self._turns) >= self.max_pending:
                 raise ApiError(429, f"Too many requests in progress (at most {self.max_pending}); retry later.",
                                None, "too_many_requests")
             tid = self.engine.new_turn_id()
-            q = self._turns[tid] = queue.Queue()
+            q = queue.Queue()
+            self._turns[tid] = (q, tokens)
         try:
             yield tid, q
         finally:
@@ -510,7 +513,7 @@ class _Handler(BaseHTTPRequestHandler):
         if api.engine.loaded is None:
             raise ApiError(503, "No model is loaded yet.", None, "model_not_loaded")
         req = parse_chat_request(raw, api.pictures, api.max_pictures)
-        with api._turn() as (tid, q):
+        with api._turn(tokens=req.stream or bool(req.stops)) as (tid, q):
             api.activity.begin(self.client_address[0])
             try:
                 api.engine.submit(Turn("", req.messages, req.sampling, None, tid))
@@ -576,6 +579,8 @@ class _Handler(BaseHTTPRequestHandler):
                 elif isinstance(ev, TurnFailed):
                     raise _failure_status(ev.message)
                 elif isinstance(ev, TurnDone):
+                    if not req.stops:
+                        scanner.push(ev.reply)  # tokens were not sent here: the reply is the text
                     scanner.flush()
                     return self._send_json(200, {
                         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",

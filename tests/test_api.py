@@ -76,7 +76,8 @@ class Served:
                 body = body.encode()
             hdrs = {"Content-Type": "application/json"}
             hdrs.update(headers or {})
-            conn.request(method, path, body=body, headers=hdrs)
+            chunked = body is not None and not isinstance(body, bytes)  # an iterator: sent chunked
+            conn.request(method, path, body=body, headers=hdrs, encode_chunked=chunked)
             resp = conn.getresponse()
             data = resp.read()
             return resp.status, dict(resp.getheaders()), data
@@ -307,6 +308,7 @@ def _bad_cases(tmp: Path):
         ("GET on chat", ("GET", "/v1/chat/completions", None), 405, "method_not_allowed"),
         ("DELETE on models", ("DELETE", "/v1/models", None), 405, "method_not_allowed"),
         ("CORS preflight", ("OPTIONS", "/v1/chat/completions", None), 405, "method_not_allowed"),
+        ("chunked upload", ("POST", "/v1/chat/completions", iter([b'{"messages": []}'])), 411, "length_required"),
     ]
 
 

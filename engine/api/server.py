@@ -368,6 +368,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._headers_sent = False
         self._extra_headers: list[tuple[str, str]] = []
         self._is_head = method == "HEAD"
+        te = self.headers.get("Transfer-Encoding")
+        if te and te.lower() != "identity":
+            self.close_connection = True  # a body we do not read must not be taken for the next request
         try:
             self._body_left = int(self.headers.get("Content-Length") or 0)
             if self._body_left < 0:

@@ -13,7 +13,7 @@ import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -173,9 +173,12 @@ class Manifest:
 
     # -- writes (each one transaction)
     def install(self, row: SessionRow, written: list[tuple[bytes, int, int]],
-                referenced: list[tuple[bytes, int, int]]) -> SessionRow | None:
+                referenced: list[tuple[bytes, int, int]],
+                keep: Callable[[bytes], bool] = lambda k: False) -> list[bytes]:
         """Upsert blob rows, swap the session row, and move refcounts from old keys to new keys,
-        atomically. `written`/`referenced`: (key, size, kind). Returns the previous row."""
+        atomically. `written`/`referenced`: (key, size, kind). Blob rows the old row alone held
+        are deleted in the same transaction (one commit, one fsync) unless keep(key); returns
+        their keys: the caller unlinks those files after the commit."""
         now = row.last_used
         with self._txn():
             old = self.session(row.id)
@@ -190,15 +193,21 @@ class Manifest:
                     "ON CONFLICT(key) DO UPDATE SET last_use=excluded.last_use", (key, size, now, kind))
             delta = Counter(row.keys())
             delta.subtract(old.keys() if old else [])
+            freed = []
             for key, d in delta.items():
                 if d:
                     self.db.execute("UPDATE blobs SET refcount=refcount+? WHERE key=?", (d, key))
+                if d < 0 and not keep(key):
+                    rc = self.db.execute("SELECT refcount FROM blobs WHERE key=?", (key,)).fetchone()
+                    if rc is not None and rc[0] <= 0:
+                        self.db.execute("DELETE FROM blobs WHERE key=?", (key,))
+                        freed.append(key)
             self.db.execute(
                 f"INSERT OR REPLACE INTO sessions({_SESSION_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.id, row.namespace, row.block_tokens, b"".join(row.block_keys), row.tail_key,
                  row.tail_tokens, row.n_tokens, json.dumps([p.to_json() for p in row.pictures]),
                  json.dumps(row.layout.to_json()), row.state_json, row.bytes, row.last_used))
-        return old
+        return freed
 
     def drop_session(self, sid: str) -> SessionRow | None:
         with self._txn():

@@ -9,9 +9,10 @@ key, token ids and shapes check out; on the first failure the restore stops at t
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import blake3
 import numpy as np
@@ -20,14 +21,6 @@ import torch
 from .blob import BlobHeader, blob_size, header_len, parse_fixed, parse_header, read_full
 from .errors import BadBlob, MissingBlob
 from .layout import KVLayout
-
-
-@dataclass
-class RestoreResult:
-    cache: Any | None          # transformers DynamicCache holding n_tokens tokens, or None
-    n_tokens: int
-    state: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +53,8 @@ def read_layout(path: str) -> KVLayout:
 class BlobReader:
     """Fills per-layer destination tensors [1, heads, n_total, dim] from a list of ReadItems."""
 
+    DEPTH = 2  # reads in flight ahead of verification (keeps the disk busy while we hash)
+
     def __init__(self, layout: KVLayout, dest: list[tuple[torch.Tensor, torch.Tensor]],
                  executor: ThreadPoolExecutor | None):
         self.layout = layout
@@ -72,7 +67,7 @@ class BlobReader:
                         if self.direct_ok else None)
         pin = any(t.device.type == "cuda" for pair in dest for t in pair) and torch.cuda.is_available()
         self._pin = pin
-        self._staging: list[torch.Tensor | None] = [None, None]
+        self._staging: list[torch.Tensor | None] = [None] * (self.DEPTH + 1)
         self.bytes_read = 0
         self.blobs_read = 0
 
@@ -158,26 +153,41 @@ class BlobReader:
     def _place(self, item: ReadItem, buf: torch.Tensor, base: int, use: int) -> None:
         a = item.start
         for layer, kv, heads, dim, off, nbytes in self.layout.segments(item.n):
-            src = buf[base + off:base + off + nbytes].view(self.layout.dtype).view(heads, item.n, dim)
-            self.dest[layer][kv][0, :, a:a + use, :].copy_(src[:, :use, :])
+            dst = self.dest[layer][kv]
+            if dst.dtype != self.layout.dtype:  # a cast was asked for
+                src = buf[base + off:base + off + nbytes].view(self.layout.dtype).view(heads, item.n, dim)
+                dst[0, :, a:a + use, :].copy_(src[:, :use, :])
+                continue
+            # bit copy through an integer view (see layout.RAW_DTYPES)
+            raw = self.layout.raw_dtype
+            src = buf[base + off:base + off + nbytes].view(raw).view(heads, item.n, dim)[:, :use, :]
+            if dst.device.type == "cpu":
+                np.copyto(dst.view(raw).numpy()[0, :, a:a + use, :], src.numpy())
+            else:
+                dst.view(raw)[0, :, a:a + use, :].copy_(src)
 
     def run(self, items: list[ReadItem], on_fail: Callable[[ReadItem, str, str], None]) -> int:
         """Read items in order; returns how many tokens from items[0].start were placed and
         verified. Stops at the first bad or missing blob (reported through on_fail)."""
         done = 0
-        pending: Future | tuple | None = None
+        slots = self.DEPTH + 1
+        pending: deque = deque()  # Futures (or loaded results without an executor), in item order
 
-        def start(i: int):
+        def start(i: int) -> None:
             if self.executor is None:
-                return self._load(items[i], i % 2)
-            return self.executor.submit(self._load, items[i], i % 2)
+                pending.append(self._load(items[i], i % slots))
+            else:
+                pending.append(self.executor.submit(self._load, items[i], i % slots))
 
-        if items:
-            pending = start(0)
+        nxt = 0
         try:
             for i, item in enumerate(items):
-                loaded = pending.result() if isinstance(pending, Future) else pending
-                pending = start(i + 1) if i + 1 < len(items) else None
+                ahead = self.DEPTH if self.executor is not None else 0
+                while nxt < len(items) and nxt <= i + ahead:
+                    start(nxt)
+                    nxt += 1
+                head = pending.popleft()
+                loaded = head.result() if isinstance(head, Future) else head
                 try:
                     use = self._verify(item, loaded)
                 except MissingBlob:
@@ -193,5 +203,6 @@ class BlobReader:
                     return done
             return done
         finally:
-            if isinstance(pending, Future):
-                pending.result()  # never leave a read writing into memory we hand out
+            for f in pending:
+                if isinstance(f, Future):
+                    f.result()  # never leave a read writing into memory we hand out

@@ -81,9 +81,16 @@ class SpillJob:
         self.plans = plans
         self.state_json = state_json
         self._store = store
-        self._kv = kv  # held only until every unit is copied
+        # held only until every unit is copied; bit-exact integer views (layout.RAW_DTYPES), as
+        # numpy arrays for CPU tensors: torch's per-op overhead and thread pool cost 5-50x here
+        raw = layout.raw_dtype
+        self._kv = [tuple(t.detach().view(raw).numpy() if t.device.type == "cpu" else t.detach().view(raw)
+                          for t in pair) for pair in kv]
         self._to_write = [p for p in plans if p.write]
-        self._pieces: Iterator | None = self._piece_iter(store.unit_bytes)
+        # a small job is cut into ~4 units (>= 1 MiB) so the writer starts while copies go on
+        total = sum(p.size for p in self._to_write)
+        self._unit = min(store._pool.nbytes, max(1 << 20, total // 4))
+        self._pieces: Iterator | None = self._piece_iter(self._unit)
         self._next = next(self._pieces, None)
         self._handed_over = False
         self._failed: str | None = None
@@ -118,16 +125,21 @@ class SpillJob:
         t = time.perf_counter()
         pieces = []
         used = 0
+        buf_np = buf.numpy()
+        raw = self.layout.raw_dtype
+        raw_np = np.int32 if self.layout.itemsize == 4 else np.int16
         try:
             while self._next is not None:
                 p = self._next
                 wi, layer, kv, h0, h1, t0, t1, nbytes, _last = p
-                if pieces and used + nbytes > buf.numel():
+                if pieces and used + nbytes > self._unit:
                     break
                 plan = self._to_write[wi]
                 src = self._kv[layer][kv][0, h0:h1, plan.start + t0:plan.start + t1, :]
-                dst = buf[used:used + nbytes].view(self.layout.dtype).view(src.shape)
-                dst.copy_(src)  # synchronous: the data is in host memory when this returns
+                if isinstance(src, np.ndarray):  # CPU cache: plain memcpy, no intra-op thread pool
+                    np.copyto(buf_np[used:used + nbytes].view(raw_np).reshape(src.shape), src)
+                else:  # device->host into the (pinned) buffer; synchronous: done on return
+                    buf[used:used + nbytes].view(raw).view(src.shape).copy_(src)
                 pieces.append((p, used))
                 used += nbytes
                 self._next = next(self._pieces, None)

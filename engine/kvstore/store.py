@@ -6,10 +6,8 @@ Every manifest access happens under one lock.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
-import math
 import os
 import shutil
 import threading
@@ -18,18 +16,20 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
-import numpy as np
 import torch
 
-from .blob import KIND_BLOCK, KIND_TAIL, SUFFIX, TMP_SUFFIX, blob_path, blob_size, parse_header
-from .errors import BadBlob, KVStoreError, MissingBlob
-from .keys import (KEY_BYTES, ZERO_KEY, PictureSpan, block_keys, namespace_digest, normalize_pictures,
-                   normalize_tokens, tail_key)
-from .layout import KVLayout, build_cache, inspect_cache
-from .manifest import Manifest, SessionRow, encode_state
-from .restore import BlobReader, ReadItem, RestoreResult, read_layout
+from .blob import KIND_BLOCK, KIND_TAIL, blob_path, blob_size
+from .errors import KVStoreError
+from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, normalize_tokens, tail_key
+from .layout import inspect_cache
+from .manifest import SessionRow, encode_state
+from .restore import RestoreResult
+from .restore import restore as restore_impl
 from .spill import BlobPlan, SpillJob, SpillResult
-from .writer import BufferPool, WriterThread, fsync_dir
+from .sweep import open_manifest
+from .sweep import sweep as sweep_store
+from .sweep import verify as verify_store
+from .writer import BufferPool, WriterThread, fsync_dir, unlink_quiet
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,14 @@ DEFAULT_CAP = 20 * GiB
 COUNTER_NAMES = ("spills", "spill_failures", "blocks_written", "tails_written", "reused_blobs",
                  "reused_bytes", "missing_blobs", "bytes_written", "restores", "restored_tokens",
                  "restore_bytes", "bad_blobs", "evicted_sessions")
+
+
+class Counters(dict):
+    """The counters dict; also callable (store.counters() == store.counters) for callers that
+    treat it as a method."""
+
+    def __call__(self) -> "Counters":
+        return self
 
 
 class KVStore:
@@ -76,7 +84,7 @@ class KVStore:
             self._lock_file.close()
             raise KVStoreError(f"KV store {self.root} is in use by another process") from e
         try:
-            self._manifest = Manifest(os.path.join(self.root, "manifest.sqlite"))
+            self._manifest, self._manifest_reset = open_manifest(self.root)
         except Exception as e:
             self._lock_file.close()
             raise KVStoreError(f"KV store manifest in {self.root} cannot be opened: {e}") from e
@@ -88,10 +96,21 @@ class KVStore:
         self._counters: Counter = Counter({k: 0 for k in COUNTER_NAMES})
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
-        self._pool = BufferPool(self.unit_bytes, count=2, pin=pin_memory)
+        # unit_bytes budgets a unit including its share of the spill's bookkeeping (token ids,
+        # headers, manifest): the two buffers leave that room, so a spill's whole extra memory
+        # stays within 2 * unit_bytes
+        self._pin = pin_memory
+        self._buffer_bytes = self.unit_bytes - min(self.unit_bytes // 32, 1 << 20)
+        self._pool = BufferPool(self._buffer_bytes, count=2, pin=pin_memory)
         self._writer = WriterThread()
         self._reader: ThreadPoolExecutor | None = None
-        self.sweep_report = self.sweep()
+        try:
+            self.sweep_report = self.sweep()
+        except Exception:
+            self._writer.stop()
+            self._manifest.close()
+            self._lock_file.close()
+            raise
         if max_bytes is None:
             _, on_disk, _ = self._manifest.totals()
             max_bytes = min(DEFAULT_CAP, (self._free_bytes() + on_disk) // 10)
@@ -156,6 +175,15 @@ class KVStore:
         except OSError:
             return 0
 
+    def release_buffers(self) -> bool:
+        """Give the spill buffers' host memory back (e.g. when idle); the next spill reallocates.
+        Does nothing while a spill job is in flight."""
+        with self._lock:
+            if self._jobs:
+                return False
+            self._pool = BufferPool(self._buffer_bytes, count=2, pin=self._pin)
+            return True
+
     def known_blob(self, key: bytes, size: int | None = None) -> bool:
         """The manifest has the blob and its file is present with the right size (a stat, no read)."""
         with self._lock:
@@ -163,10 +191,11 @@ class KVStore:
         return row is not None and (size is None or row == size) and self._file_size(key) == row
 
     @property
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> "Counters":
+        """A snapshot: spills, blocks_written, reused_blobs, ..., bytes_on_disk, blobs_on_disk."""
         with self._lock:
             n, total, sessions = self._manifest.totals() if not self._closed else (0, 0, 0)
-            out = dict(self._counters)
+            out = Counters(self._counters)
         out.update(bytes_on_disk=total, blobs_on_disk=n, sessions=sessions,
                    host_buffer_bytes=self._pool.allocated_bytes)
         return out
@@ -189,6 +218,9 @@ class KVStore:
         """Forget a session (e.g. the conversation was deleted); its unshared blobs are removed."""
         with self._lock:
             self._check_open()
+            for job in self._jobs:  # an in-flight spill must not bring the row back
+                if job.session_id == session_id:
+                    job.fail("session dropped")
             old = self._manifest.drop_session(session_id)
             self._gc()
         return old is not None
@@ -236,7 +268,10 @@ class KVStore:
             self._spill_pins.update(p.key for p in plans)
             self._active[session_id] += 1
             self._jobs.add(job)
-            error = self._precheck_space(job)
+            try:
+                error = self._precheck_space(job)
+            except Exception as e:  # e.g. a manifest error while evicting: report, don't leak the job
+                error = f"checking disk space failed: {e}"
         if error:
             job.fail(error)
             job.step()  # hands the failed job to the writer, which reports it
@@ -266,35 +301,37 @@ class KVStore:
         return None
 
     def _finish_job(self, job: SpillJob) -> None:
-        """Writer thread: after the job's last unit. Commit it, or clean it up."""
+        """Writer thread: after the job's last unit. Commit it, or clean it up. Always completes
+        the job (a waiter must never hang)."""
         ok = False
-        if not job.failed:
-            try:
-                if self.durable:
-                    for d in sorted(job.dirs):
-                        fsync_dir(d)  # the renames are durable before the row naming them
-                self._install(job)
-                ok = True
-            except Exception as e:
-                job.fail(f"installing the session failed: {e}")
-        with self._lock:
-            job._discard_open()
-            self._spill_pins.subtract(p.key for p in job.plans)
-            self._spill_pins += Counter()  # drop zero counts
-            self._active[job.session_id] -= 1
-            if self._active[job.session_id] <= 0:
-                del self._active[job.session_id]
-            self._jobs.discard(job)
-            if ok:
-                try:  # eviction happens after the new row is installed
+        try:
+            if not job.failed:
+                try:
+                    if self.durable:
+                        for d in sorted(job.dirs):
+                            fsync_dir(d)  # the renames are durable before the row naming them
+                    self._install(job)
+                    ok = True
+                except Exception as e:
+                    job.fail(f"installing the session failed: {e}")
+            with self._lock:
+                job._discard_open()
+                self._spill_pins.subtract(p.key for p in job.plans)
+                self._spill_pins += Counter()  # drop zero counts
+                self._active[job.session_id] -= 1
+                if self._active[job.session_id] <= 0:
+                    del self._active[job.session_id]
+                self._jobs.discard(job)
+                if ok:  # eviction happens after the new row is installed
                     self._gc()
                     job.stats.evicted_sessions = self._evict({job.session_id})
-                except Exception:
-                    log.exception("kvstore eviction failed")
-            else:
-                self._counters["spill_failures"] += 1
-                self._remove_uninstalled(job)
-        job._complete(ok)
+                else:
+                    self._counters["spill_failures"] += 1
+                    self._remove_uninstalled(job)
+        except Exception:
+            log.exception("kvstore: cleanup after a spill failed")  # the startup sweep tidies up
+        finally:
+            job._complete(ok)
 
     def _install(self, job: SpillJob) -> None:
         B = self.block_tokens
@@ -309,7 +346,13 @@ class KVStore:
         referenced = [(p.key, p.size, p.kind) for p in job.plans if not p.write]
         with self._lock:
             self._check_open()
-            self._manifest.install(row, written, referenced)
+            if job.failed:  # e.g. dropped meanwhile; checked under the lock drop_session holds
+                raise KVStoreError(job.failed)
+            # old blobs only this session held go in the same transaction, their files right after
+            freed = self._manifest.install(row, written, referenced,
+                                           keep=lambda k: self._spill_pins[k] > 0 or self._read_pins[k] > 0)
+            for key in freed:
+                unlink_quiet(self._path(key))
             s = job.stats
             c = self._counters
             c["spills"] += 1
@@ -326,7 +369,7 @@ class KVStore:
         rows = self._manifest.blob_sizes(keys)
         for p in job.written:
             if p.key not in rows and not self._spill_pins[p.key] and not self._read_pins[p.key]:
-                _unlink(p.path)
+                unlink_quiet(p.path)
 
     # ------------------------------------------------------------------ refcounts / eviction
     def _gc(self) -> None:
@@ -338,7 +381,7 @@ class KVStore:
             return
         self._manifest.delete_blobs([k for k, _ in cands])
         for k, _ in cands:
-            _unlink(self._path(k))
+            unlink_quiet(self._path(k))
 
     def _evict_one(self, protect: set[str]) -> bool:
         for sid, _ in self._manifest.lru_sessions():
@@ -364,145 +407,31 @@ class KVStore:
     def sweep(self) -> dict:
         """Remove temp files and blob files the manifest does not reference; reconcile refcounts.
         Decided from the manifest and a directory listing only: no payload is read."""
-        report = {"tmp_removed": 0, "orphans_removed": 0, "unreferenced_removed": 0,
-                  "missing_rows": 0, "size_mismatch_removed": 0}
-        files: dict[bytes, int] = {}
-        for sub in sorted(os.listdir(self.blobs_dir)):
-            d = os.path.join(self.blobs_dir, sub)
-            if not os.path.isdir(d):
-                continue
-            with os.scandir(d) as it:
-                for ent in it:
-                    if ent.name.endswith(TMP_SUFFIX):
-                        if _unlink(ent.path):
-                            report["tmp_removed"] += 1
-                    elif ent.name.endswith(SUFFIX) and len(ent.name) == 2 * KEY_BYTES + len(SUFFIX):
-                        try:
-                            files[bytes.fromhex(ent.name[:2 * KEY_BYTES])] = ent.stat().st_size
-                        except (ValueError, OSError):
-                            pass
         with self._lock:
-            rec = self._manifest.reconcile(files)
-            report["missing_rows"] = rec["missing_rows"]
-            keep = self._manifest.all_blobs()
-            self._gc()
-            report["unreferenced_removed"] = len(rec["unreferenced"])
-            for key in rec["size_mismatch"]:
-                if _unlink(self._path(key)):  # torn file: the next spill rewrites it
-                    report["size_mismatch_removed"] += 1
-            for key in files:
-                if key not in keep:
-                    if _unlink(self._path(key)):
-                        report["orphans_removed"] += 1
-        return report
+            if self._jobs:  # their temp and renamed files would look like orphans
+                raise KVStoreError("sweep while spills are in flight")
+            return sweep_store(self)
 
     # ------------------------------------------------------------------ restore
     def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[Any] = (),
                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *,
                 namespace: bytes | str | None = None, max_tokens: int | None = None,
                 shared: bool = True, cut_pictures: bool = True) -> RestoreResult:
-        """Restore the longest verified prefix of `token_ids` the store holds.
+        """Restore the longest verified prefix of `token_ids` (and pictures) the store holds.
 
         Uses the session's own blocks and tail, and (shared=True) any session's blocks whose
-        chained keys match the given tokens. max_tokens caps the prefix (the engine passes
-        len(prompt) - 1 so one token is left to prefill). cut_pictures: never end inside a
-        picture span. `state` is the session row's state when the session's own row was usable
-        (stats['state_complete'] says whether it describes exactly n_tokens tokens)."""
-        t0 = time.perf_counter()
-        tokens = normalize_tokens(token_ids)
-        pictures = normalize_pictures(picture_spans)
-        ns = self._ns(namespace)
-        B = self.block_tokens
-        limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), int(max_tokens)))
-        keys = block_keys(ns, tokens, pictures, B, limit_blocks=math.ceil(limit / B))
-        stats: dict[str, Any] = {"source": "none", "blobs_read": 0, "bytes_read": 0, "bad_blobs": 0,
-                                 "missing_blobs": 0, "session_tokens": 0, "state_complete": False}
-        with self._lock:
-            self._check_open()
-            row = self._manifest.session(session_id) if session_id is not None else None
-            usable = row is not None and row.namespace == ns and row.block_tokens == B
-            own = row.block_keys if usable else []
-            present = self._manifest.blob_sizes(keys) if shared else {}
-            chain: list[bytes] = []
-            from_own = 0
-            for i, k in enumerate(keys):
-                if i < len(own) and own[i] == k:
-                    from_own += 1
-                elif k not in present:
-                    break
-                chain.append(k)
-            use_tail = (usable and row.tail_key is not None and from_own == len(own) == len(chain)
-                        and len(own) * B < limit)
-            pins = chain + ([row.tail_key] if use_tail else [])
-            self._read_pins.update(pins)
-        try:
-            if usable:
-                stats["session_tokens"] = row.n_tokens
-            if not pins:
-                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
-            stats["source"] = ("session" if from_own == len(chain) else
-                               "shared" if from_own == 0 else "session+shared")
-            try:
-                layout = row.layout if usable else read_layout(self._path(chain[0]))
-            except (BadBlob, MissingBlob) as e:
-                self._blob_failed(chain[0], "missing" if isinstance(e, MissingBlob) else "bad", stats)
-                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
-            n_plan = min(limit, len(chain) * B + (row.tail_tokens if use_tail else 0))
-            if cut_pictures:
-                n_plan = _cut_at_pictures(n_plan, pictures)
-            items = []
-            for i, k in enumerate(chain):
-                if i * B >= n_plan:
-                    break
-                items.append(ReadItem(k, self._path(k), KIND_BLOCK, i * B, B, min(B, n_plan - i * B),
-                                      tokens[i * B:(i + 1) * B]))
-            base = len(chain) * B
-            if use_tail and n_plan > base:
-                accept = _tail_acceptor(tokens, pictures, row, base)
-                items.append(ReadItem(row.tail_key, self._path(row.tail_key), KIND_TAIL, base,
-                                      row.tail_tokens, n_plan - base, None, accept))
-            if not items:
-                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
-            dev = torch.device(device)
-            out_dtype = dtype or layout.dtype
-            dest = [(torch.empty((1, kh, n_plan, kd), dtype=out_dtype, device=dev),
-                     torch.empty((1, vh, n_plan, vd), dtype=out_dtype, device=dev))
-                    for kh, kd, vh, vd in layout.shapes]
-            if self._reader is None:
-                self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvstore-read")
-            reader = BlobReader(layout, dest, self._reader)
-            n = reader.run(items, lambda it, why, detail: self._blob_failed(it.key, why, stats, detail))
-            stats["blobs_read"] = reader.blobs_read
-            stats["bytes_read"] = reader.bytes_read
-            if cut_pictures:
-                n = _cut_at_pictures(n, pictures)
-            if n == 0:
-                return self._restore_done(RestoreResult(None, 0, {}, stats), t0)
-            if n < n_plan:
-                dest = [(_shrink(k, n), _shrink(v, n)) for k, v in dest]
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            cache = build_cache(dest)
-            state = row.state if usable else {}
-            stats["state_complete"] = bool(usable and n == row.n_tokens)
-            with self._lock:
-                self._counters["restores"] += 1
-                self._counters["restored_tokens"] += n
-                self._counters["restore_bytes"] += reader.bytes_read
-                if usable and from_own and not self._closed:
-                    try:  # LRU: a restored session is in use; a failed touch must not fail the restore
-                        self._manifest.touch(session_id, time.time())
-                    except Exception as e:
-                        log.warning("kvstore: cannot record use of session %s: %s", session_id, e)
-            return self._restore_done(RestoreResult(cache, n, state, stats), t0)
-        finally:
-            with self._lock:
-                self._read_pins.subtract(pins)
-                self._read_pins += Counter()
+        chained keys match the given tokens, so a new conversation with a known opening restores
+        it. max_tokens caps the prefix (the engine passes len(prompt) - 1, leaving one token to
+        prefill). cut_pictures: never end inside a picture span. dtype: cast on the way in.
+        `state` is the session row's state when its row was usable; stats['state_complete']
+        says whether that state describes exactly n_tokens tokens. Bad or missing blobs are
+        counted and end the prefix; they are never served."""
+        return restore_impl(self, session_id, token_ids, picture_spans, device, dtype, namespace,
+                            max_tokens, shared, cut_pictures)
 
-    def _restore_done(self, result: RestoreResult, t0: float) -> RestoreResult:
-        result.stats["seconds"] = time.perf_counter() - t0
-        return result
+    def verify(self) -> dict:
+        """Deep check (reads every referenced blob): tests and diagnostics, not the hot path."""
+        return verify_store(self)
 
     def _blob_failed(self, key: bytes, why: str, stats: dict, detail: str = "") -> None:
         with self._lock:
@@ -515,96 +444,5 @@ class KVStore:
                 log.warning("kvstore: discarding bad blob %s: %s", key.hex(), detail)
                 # remove it so the next spill sees it missing and rewrites it; never serve it
                 if not self._spill_pins[key]:
-                    _unlink(self._path(key))
+                    unlink_quiet(self._path(key))
 
-    # ------------------------------------------------------------------ diagnostics
-    def verify(self) -> dict:
-        """Deep check (reads every referenced blob): for tests and diagnostics, not the hot path."""
-        report: dict[str, Any] = {"sessions": 0, "blobs_ok": 0, "bad": [], "missing": [], "refcount_errors": []}
-        with self._lock:
-            rows = self._manifest.sessions()
-            blobs = self._manifest.all_blobs()
-        refs: Counter = Counter()
-        for row in rows:
-            report["sessions"] += 1
-            refs.update(row.keys())
-        for key, n in refs.items():
-            if key not in blobs:
-                report["refcount_errors"].append((key.hex(), "no row"))
-            elif blobs[key][1] != n:
-                report["refcount_errors"].append((key.hex(), f"refcount {blobs[key][1]} != {n}"))
-            try:
-                _check_blob_file(self._path(key), key)
-                report["blobs_ok"] += 1
-            except MissingBlob:
-                report["missing"].append(key.hex())
-            except BadBlob as e:
-                report["bad"].append((key.hex(), str(e)))
-        return report
-
-
-# ---------------------------------------------------------------------- module helpers
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ENOTDIR):
-            log.warning("kvstore: cannot remove %s: %s", path, e)
-        return False
-
-
-def _check_blob_file(path: str, key: bytes) -> None:
-    import blake3
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError as e:
-        raise MissingBlob(path) from e
-    hdr = parse_header(memoryview(data))
-    if hdr.key != key:
-        raise BadBlob("key mismatch")
-    if len(data) != hdr.header_len + hdr.payload_len:
-        raise BadBlob("size mismatch")
-    if blake3.blake3(memoryview(data)[hdr.header_len:]).digest() != hdr.payload_digest:
-        raise BadBlob("payload checksum mismatch")
-
-
-def _cut_at_pictures(n: int, pictures: tuple[PictureSpan, ...]) -> int:
-    """Move n back so it does not split a picture (its features are injected whole)."""
-    changed = True
-    while changed:
-        changed = False
-        for p in pictures:
-            if p.start < n < p.end:
-                n = p.start
-                changed = True
-    return n
-
-
-def _tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):
-    """How many of a stored tail's tokens the new prompt shares: equal token ids, and the same
-    pictures (same span, same key) over that range."""
-    def accept(hdr) -> int:
-        stored = hdr.tokens
-        given = tokens[base:base + len(stored)]
-        m = min(len(stored), len(given))
-        diff = np.nonzero(stored[:m] != given[:m])[0]
-        if len(diff):
-            m = int(diff[0])
-        end = base + m
-        mine = {p for p in row.pictures if p.overlaps(base, end)}
-        theirs = {p for p in pictures if p.overlaps(base, end)}
-        for p in mine ^ theirs:
-            end = min(end, max(base, p.start))
-        return end - base
-    return accept
-
-
-def _shrink(t: torch.Tensor, n: int) -> torch.Tensor:
-    """The first n tokens; copied out when the view would pin much unused memory."""
-    view = t[:, :, :n, :]
-    return view if n * 8 >= t.shape[2] * 7 else view.clone()

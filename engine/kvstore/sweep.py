@@ -1,0 +1,125 @@
+"""Startup sweep and deep verification of a store directory.
+
+The sweep decides from the manifest and a directory listing (names and sizes) only; it never
+reads a payload, so it costs the same whatever the store holds.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from .blob import SUFFIX, TMP_SUFFIX, parse_header
+from .errors import BadBlob, MissingBlob
+from .keys import KEY_BYTES
+from .manifest import Manifest
+from .writer import unlink_quiet
+
+if TYPE_CHECKING:
+    from .store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+def open_manifest(root: str) -> tuple[Manifest, bool]:
+    """Open the manifest; a corrupt one is set aside and replaced by an empty one (the store is a
+    cache: the sweep then removes the blobs nobody references any more). Returns (manifest, reset)."""
+    path = os.path.join(root, "manifest.sqlite")
+    try:
+        m = Manifest(path)
+        if m.db.execute("PRAGMA quick_check").fetchone()[0] == "ok":
+            return m, False
+        m.close()
+    except sqlite3.DatabaseError:
+        pass
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, f"{path}.corrupt-{stamp}{suffix}")
+    log.warning("kvstore: manifest in %s was corrupt; set aside, starting empty", root)
+    return Manifest(path), True
+
+
+def list_blob_files(blobs_dir: str, report: dict) -> dict[bytes, int]:
+    """key -> size of every blob file; temp files (a write a crash interrupted) are deleted."""
+    files: dict[bytes, int] = {}
+    for sub in sorted(os.listdir(blobs_dir)):
+        d = os.path.join(blobs_dir, sub)
+        if not os.path.isdir(d):
+            continue
+        with os.scandir(d) as it:
+            for ent in it:
+                if ent.name.endswith(TMP_SUFFIX):
+                    if unlink_quiet(ent.path):
+                        report["tmp_removed"] += 1
+                elif ent.name.endswith(SUFFIX) and len(ent.name) == 2 * KEY_BYTES + len(SUFFIX):
+                    try:
+                        files[bytes.fromhex(ent.name[:2 * KEY_BYTES])] = ent.stat().st_size
+                    except (ValueError, OSError):
+                        pass
+    return files
+
+
+def sweep(store: "KVStore") -> dict:
+    """Called with the store's lock held and no spill in flight."""
+    report = {"tmp_removed": 0, "orphans_removed": 0, "unreferenced_removed": 0,
+              "missing_rows": 0, "size_mismatch_removed": 0, "manifest_reset": store._manifest_reset}
+    files = list_blob_files(store.blobs_dir, report)
+    rec = store._manifest.reconcile(files)
+    report["missing_rows"] = rec["missing_rows"]  # kept: restores stop there, spills rewrite them
+    keep = store._manifest.all_blobs()
+    store._gc()  # rows no session references (and their files)
+    report["unreferenced_removed"] = len(rec["unreferenced"])
+    for key in rec["size_mismatch"]:
+        if unlink_quiet(store._path(key)):  # torn file: the next spill rewrites it
+            report["size_mismatch_removed"] += 1
+    for key in files:
+        if key not in keep and unlink_quiet(store._path(key)):  # written, never committed
+            report["orphans_removed"] += 1
+    return report
+
+
+def check_blob_file(path: str, key: bytes) -> None:
+    """Read and fully verify one blob; raises MissingBlob or BadBlob."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        raise MissingBlob(path) from e
+    hdr = parse_header(memoryview(data))
+    if hdr.key != key:
+        raise BadBlob("key mismatch")
+    if len(data) != hdr.header_len + hdr.payload_len:
+        raise BadBlob("size mismatch")
+    if blake3.blake3(memoryview(data)[hdr.header_len:]).digest() != hdr.payload_digest:
+        raise BadBlob("payload checksum mismatch")
+
+
+def verify(store: "KVStore") -> dict[str, Any]:
+    """Deep check (reads every referenced blob): for tests and diagnostics, not the hot path."""
+    report: dict[str, Any] = {"sessions": 0, "blobs_ok": 0, "bad": [], "missing": [], "refcount_errors": []}
+    with store._lock:
+        rows = store._manifest.sessions()
+        blobs = store._manifest.all_blobs()
+    refs: Counter = Counter()
+    for row in rows:
+        report["sessions"] += 1
+        refs.update(row.keys())
+    for key, n in refs.items():
+        if key not in blobs:
+            report["refcount_errors"].append((key.hex(), "no row"))
+        elif blobs[key][1] != n:
+            report["refcount_errors"].append((key.hex(), f"refcount {blobs[key][1]} != {n}"))
+        try:
+            check_blob_file(store._path(key), key)
+            report["blobs_ok"] += 1
+        except MissingBlob:
+            report["missing"].append(key.hex())
+        except BadBlob as e:
+            report["bad"].append((key.hex(), str(e)))
+    return report

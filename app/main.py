@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QApplication
 from .icons import app_icon
 from .model_catalog import DEMO_MODEL
 from .preferences import Preferences
-from .theme import apply_theme, follow_system
+from .theme import apply_theme
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     history = History(data_dir)
     bridge = EngineBridge.create(engine_settings, data_dir)
     window = MainWindow(bridge, history, prefs, data_dir)
-    follow_system(app, prefs.theme, window.refresh_icons)
     window.show()
     window.load_model(choose_model(model_path, prefs))
     try:

@@ -49,7 +49,8 @@ class MainWindow(QMainWindow):
         self._closed = False
         self._turn_t0: dict[int, float] = {}
 
-        history.purge_deleted()  # deletions from earlier sessions are final
+        for cid in history.purge_deleted():  # deletions from earlier sessions are final
+            bridge.forget(cid)  # and the engine may drop what it kept for them
         history.purge_orphan_pictures()
 
         self.messages = MessageListModel(self)
@@ -86,6 +87,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._wire()
         self._restore_layout()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
         self.sidebar.refresh()
         convs = history.list_conversations()
         self.controller.open_conversation(convs[0].id if convs else None)
@@ -345,6 +347,11 @@ class MainWindow(QMainWindow):
         apply_theme(QApplication.instance(), self.prefs.theme())
         self.refresh_icons()
 
+    def _on_color_scheme(self, _scheme) -> None:
+        if self.prefs.theme() == "system" and not self._closed:
+            apply_theme(QApplication.instance(), "system")
+            self.refresh_icons()
+
     def refresh_icons(self) -> None:
         self.composer.attach.setIcon(icon("attach"))
         self.composer.set_generating(self.controller.is_generating())
@@ -375,6 +382,7 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         self._closed = True
+        QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._on_color_scheme)
         self.vram.stop()
         self.sidebar.stop()
         self.controller.shutdown()

@@ -60,13 +60,3 @@ def apply_theme(app: QApplication, mode: str = "system") -> None:
     qss = resources_dir() / "theme.qss"
     app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
     clear_icon_cache()
-
-
-def follow_system(app: QApplication, mode_getter, on_change=None) -> None:
-    """Re-apply when the desktop switches light/dark (only matters in "system" mode)."""
-    def changed(_scheme) -> None:
-        if mode_getter() == "system":
-            apply_theme(app, "system")
-            if on_change:
-                on_change()
-    QGuiApplication.styleHints().colorSchemeChanged.connect(changed)

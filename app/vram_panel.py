@@ -25,18 +25,20 @@ COMPONENT_NAMES = {
     "hot_kv": "Hot KV cache",
     "image_cache_ram": "Image cache (RAM)",
     "image_cache_disk": "Image cache (disk)",
+    "kv_store_disk": "KV store (disk)",
 }
 
 
 def on_device(key: str) -> bool:
     """Disk-resident components are listed but not stacked in the memory bar."""
     return "disk" not in key
-STORE_KEYS = [("store_bytes", "Bytes on disk", True), ("store_blocks", "Blocks", False),
-              ("reused_blobs", "Reused blocks", False), ("reused_bytes", "Reused bytes", True),
-              ("blocks_written", "Blocks written", False), ("spills", "Spills", False),
-              ("restores", "Restores", False), ("restore_bytes", "Restored bytes", True),
-              ("missing_blobs", "Missing blocks", False), ("bad_blobs", "Bad blocks", False),
-              ("image_cache_disk_bytes", "Image cache on disk", True)]
+# The engine reports the SSD store's counters with a "store_" prefix.
+STORE_KEYS = [("store_bytes_on_disk", "Bytes on disk", True), ("store_blobs_on_disk", "Blocks on disk", False),
+              ("store_reused_blobs", "Reused blocks", False), ("store_reused_bytes", "Reused bytes", True),
+              ("store_blocks_written", "Blocks written", False), ("store_spills", "Spills", False),
+              ("store_restores", "Restores", False), ("store_restore_bytes", "Restored bytes", True),
+              ("store_missing_blobs", "Missing blocks", False), ("store_bad_blobs", "Bad blocks", False),
+              ("store_sessions", "Conversations stored", False)]
 TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encode_s", "Encode", "s"),
              ("restore_s", "Restore", "s"), ("first_token_s", "First token", "s"),
              ("tokens_per_s", "Speed", "tok/s"), ("prompt_tokens", "Prompt tokens", ""),
@@ -229,7 +231,12 @@ class VramPanel(QDockWidget):
                     self.store_rows.set(key, title, exact_bytes(v) if is_bytes else _num(v))
             store_keys = {k for k, _, _ in STORE_KEYS}
             for key, v in sorted(r.counters.items()):
-                if key not in store_keys:
+                if key.startswith("store_"):
+                    if key not in store_keys:
+                        title = key[len("store_"):].replace("_", " ").capitalize()
+                        text = exact_bytes(v) if key.endswith("bytes") else _num(v)
+                        self.store_rows.set(key, title, text)
+                else:
                     self.counter_rows.set(key, key.replace("_", " "), _num(v))
         spills = [f"{self.title_for(cid)}: {s.state}" + (f" — {s.detail}" if s.detail else "")
                   for cid, s in self.spill_states.items()]

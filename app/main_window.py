@@ -181,7 +181,7 @@ class MainWindow(QMainWindow):
         self.chat.actionTriggered.connect(self._message_action)
         self.chat.mimeDropped.connect(lambda mime: self.composer.take_mime(mime, "dropped"))
         self.chat.delegate.pictureClicked.connect(lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p)))
-        self.chat.delegate.linkClicked.connect(lambda href: QDesktopServices.openUrl(QUrl(href)))
+        self.chat.delegate.linkClicked.connect(self._open_link)
 
     # ------------------------------------------------------------ model
 
@@ -279,6 +279,13 @@ class MainWindow(QMainWindow):
             self.composer.begin_edit(message_id, msg.text, atts)
         elif name == "regenerate":
             self.controller.regenerate(message_id)
+
+    def _open_link(self, href: str) -> None:
+        url = QUrl(href)
+        if url.scheme() in ("http", "https", "mailto"):  # a reply must not open local files
+            QDesktopServices.openUrl(url)
+        else:
+            self.statusBar().showMessage(f"Not opened: {href}", 4000)
 
     def paste_into_composer(self) -> None:
         mime = QGuiApplication.clipboard().mimeData()

@@ -56,7 +56,8 @@ class MessageDelegate(QStyledItemDelegate):
         self._md = MarkdownRenderer()
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument]] = OrderedDict()
         self._sizes: dict[int, tuple[tuple, int]] = {}
-        self.thumbs = ThumbnailCache()
+        self.thumbs = ThumbnailCache(parent=self)
+        self.thumbs.ready.connect(lambda: self._view.viewport().update())
         self.hover: tuple[int, str] | None = None  # (message id, action) under the mouse
         self.doc_capacity = 400
         self._reserved: dict[int, int] = {}  # streaming message id -> height reserved for it
@@ -215,6 +216,11 @@ class MessageDelegate(QStyledItemDelegate):
         dpr = painter.device().devicePixelRatioF() if painter.device() else 1.0
         for path, rect in geo.thumbs:
             pm = self.thumbs.get(path, THUMB, dpr)
+            if pm is None:  # still decoding
+                painter.setPen(Qt.PenStyle.NoPen)
+                painter.setBrush(mix(base, text, 0.10))
+                painter.drawRoundedRect(QRectF(rect), 6, 6)
+                continue
             if pm.isNull():
                 painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
                 painter.setBrush(Qt.BrushStyle.NoBrush)

@@ -1,9 +1,14 @@
-"""Small pixmaps of pictures, decoded once at thumbnail size and kept in an LRU."""
+"""Small pixmaps of pictures, decoded off the UI thread at thumbnail size and kept in an LRU.
+
+Decoding a 12-megapixel photo takes tens of milliseconds; done while painting, every picture
+scrolling into view would hitch the list. So a miss starts a decode on the thread pool and
+paints a placeholder; `ready` asks the view to repaint when the pixmap exists.
+"""
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QObject, QRunnable, QSize, Qt, QThreadPool, Signal
 from PySide6.QtGui import QImage, QImageReader, QPixmap
 
 
@@ -21,27 +26,60 @@ def read_scaled(path: str, box: int) -> QImage:
     return img
 
 
-class ThumbnailCache:
-    def __init__(self, capacity: int = 256):
-        self._cache: OrderedDict[tuple[str, int, float], QPixmap] = OrderedDict()
-        self.capacity = capacity
+class _Decode(QRunnable):
+    def __init__(self, key: tuple, done: Signal):
+        super().__init__()
+        self.key, self.done = key, done
 
-    def get(self, path: str, box: int, dpr: float = 1.0) -> QPixmap:
+    def run(self) -> None:  # pool thread: QImage (not QPixmap) is safe here
+        path, box, dpr = self.key
+        img = read_scaled(path, int(box * dpr))
+        try:
+            self.done.emit(self.key, img)
+        except RuntimeError:  # the cache went away with its window meanwhile
+            pass
+
+
+class ThumbnailCache(QObject):
+    ready = Signal()  # a thumbnail finished decoding: repaint
+    _decoded = Signal(object, QImage)
+
+    def __init__(self, capacity: int = 256, parent: QObject | None = None):
+        super().__init__(parent)
+        self._cache: OrderedDict[tuple, QPixmap] = OrderedDict()
+        self._pending: set[tuple] = set()
+        self.capacity = capacity
+        self.pool = QThreadPool.globalInstance()
+        self._decoded.connect(self._on_decoded, Qt.ConnectionType.QueuedConnection)
+
+    def get(self, path: str, box: int, dpr: float = 1.0) -> QPixmap | None:
+        """The pixmap if decoded (a null pixmap if the file is unreadable); None while decoding."""
         key = (path, box, dpr)
         pm = self._cache.get(key)
         if pm is not None:
             self._cache.move_to_end(key)
             return pm
-        img = read_scaled(path, int(box * dpr))
+        if key not in self._pending:
+            self._pending.add(key)
+            self.pool.start(_Decode(key, self._decoded))
+        return None
+
+    def get_now(self, path: str, box: int, dpr: float = 1.0) -> QPixmap:
+        """Decode on this thread if needed (small previews that must show at once)."""
+        key = (path, box, dpr)
+        if key not in self._cache:
+            self._store(key, read_scaled(path, int(box * dpr)))
+        return self._cache[key]
+
+    def _on_decoded(self, key: tuple, img: QImage) -> None:
+        self._pending.discard(key)
+        self._store(key, img)
+        self.ready.emit()
+
+    def _store(self, key: tuple, img: QImage) -> None:
         pm = QPixmap.fromImage(img) if not img.isNull() else QPixmap()
         if not pm.isNull():
-            pm.setDevicePixelRatio(dpr)
+            pm.setDevicePixelRatio(key[2])
         self._cache[key] = pm
         if len(self._cache) > self.capacity:
             self._cache.popitem(last=False)
-        return pm
-
-    def put_image(self, path: str, box: int, img: QImage, dpr: float = 1.0) -> None:
-        pm = QPixmap.fromImage(img)
-        pm.setDevicePixelRatio(dpr)
-        self._cache[(path, box, dpr)] = pm

@@ -61,7 +61,8 @@ def test_stop_with_escape_keeps_the_partial_reply(make_window, qtbot):
     w.bridge.turnDone.connect(done.append)
     send(qtbot, w, "Describe the picture in detail.")
     qtbot.waitUntil(lambda: len(w.messages.items()[-1].text) > 20, timeout=TIMEOUT_MS)
-    qtbot.keyClick(w.chat, Qt.Key.Key_Escape)
+    w.composer.edit.setFocus()
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Escape)  # Esc works where the user types
     wait_reply(qtbot, w)
     reply = w.messages.items()[-1]
     assert reply.status == INTERRUPTED and not reply.streaming and reply.text

@@ -133,3 +133,18 @@ def test_remove_an_attachment(make_window, qtbot, tmp_path):
     chip = w.composer.chips.itemAt(0).widget()
     qtbot.mouseClick(chip.remove, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: [x.name for x in w.composer.attachments()] == ["b.png"], timeout=2000)
+
+
+def test_chat_thumbnails_decode_off_the_ui_thread(qtbot, tmp_path):
+    from app.thumbnails import ThumbnailCache
+
+    cache = ThumbnailCache()
+    big = make_picture(tmp_path / "big.jpg", seed=3, size=(3000, 2000), fmt="JPEG")
+    with qtbot.waitSignal(cache.ready, timeout=10000):
+        assert cache.get(str(big), 112) is None  # not decoded yet: the view paints a placeholder
+    pm = cache.get(str(big), 112)
+    assert pm.width() == 112 and 74 <= pm.height() <= 75
+    broken = make_broken_picture(tmp_path / "cut.png")
+    with qtbot.waitSignal(cache.ready, timeout=10000):
+        cache.get(str(broken), 112)
+    assert cache.get(str(broken), 112).isNull()  # unreadable: drawn as "picture missing"

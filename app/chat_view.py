@@ -46,6 +46,12 @@ class ChatView(QListView):
         self._layout_timer = QTimer(self)
         self._layout_timer.setSingleShot(True)
         self._layout_timer.timeout.connect(self._relayout)
+        self._stream_clock = QElapsedTimer()
+        self._stream_row = 0
+        self._stream_timer = QTimer(self)
+        self._stream_timer.setSingleShot(True)
+        self._stream_timer.timeout.connect(lambda: (self._stream_clock.start(),
+                                                    self._render_grown(self._stream_row)))
         self.delegate.actionTriggered.connect(self.actionTriggered)
         self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
@@ -75,6 +81,21 @@ class ChatView(QListView):
         self._relayout()
 
     def _on_text_grew(self, row: int) -> None:
+        # Re-rendering a long reply costs milliseconds (Markdown + layout), so it runs at most
+        # every 3x its own cost: a 12 KB reply re-renders ~25 times a second, a 40 KB one ~8.
+        gap = 3 * self.delegate.last_stream_build_ms
+        if self._stream_clock.isValid() and self._stream_clock.elapsed() < gap:
+            self._stream_row = row
+            if not self._stream_timer.isActive():
+                self._stream_timer.start(max(1, int(gap - self._stream_clock.elapsed())))
+            return
+        self._stream_clock.start()
+        self._stream_timer.stop()
+        self._render_grown(row)
+
+    def _render_grown(self, row: int) -> None:
+        if row >= self.msg_model.rowCount():
+            return
         # A relayout asks every row for its size, so it is skipped while the streaming row keeps
         # its height (the delegate reserves a few lines ahead) and rate-limited when it grows.
         index = self.msg_model.index(row, 0)

@@ -7,6 +7,7 @@ own document.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ class MessageDelegate(QStyledItemDelegate):
         self.thumbs.ready.connect(lambda: self._view.viewport().update())
         self.hover: tuple[int, str] | None = None  # (message id, action) under the mouse
         self.doc_capacity = 400
+        self.last_stream_build_ms = 0.0  # what re-rendering the streaming reply cost last time
         self._reserved: dict[int, int] = {}  # streaming message id -> height reserved for it
         self._font_key = view.font().key()
 
@@ -88,6 +90,7 @@ class MessageDelegate(QStyledItemDelegate):
         if hit is not None and hit[0] == key:
             self._docs.move_to_end(mid)
             return hit[1]
+        started = time.perf_counter()
         pal = self._view.palette()
         doc = QTextDocument()
         doc.setDocumentMargin(0)
@@ -102,6 +105,8 @@ class MessageDelegate(QStyledItemDelegate):
         else:
             doc.setHtml(plain_html(text))
         doc.setTextWidth(text_width)
+        if it.streaming:
+            self.last_stream_build_ms = (time.perf_counter() - started) * 1000
         self._docs[mid] = (key, doc)
         if len(self._docs) > self.doc_capacity:
             self._docs.popitem(last=False)

@@ -47,3 +47,11 @@ def test_events_after_shutdown_are_dropped(qtbot, tmp_path):
     t.join()
     qtbot.wait(100)
     assert got == []
+
+
+def test_many_signal_emits_do_not_exhaust_a_refcount():
+    """PySide6 6.12 on Python 3.11 drops a reference to True per emit; without the workaround in
+    app/pyside_refcount_fix.py this aborts the process long before 50,000 emits."""
+    from app import pyside_refcount_fix
+
+    assert pyside_refcount_fix.self_test(50_000)

@@ -22,6 +22,14 @@ ProblemRole = Qt.ItemDataRole.UserRole + 2
 SOURCE_TITLES = {"demo": "Demo", "recent": "Recent", "cache": "Hugging Face cache"}
 
 
+def problem_tag(e: ModelEntry) -> str:
+    if e.source == "demo" and "not installed" in (e.problem or ""):
+        return "not installed yet"
+    if (e.problem or "").startswith("Unsupported architecture"):
+        return "unsupported"
+    return "cannot load"
+
+
 class ModelPicker(QDialog):
     def __init__(self, recent: list[str], check: Callable[[Path], str | None],
                  hub: Path | None = None, current: str | None = None, parent=None):
@@ -35,6 +43,11 @@ class ModelPicker(QDialog):
         self.list = QListWidget()
         self.list.setObjectName("modelList")
         lay.addWidget(self.list, 1)
+        self.path_label = QLabel()
+        self.path_label.setObjectName("mutedLabel")
+        self.path_label.setWordWrap(True)
+        self.path_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.path_label)
         self.why = QLabel()
         self.why.setObjectName("problemLabel")
         self.why.setWordWrap(True)
@@ -80,7 +93,7 @@ class ModelPicker(QDialog):
         if e.source == "demo":
             label += "  ·  demo"
         if e.problem:
-            label += "  ·  unsupported"
+            label += "  ·  " + problem_tag(e)
         it = QListWidgetItem(label)
         it.setData(PathRole, e.path)
         it.setData(ProblemRole, e.problem)
@@ -94,7 +107,9 @@ class ModelPicker(QDialog):
     def _on_current(self, item, _prev) -> None:
         problem = item.data(ProblemRole) if item else None
         path = item.data(PathRole) if item else None
-        self.why.setText(problem or (path or ""))
+        self.path_label.setText(path or "")
+        self.why.setText(problem or "")
+        self.why.setVisible(bool(problem))
         self.load.setEnabled(bool(path) and not problem)
 
     def _accept_selected(self) -> None:
@@ -112,7 +127,9 @@ class ModelPicker(QDialog):
         """Accept a folder if the engine's check passes; else show why and stay open."""
         problem = self.check(Path(path))
         if problem:
+            self.path_label.setText(path)
             self.why.setText(problem)
+            self.why.show()
             self.load.setEnabled(False)
             return False
         self.chosen = path

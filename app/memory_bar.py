@@ -10,11 +10,15 @@ COLORS = {
     "vision_encoder": "#a259d9",
     "hot_kv": "#2fb171",
     "image_cache_ram": "#f0a030",
+    "hot_kv#0": "#2fb171",  # one shade per conversation, alternating
+    "hot_kv#1": "#5fd197",
+    "hot_kv#2": "#1f8a55",
 }
 _SPARE = ["#e0566b", "#23a8c9", "#b5a020", "#8a6d5a", "#5a8a6d"]
 
 
 def color_for(key: str) -> QColor:
+    key = key.split(":", 1)[0]  # "hot_kv#1:<conversation>" takes its shade's colour
     if key in COLORS:
         return QColor(COLORS[key])
     return QColor(_SPARE[sum(map(ord, key)) % len(_SPARE)])
@@ -41,6 +45,7 @@ class MemoryBar(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.segments: list[tuple[str, int]] = []
+        self.names: dict[str, str] = {}  # key -> label for the tooltip
         self.total = 0
         self.free = 0
         self.setMinimumHeight(22)
@@ -55,7 +60,7 @@ class MemoryBar(QWidget):
         self.segments, self.total, self.free = list(segments), int(total), int(free)
         ours = sum(b for _, b in segments)
         other = max(0, total - free - ours)
-        self.setToolTip("\n".join([f"{k}: {exact_bytes(b)}" for k, b in segments]
+        self.setToolTip("\n".join([f"{self.names.get(k, k)}: {exact_bytes(b)}" for k, b in segments]
                                   + [f"other use: {exact_bytes(other)}", f"free: {exact_bytes(free)}"]))
         self.update()
 

@@ -219,7 +219,7 @@ class VramPanel(QDockWidget):
                                 f" · used {human_bytes(used)}")
             self.totals.setToolTip(f"total {r.total_bytes:,} B\nfree {r.free_bytes:,} B")
             segments = [(k, int(v)) for k, v in r.components.items()]
-            self.bar.set_values([s for s in segments if on_device(s[0])], r.total_bytes, r.free_bytes)
+            self.bar.set_values(self._bar_segments(r), r.total_bytes, r.free_bytes)
             for k, v in segments:
                 self._legend(k, v)
             lines = [f"{self.title_for(cid)}: {exact_bytes(b)}"
@@ -247,6 +247,21 @@ class VramPanel(QDockWidget):
                 v = st[key]
                 text = f"{v * 1000:.1f} ms" if unit == "s" else (f"{v:,.1f} {unit}" if unit else _num(v))
                 self.turn_rows.set(key, title, text)
+
+    def _bar_segments(self, r: MemoryReport) -> list[tuple[str, int]]:
+        """Device components in order, the hot KV split by conversation (one shade each)."""
+        out = []
+        for key, value in r.components.items():
+            if not on_device(key):
+                continue
+            if key == "hot_kv" and r.sessions_kv:
+                for i, (cid, b) in enumerate(sorted(r.sessions_kv.items(), key=lambda kv: -kv[1])):
+                    seg = f"hot_kv#{i % 3}:{cid}"
+                    out.append((seg, int(b)))
+                    self.bar.names[seg] = f"Hot KV, {self.title_for(cid)}"
+            else:
+                out.append((key, int(value)))
+        return out
 
     def _apply_encoder(self) -> None:
         text = self.encoder_state

@@ -56,7 +56,8 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     assert "store_reused_blobs" not in w.vram.counter_rows.labels
     # disk-resident components are listed, not stacked in the device bar
     assert "image_cache_disk" not in dict(w.vram.bar.segments)
-    assert dict(w.vram.bar.segments)["hot_kv"] == 123_456_789
+    assert dict(w.vram.bar.segments)[f"hot_kv#0:{cid}"] == 123_456_789  # one segment per conversation
+    assert "Hot KV, Holiday: 117.7 MiB (123,456,789 B)" in w.vram.bar.toolTip()
     assert "unloads in" in w.vram.encoder.text()
 
     legend_widgets = list(w.vram._legend_rows.values())

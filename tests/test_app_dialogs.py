@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer
@@ -14,7 +13,7 @@ from app.model_catalog import scan_hf_cache
 from app.model_picker import PathRole, ProblemRole, ModelPicker
 from app.settings_dialog import SettingsDialog
 from app.theme import apply_theme, is_dark
-from tests.test_app_support import make_prefs, make_window, send, wait_reply  # noqa: F401
+from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 
 
 def fake_hub(root: Path, tiny: Path) -> Path:

@@ -40,7 +40,7 @@ class ChatView(QListView):
         self.setDragDropMode(QAbstractItemView.DragDropMode.DropOnly)
         self.setFrameShape(QListView.Shape.NoFrame)
         self.placeholder = ""
-        self.layout_width = 200  # viewport width rows are laid out for (kept by resizeEvent)
+        self.layout_width = 200  # the width rows are laid out for (set by doItemsLayout)
         self._follow = True
         self._since_layout = QElapsedTimer()
         self._layout_timer = QTimer(self)

@@ -23,6 +23,7 @@ from .paths import default_data_dir
 from .prompt import build_prompt, render
 from .session import Session
 from .settings import EngineSettings
+from .spill import SessionSpiller
 from .turn_runner import run_turn
 from .vision.gate import GateTurnStats, PictureGate
 from .vision.pictures import PictureError
@@ -46,6 +47,7 @@ class Engine:
         self._current_turn: int | None = None
         self.loaded = None
         self.gate: PictureGate | None = None
+        self.spiller: SessionSpiller | None = None
         self.sessions: dict[str, Session] = {}
         self.last_turn_stats: dict = {}
         self._active_cid: str | None = None
@@ -127,7 +129,11 @@ class Engine:
             try:
                 kind, arg = self._queue.get(timeout=self._idle_tick_s())
             except queue.Empty:
-                self._on_idle()
+                try:
+                    self._on_idle()
+                except Exception as exc:  # idle work failing must not end the owner thread
+                    log.exception("idle work failed")
+                    self._emit(Notice("error", f"background work failed: {exc}"))
                 continue
             if kind == "shutdown":
                 self._on_shutdown()
@@ -144,14 +150,29 @@ class Engine:
                 log.exception("idle work failed")
 
     def _idle_tick_s(self) -> float:
-        return min(1.0, max(0.05, self.settings.elastic_idle_s / 4))
+        if self.spiller is not None and self.spiller.running is not None:
+            return 0.02  # a spill is waiting for its writer: look again soon
+        return min(1.0, max(0.05, self.settings.elastic_idle_s / 4), max(0.05, self.settings.spill_idle_s / 4))
 
     def _on_idle(self) -> None:
         """Timers that run between requests (encoder unload, session spill)."""
-        if self.gate is not None and self.gate.unload_if_idle():
+        changed = self.gate is not None and self.gate.unload_if_idle()
+        sp = self.spiller
+        if sp is not None and sp.available:
+            if sp.running is None:
+                due = sp.due(self.sessions, self._active_cid)
+                if due is not None:
+                    sp.begin(due)
+            # one unit at a time, and only while no request waits: a turn is never held up
+            # for more than one unit's copy
+            if sp.running is not None and sp.step(more=self._queue.empty):
+                changed = True
+        if changed:
             self._emit(self._report())
 
     def _on_shutdown(self) -> None:
+        if self.spiller is not None:
+            self.spiller.close(self.sessions)  # exit spills what is hot: nothing lost
         if self.gate is not None:
             self.gate.close()
         self.sessions.clear()
@@ -179,6 +200,13 @@ class Engine:
             free += freed
 
     def _release_session(self, session: Session) -> None:
+        """Free a conversation's hot KV: spilled to SSD first when the store can take it."""
+        if self.spiller is not None and self.spiller.available and session.cache is not None:
+            try:
+                if self.spiller.spill_blocking(session):
+                    return
+            except Exception:
+                log.exception("spill before release failed")
         session.drop_kv()
 
     def _do_load(self, path: str) -> None:
@@ -192,11 +220,19 @@ class Engine:
             log.exception("model load failed")
             self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
             return
+        if self.spiller is not None:
+            self.spiller.close(self.sessions)
         if self.gate is not None:
             self.gate.close()
-        self.loaded = self.gate = None
+        self.loaded = self.gate = self.spiller = None
         self.sessions.clear()  # KV of another model is meaningless
         self.loaded = loaded
+        self.spiller = SessionSpiller(loaded, self.settings, self.data_dir, self._emit)
+        if self.spiller.refusal:
+            self._emit(Notice("warning", "Conversations will not be spilled to disk: " + self.spiller.refusal))
+        elif self.spiller.error:
+            self._emit(Notice("warning", f"The KV store is unavailable ({self.spiller.error}); "
+                                         "idle conversations stay in memory."))
         self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache",
                                 make_room=self._make_room, on_state=self._emit_encoder_state)
         self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
@@ -239,7 +275,16 @@ class Engine:
         self._emit(self._report())
 
     def _do_spill(self, conversation_id: str) -> None:
-        self._emit(SpillState(conversation_id, "refused", "Spilling to disk is not available yet."))
+        session = self.sessions.get(conversation_id)
+        sp = self.spiller
+        if sp is None or not sp.available:
+            why = (sp.refusal or sp.error) if sp is not None else "no model is loaded"
+            self._emit(SpillState(conversation_id, "refused", why or "the store is unavailable"))
+        elif session is None or session.cache is None:
+            self._emit(SpillState(conversation_id, "spilled", "nothing hot to spill"))
+        else:
+            sp.spill_blocking(session)
+        self._emit(self._report())
 
     def _counters(self) -> dict:
         return self.gate.stats_counters() if self.gate else {}
@@ -251,7 +296,12 @@ class Engine:
             extra["image_cache_ram"] = self.gate.ram.nbytes
             extra["image_cache_disk"] = self.gate.disk.nbytes if self.gate.disk is not None else 0
             state, left = self.gate.residency.state, self.gate.residency.idle_left()
-        return build_report(self.loaded, self.sessions, extra, self._counters(), state, left)
+        counters = self._counters()
+        if self.spiller is not None and self.spiller.available:
+            store = self.spiller.counters()
+            extra["kv_store_disk"] = int(store.get("bytes_on_disk", 0))
+            counters.update({f"store_{k}": v for k, v in store.items()})
+        return build_report(self.loaded, self.sessions, extra, counters, state, left)
 
     STATELESS_PREFIX = "api:"
     MAX_STATELESS_SESSIONS = 8
@@ -322,7 +372,15 @@ class Engine:
             cid = turn.conversation_id = self._match_stateless(prompt)
         session = self.sessions.get(cid) or self.sessions.setdefault(cid, Session(cid))
         session.last_used = time.monotonic()
+        session.version += 1
         self._active_cid = cid
+        restored, restore_s = 0, 0.0
+        if self.spiller is not None:
+            self.spiller.cancel_for(cid)
+            t0 = time.perf_counter()
+            restored = self.spiller.restore(session, prompt)
+            restore_s = time.perf_counter() - t0 if restored else 0.0
+        spill_stats = self.spiller.take_turn_stats(cid) if self.spiller is not None else {}
         result = run_turn(
             loaded, session, prompt, entries, turn.sampling,
             ensure_features=lambda es: gate.ensure_features(es, gstats),
@@ -332,6 +390,7 @@ class Engine:
         self._active_cid = None
         session.last_used = time.monotonic()
         stats = dict(result.stats)
+        stats["reused_tokens"] -= restored  # reused = hot in RAM; restored = read from the SSD store
         stats.update({
             "encode_s": round(gstats.encode_s, 6),
             "encoder_loads": gstats.encoder_loads,
@@ -342,9 +401,10 @@ class Engine:
             "image_cache_misses": gstats.misses,
             "pictures_encoded": gstats.encoded,
             "encoder_resident": gate.residency.state == "resident",
-            "restored_tokens": 0,
-            "spill_blocks_written": 0,
-            "spill_blocks_reused": 0,
+            "restored_tokens": restored,
+            "restore_s": round(restore_s, 6),
+            "spill_blocks_written": spill_stats.get("blocks_written", 0),
+            "spill_blocks_reused": spill_stats.get("blocks_reused", 0),
         })
         self.last_turn_stats = stats
         self._emit(TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped))

@@ -15,6 +15,8 @@ class Session:
     rope_delta: int = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
     pictures: list[PicturePlacement] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
+    version: int = 0  # bumped by every turn: a spill finishing later must not free newer KV
+    spilled: bool = False  # its KV lives in the SSD store (restored on the next turn)
 
     @property
     def cached_tokens(self) -> int:

@@ -1,0 +1,211 @@
+"""Engine side of the SSD session spill: when to spill, stepping jobs between requests,
+restoring a conversation's prefix before its turn.
+
+The block store itself (keys, blobs, manifest, writer thread) lives in engine/kvstore; this file
+decides *when* and keeps the rules: a conversation is freed only after its spill is committed,
+a failed spill leaves it hot, and a spill never holds up a waiting turn for more than one unit.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .events import Notice, SpillState
+from .kvstore import KVStore, KVStoreError, UnsupportedCache
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+FORMAT = b"parley-kv-dynamic-v1"
+
+
+def cache_refusal(model) -> str | None:
+    """Why this model's KV cannot be spilled exactly (None when it can)."""
+    layers = DynamicCache(config=model.config).layers
+    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer or layer.is_sliding})
+    if odd:
+        return (f"this model's cache has {', '.join(odd)} layers (sliding window or recurrent state); "
+                "Parley only spills plain full-attention KV, so its conversations stay in memory")
+    return None
+
+
+def default_cap(root: Path) -> int:
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = 0
+    return int(min(20 * GiB, 0.10 * free)) or 1 * GiB
+
+
+@dataclass
+class _Running:
+    session: Session
+    job: object
+    version: int
+    blocking: bool = False
+
+
+class SessionSpiller:
+    def __init__(self, loaded, settings, data_dir: Path, emit: Callable):
+        self.emit = emit
+        self.loaded = loaded
+        self.settings = settings
+        self.store: KVStore | None = None
+        self.refusal = cache_refusal(loaded.model)
+        self.error: str | None = None
+        self.running: _Running | None = None
+        self.last_spill: dict[str, dict] = {}  # conversation id -> its latest committed spill's stats
+        self.failed_at: dict[str, float] = {}
+        self.restore_stats: dict = {}
+        if self.refusal:
+            return
+        root = data_dir / "kv-store"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            cap = settings.store_cap_bytes or default_cap(root)
+            self.store = KVStore(str(root), FORMAT + loaded.fingerprint, block_tokens=settings.block_tokens,
+                                 unit_bytes=settings.unit_bytes, max_bytes=cap,
+                                 min_free_bytes=min(1 * GiB, cap // 4))
+        except (KVStoreError, OSError) as exc:
+            self.error = str(exc)
+            self.store = None
+
+    @property
+    def available(self) -> bool:
+        return self.store is not None
+
+    # ------------------------------------------------------------------ spilling
+
+    def begin(self, session: Session, blocking: bool = False) -> bool:
+        if self.store is None or session.cache is None or self.running is not None:
+            return False
+        ids = [t if isinstance(t, int) else t[0] for t in session.tags]
+        n = len(ids)
+        spans = [(p.start, p.end, p.key) for p in session.pictures if p.end <= n]
+        try:
+            job = self.store.begin_spill(session.conversation_id, ids, spans, session.cache,
+                                         {"rope_delta": session.rope_delta})
+        except UnsupportedCache as exc:
+            self.emit(SpillState(session.conversation_id, "refused", str(exc)))
+            self.failed_at[session.conversation_id] = time.monotonic()
+            return False
+        self.running = _Running(session, job, session.version, blocking)
+        self.emit(SpillState(session.conversation_id, "spilling"))
+        return True
+
+    def step(self, more: Callable[[], bool]) -> bool:
+        """Advance the running job while `more()` allows (between units); True when it ended."""
+        r = self.running
+        if r is None:
+            return False
+        while not r.job.copies_done and more():
+            r.job.step()
+        if not r.job.copies_done or not r.job.done():
+            return False
+        self._finish(r.job.result())
+        return True
+
+    def cancel_for(self, conversation_id: str) -> None:
+        """A turn of the spilling conversation arrived: its copies stop, it stays hot."""
+        r = self.running
+        if r is not None and r.session.conversation_id == conversation_id and not r.job.copies_done:
+            r.job.cancel()
+            r.job.wait()
+            self.running = None
+            self.emit(SpillState(conversation_id, "cancelled", "the conversation continued"))
+
+    def _finish(self, result) -> None:
+        r, self.running = self.running, None
+        cid = r.session.conversation_id
+        if not result.ok:
+            self.failed_at[cid] = time.monotonic()
+            msg = f"Could not spill conversation to disk ({result.error}); it stays in memory."
+            self.emit(SpillState(cid, "failed", result.error or ""))
+            self.emit(Notice("warning", msg))
+            return
+        self.last_spill[cid] = {"blocks_written": result.blocks_written + result.tail_written,
+                                "blocks_reused": result.reused_blobs, "missing": result.missing_blobs}
+        if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
+            r.session.drop_kv()
+            r.session.spilled = True
+        self.emit(SpillState(cid, "spilled", f"{result.blocks_written + result.tail_written} written, "
+                                             f"{result.reused_blobs} reused"))
+
+    def spill_blocking(self, session: Session) -> bool:
+        """Spill one session to completion now (exit, make-room, spill-now)."""
+        if self.running is not None:
+            self.running.job.run_copies()
+            self.running.job.wait()
+            self._finish(self.running.job.result())
+        if not self.begin(session, blocking=True):
+            return False
+        self.running.job.run_copies()
+        self.running.job.wait()
+        self._finish(self.running.job.result())
+        return session.cache is None
+
+    def due(self, sessions: dict, active: str | None) -> Session | None:
+        """The longest-idle hot conversation past spill_idle_s (never the active one)."""
+        if self.store is None or self.running is not None:
+            return None
+        now = time.monotonic()
+        idle = self.settings.spill_idle_s
+        candidates = [s for c, s in sessions.items()
+                      if c != active and s.cache is not None and now - s.last_used >= idle
+                      and now - self.failed_at.get(c, -1e9) >= max(idle, 30.0)]
+        return min(candidates, key=lambda s: s.last_used, default=None)
+
+    # ------------------------------------------------------------------ restoring
+
+    def restore(self, session: Session, prompt) -> int:
+        """Fill a cold session from the store (its own blocks, or any conversation's with the same
+        opening); returns the tokens restored. Bad blobs end the prefix; the rest is prefilled."""
+        if self.store is None or session.cache is not None or len(prompt.ids) < 2:
+            return 0
+        spans = [(p.start, p.end, p.key) for p in prompt.pictures]
+        try:
+            res = self.store.restore(session.conversation_id, prompt.ids, spans, device=self.loaded.device,
+                                     dtype=self.loaded.dtype, max_tokens=len(prompt.ids) - 1)
+        except KVStoreError as exc:
+            log.warning("restore failed: %s", exc)
+            return 0
+        if res.cache is None or res.n_tokens <= 0:
+            return 0
+        n = res.n_tokens
+        session.cache = res.cache
+        session.tags = list(prompt.tags[:n])
+        session.pictures = [p for p in prompt.pictures if p.end <= n]
+        session.rope_delta = int((res.state or {}).get("rope_delta", 0))
+        session.spilled = False
+        self.restore_stats = dict(res.stats)
+        return n
+
+    def take_turn_stats(self, conversation_id: str) -> dict:
+        return self.last_spill.pop(conversation_id, {})
+
+    def counters(self) -> dict:
+        return dict(self.store.counters) if self.store is not None else {}
+
+    def disk_bytes(self) -> int:
+        return int(self.counters().get("bytes_on_disk", 0))
+
+    def close(self, sessions: dict) -> None:
+        """App exit: spill every hot conversation (nothing lost), then close the store."""
+        if self.store is None:
+            return
+        for s in sorted(sessions.values(), key=lambda s: s.last_used):
+            if s.cache is not None:
+                try:
+                    self.spill_blocking(s)
+                except Exception:
+                    log.exception("spill on exit failed for %s", s.conversation_id)
+        self.store.close()
+        self.store = None

@@ -1,0 +1,232 @@
+"""Session spill through the engine: idle conversations go to SSD, come back exact (also after a
+restart), later spills write only new blocks, and damage or a bad disk never costs a reply."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.events import Message, Notice, SpillState
+from tests.engine_helpers import Reference, ask, expect_done, open_engine
+from tests.fixtures.pictures import make_picture
+from tests.fixtures.tiny_models import FAMILIES
+
+ROOT = Path(__file__).resolve().parent.parent
+NEW = 6
+B = 16  # small blocks so tiny conversations span several
+pytestmark = pytest.mark.slow
+
+
+def spill_now(engine, cid, timeout=20.0) -> SpillState:
+    got: list[SpillState] = []
+    ev = threading.Event()
+
+    def listen(e):
+        if isinstance(e, SpillState) and e.conversation_id == cid and e.state in ("spilled", "failed", "refused"):
+            got.append(e)
+            ev.set()
+
+    engine.add_listener(listen)
+    try:
+        engine.spill_now(cid)
+        assert ev.wait(timeout), "no spill result"
+    finally:
+        engine.remove_listener(listen)
+    return got[-1]
+
+
+def conversation(tmp_path):
+    a = make_picture(tmp_path / "a.png", 1)
+    b = make_picture(tmp_path / "b.png", 2, size=(64, 40))
+    return [("Describe the first picture in a few words, please.", [str(a)]),
+            ("Now compare it with this one.", [str(b)]),
+            ("Which has more red?", []),
+            ("Last question about both pictures.", [str(a)])]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_spill_restore_and_restart_are_exact(family, tiny_model, tmp_path):
+    model = tiny_model(family)
+    ref = Reference(model)
+    data = tmp_path / "data"
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    script = conversation(tmp_path)
+    messages: list[Message] = []
+    try:
+        for n, (text, imgs) in enumerate(script[:3]):
+            messages.append(Message("user", text, imgs))
+            d = expect_done(ask(engine, "c", messages, NEW))
+            assert d.token_ids == ref.reply_ids(messages, NEW), f"turn {n}"
+            messages.append(Message("assistant", d.reply))
+            if n == 1:
+                assert spill_now(engine, "c").state == "spilled"
+                assert engine.sessions["c"].cache is None  # the memory really went
+        # turn 2 above was restored from SSD
+    finally:
+        engine.shutdown()  # exit spills the hot conversation
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    try:
+        text, imgs = script[3]
+        messages.append(Message("user", text, imgs))
+        d = expect_done(ask(engine, "c", messages, NEW))
+        assert d.stats["restored_tokens"] > 0 and d.stats["reused_tokens"] == 0
+        assert d.stats["prefill_tokens"] == d.stats["prompt_tokens"] - d.stats["restored_tokens"]
+        assert d.token_ids == ref.reply_ids(messages, NEW)
+    finally:
+        engine.shutdown()
+
+
+def test_idle_timer_spills_and_the_next_turn_restores(tiny_model, tmp_path):
+    model = tiny_model("qwen2_vl")
+    ref = Reference(model)
+    engine = open_engine(model, tmp_path / "d", block_tokens=B, spill_idle_s=0.3)
+    states: list[str] = []
+    engine.add_listener(lambda e: states.append(e.state) if isinstance(e, SpillState) else None)
+    try:
+        (t1, i1), (t2, i2) = conversation(tmp_path)[:2]
+        msgs = [Message("user", t1, i1)]
+        d1 = expect_done(ask(engine, "c", msgs, NEW))
+        deadline = time.monotonic() + 10
+        while "spilled" not in states and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "spilled" in states and engine.sessions["c"].cache is None
+        msgs += [Message("assistant", d1.reply), Message("user", t2, i2)]
+        d2 = expect_done(ask(engine, "c", msgs, NEW))
+        assert d2.stats["restored_tokens"] >= d1.stats["prompt_tokens"] - B
+        assert d2.stats["spill_blocks_written"] > 0
+        assert d2.token_ids == ref.reply_ids(msgs, NEW)  # Qwen positions after a restore
+    finally:
+        engine.shutdown()
+
+
+def test_follow_up_spill_writes_only_new_blocks_and_openings_are_shared(tiny_model, tmp_path):
+    model = tiny_model("llava")
+    engine = open_engine(model, tmp_path / "d", block_tokens=B, spill_idle_s=3600)
+    try:
+        script = conversation(tmp_path)
+        msgs = [Message("user", *script[0])]
+        d = expect_done(ask(engine, "c", msgs, NEW))
+        msgs.append(Message("assistant", d.reply))
+        msgs.append(Message("user", *script[1]))
+        d = expect_done(ask(engine, "c", msgs, NEW))
+        spill_now(engine, "c")
+        first = engine.spiller.store.counters["blocks_written"]
+        n_before = len(engine.sessions["c"].tags) if engine.sessions["c"].cache is not None else d.stats["prompt_tokens"] + NEW - 1
+        msgs += [Message("assistant", d.reply), Message("user", "A short follow-up.")]
+        d3 = expect_done(ask(engine, "c", msgs, NEW))
+        n_after = len(engine.sessions["c"].tags)
+        spill_now(engine, "c")
+        written = engine.spiller.store.counters["blocks_written"] - first
+        k = n_after - n_before
+        assert written <= -(-k // B) + 1, f"follow-up spill of +{k} tokens wrote {written} blocks"
+        assert engine.spiller.store.counters["reused_blobs"] > 0
+        # a second conversation with the same opening stores no block twice
+        before = engine.spiller.store.counters["blocks_written"]
+        expect_done(ask(engine, "other", msgs[:1], NEW))
+        spill_now(engine, "other")
+        assert engine.spiller.store.counters["blocks_written"] - before <= 1
+        assert d3.stats["restored_tokens"] > 0
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_damaged_blobs_are_detected_counted_and_recomputed(damage, tiny_model, tmp_path):
+    model = tiny_model("idefics3")
+    ref = Reference(model)
+    data = tmp_path / "d"
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    (t1, i1), (t2, i2) = conversation(tmp_path)[:2]
+    msgs = [Message("user", t1, i1)]
+    d1 = expect_done(ask(engine, "c", msgs, NEW))
+    engine.shutdown()
+    blobs = sorted((data / "kv-store" / "blobs").rglob("*"), key=lambda p: p.stat().st_mtime)
+    blobs = [p for p in blobs if p.is_file()]
+    assert len(blobs) >= 3
+    victim = blobs[1]
+    if damage == "flip":
+        raw = bytearray(victim.read_bytes())
+        raw[-10] ^= 0x40
+        victim.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:-7])
+    else:
+        victim.unlink()
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    try:
+        msgs += [Message("assistant", d1.reply), Message("user", t2, i2)]
+        d2 = expect_done(ask(engine, "c", msgs, NEW))
+        assert d2.token_ids == ref.reply_ids(msgs, NEW)  # never served, recomputed from text
+        c = engine.spiller.store.counters
+        assert c["bad_blobs"] + c["missing_blobs"] >= 1
+        assert d2.stats["restored_tokens"] < d1.stats["prompt_tokens"]
+    finally:
+        engine.shutdown()
+
+
+def test_unwritable_store_keeps_conversations_hot(tiny_model, tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "kv-store").write_text("a file where the store folder should be")
+    notices: list[str] = []
+    from engine.client import load_blocking
+    from engine.engine import Engine
+    from engine.settings import EngineSettings
+
+    engine = Engine(EngineSettings(block_tokens=B, spill_idle_s=0.1), data).start()
+    engine.add_listener(lambda e: notices.append(e.message) if isinstance(e, Notice) else None)
+    try:
+        load_blocking(engine, str(tiny_model("llava")))
+        msgs = [Message("user", "hello there")]
+        d = expect_done(ask(engine, "c", msgs, NEW))
+        time.sleep(0.5)
+        assert engine.sessions["c"].cache is not None  # nothing lost: it stays hot
+        assert spill_now(engine, "c").state == "refused"
+        msgs += [Message("assistant", d.reply), Message("user", "again")]
+        d2 = expect_done(ask(engine, "c", msgs, NEW))
+        assert d2.stats["reused_tokens"] > 0
+        assert any("KV store is unavailable" in n for n in notices)
+    finally:
+        engine.shutdown()
+
+
+def test_sliding_window_models_are_refused_with_a_reason(tiny_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model("qwen2_vl"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text.update({"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0,
+                 "layer_types": ["sliding_attention"] * text["num_hidden_layers"]})
+    (model / "config.json").write_text(json.dumps(cfg))
+    engine = open_engine(model, tmp_path / "d", block_tokens=B)
+    try:
+        assert engine.spiller.refusal and "sliding" in engine.spiller.refusal.lower()
+        expect_done(ask(engine, "c", [Message("user", "hi")], 3))
+        st = spill_now(engine, "c")
+        assert st.state == "refused" and "Sliding" in st.detail
+        assert engine.sessions["c"].cache is not None
+    finally:
+        engine.shutdown()
+
+
+def test_replay_restart_restores_from_the_store(tiny_model, tmp_path):
+    make_picture(tmp_path / "a.png", 4)
+    script = {"settings": {"max_new_tokens": 4, "block_tokens": B, "spill_idle_s": 3600},
+              "turns": [{"user": "What is in this picture, in detail?", "images": ["a.png"]},
+                        {"user": "And after a restart?", "restart": True}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "replay", str(path), "--model",
+                          str(tiny_model("smolvlm" if "smolvlm" in FAMILIES else "idefics3")),
+                          "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert lines[1]["stats"]["restored_tokens"] > 0
+    assert lines[1]["stats"]["encoder_loads"] == 0

@@ -21,7 +21,14 @@ def icon_path(name: str) -> Path:
 
 
 def app_icon() -> QIcon:
-    return QIcon(str(icon_path("parley")))
+    """The app icon: pre-rendered PNGs (crisp at 16 px, no SVG plugin needed), else the SVG."""
+    pngs = sorted((resources_dir() / "icons" / "app").glob("parley-*.png"))
+    if not pngs:
+        return QIcon(str(icon_path("parley")))
+    out = QIcon()
+    for png in pngs:
+        out.addFile(str(png))
+    return out
 
 
 def icon(name: str) -> QIcon:

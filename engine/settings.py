@@ -9,6 +9,7 @@ from typing import Any
 class EngineSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    prefill_chunk_tokens: int = 2048  # long prompts prefill in pieces: bounded attention memory
     # image-cache gate
     elastic: bool = True
     elastic_idle_s: float = 60.0

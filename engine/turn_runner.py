@@ -34,6 +34,22 @@ def _suffix_positions(full_pos: torch.Tensor | None, start: int, end: int, devic
     return full_pos[:, :, start:end].to(device)
 
 
+def prefill_chunks(start: int, end: int, pictures, chunk: int) -> list[tuple[int, int]]:
+    """Split [start, end) into pieces of about `chunk` tokens, never cutting through a picture
+    (its features must go in with all of its tokens)."""
+    chunk = max(1, chunk)
+    out = []
+    a = start
+    while a < end:
+        b = min(end, a + chunk)
+        for p in pictures:
+            if p.start < b < p.end:
+                b = p.start if p.start > a else p.end
+        out.append((a, b))
+        a = b
+    return out
+
+
 def _decode_position(index: int, delta: int, mrope: bool, device) -> torch.Tensor:
     pos = torch.tensor([[index + delta]], device=device)
     return pos.unsqueeze(0).expand(3, 1, 1) if mrope else pos
@@ -49,6 +65,7 @@ def run_turn(
     ensure_features: Callable[[list], None],
     on_text: Callable[[str, int], None],
     should_stop: Callable[[], bool],
+    chunk_tokens: int = 2048,
 ) -> TurnResult:
     model, device = loaded.model, loaded.device
     mrope = loaded.adapter.mrope and bool(entries)
@@ -69,25 +86,31 @@ def run_turn(
     suffix_entries = [e for e, p in zip(entries, prompt.pictures) if p.start >= reuse]
     ensure_features(suffix_entries)
 
-    # 3. prefill the suffix
+    # 3. prefill the suffix in chunks (bounded attention memory on long conversations);
+    #    the cache always holds exactly session.tags, so a failure or stop leaves it consistent
     full_pos, delta = position_ids(loaded, prompt, entries)
     t0 = time.perf_counter()
-    kwargs = {}
-    if suffix_entries:
-        feats = [e.features.to(device=device, dtype=loaded.dtype) for e in suffix_entries]
-        kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=feats)}
-    ids = torch.tensor([prompt.ids[reuse:]], device=device)
-    try:
-        out = model(
-            input_ids=ids, cache=session.cache, position_ids=_suffix_positions(full_pos, reuse, L, device),
-            use_cache=True, logits_to_keep=1, **kwargs,
-        )
-    except Exception:
-        session.drop_kv()  # a half-written cache must never be reused
-        raise
-    session.tags = list(prompt.tags)
-    session.pictures = list(prompt.pictures)
+    session.tags = list(prompt.tags[:reuse])
+    session.pictures = [p for p in prompt.pictures if p.end <= reuse]
     session.rope_delta = delta
+    out = None
+    for a, b in prefill_chunks(reuse, L, prompt.pictures, chunk_tokens):
+        kwargs = {}
+        chunk_entries = [e for e, p in zip(entries, prompt.pictures) if a <= p.start < b]
+        if chunk_entries:
+            feats = [e.features.to(device=device, dtype=loaded.dtype) for e in chunk_entries]
+            kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=feats)}
+        try:
+            out = model(
+                input_ids=torch.tensor([prompt.ids[a:b]], device=device), cache=session.cache,
+                position_ids=_suffix_positions(full_pos, a, b, device), use_cache=True, logits_to_keep=1,
+                **kwargs,
+            )
+        except Exception:
+            session.drop_kv()  # a half-written cache must never be reused
+            raise
+        session.tags.extend(prompt.tags[a:b])
+        session.pictures = [p for p in prompt.pictures if p.end <= b]
     prefill_s = time.perf_counter() - t0
 
     # 4. decode; the cache always holds exactly `session.tags`

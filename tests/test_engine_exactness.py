@@ -116,3 +116,26 @@ def test_same_tokens_for_a_different_picture_are_not_reused(tiny_model, tmp_path
         assert d.stats["pictures_encoded"] == 1
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
+def test_chunked_prefill_is_exact_and_never_splits_a_picture(family, tiny_model, tmp_path, pictures):
+    from engine.turn_runner import prefill_chunks
+    from engine.prompt import PicturePlacement
+
+    spans = [PicturePlacement(b"k", 10, 30, 20)]
+    chunks = prefill_chunks(0, 50, spans, 7)
+    assert chunks[0] == (0, 7) and (7, 10) in chunks and (10, 30) in chunks
+    assert sum(b - a for a, b in chunks) == 50
+    model_dir = tiny_model(family)
+    ref = Reference(model_dir)
+    engine = open_engine(model_dir, tmp_path / "data", prefill_chunk_tokens=5)
+    try:
+        messages = [Message("user", "Two pictures, described at some length please.", [str(pictures[0]), str(pictures[1])])]
+        d = expect_done(ask(engine, "c", messages, NEW))
+        assert d.token_ids == ref.reply_ids(messages, NEW)
+        messages += [Message("assistant", d.reply), Message("user", "And the third?", [str(pictures[2])])]
+        d2 = expect_done(ask(engine, "c", messages, NEW))
+        assert d2.token_ids == ref.reply_ids(messages, NEW)
+    finally:
+        engine.shutdown()

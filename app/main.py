@@ -2,27 +2,76 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from .icons import app_icon
 from .model_catalog import DEMO_MODEL
 from .preferences import Preferences
+from .single_instance import SingleInstance, bring_to_front
 from .theme import apply_theme
 
 log = logging.getLogger(__name__)
+STATUS_ENV = "PARLEY_STATUS_FILE"
+
+
+def announce(status: str) -> None:
+    """Say where the app stands ("ready <model>", "failed: <why>", "activated"): logged, and
+    appended as a line to the file named by $PARLEY_STATUS_FILE for scripts that launch the app."""
+    log.info("Parley %s", status)
+    path = os.environ.get(STATUS_ENV)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(status + "\n")
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc)
 
 
 def make_application(argv: list[str] | None = None) -> QApplication:
-    app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
+    argv = list(argv if argv is not None else sys.argv) or ["parley"]
+    argv[0] = "parley"  # X11 WM_CLASS instance (the class is the application name, "Parley")
+    app = QApplication.instance() or QApplication(argv)
     app.setApplicationName("Parley")
     app.setOrganizationName("Parley")
     app.setApplicationDisplayName("Parley")
     app.setDesktopFileName("parley")
     app.setWindowIcon(app_icon())
+    if sys.platform == "win32":  # its own taskbar group and icon, not python's
+        try:
+            import ctypes
+            ctypes.windll.shell32.SetCurrentProcessExplicitAppUserModelID("Parley.Parley")
+        except (AttributeError, OSError):
+            pass
     return app
+
+
+def close_on_signals(window) -> dict:
+    """SIGTERM (logout, `kill`) and Ctrl+C close the window as the user would: layout saved,
+    engine stopped. Returns the previous handlers for `restore_signals`."""
+    def handler(_signum, _frame):
+        QTimer.singleShot(0, window.close)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        return previous
+    tick = QTimer(window)  # Python runs signal handlers only when it gets control
+    tick.timeout.connect(lambda: None)
+    tick.start(250)
+    return previous
+
+
+def restore_signals(previous: dict) -> None:
+    for sig, old in previous.items():
+        signal.signal(sig, old)
 
 
 def choose_data_dir(data_dir: Path, prefs: Preferences) -> Path:
@@ -56,6 +105,10 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     prefs.session_overrides = dict(settings or {})
     data_dir = choose_data_dir(Path(data_dir), prefs)
     data_dir.mkdir(parents=True, exist_ok=True)
+    instance = SingleInstance.for_data_dir(data_dir)
+    if not instance.claim():  # before anything heavy is imported or loaded
+        print(f"Parley is already running with {data_dir}; brought its window forward.", file=sys.stderr)
+        return 0
     apply_theme(app, prefs.theme())
 
     from engine.history import History
@@ -71,9 +124,15 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     history = History(data_dir)
     bridge = EngineBridge.create(engine_settings, data_dir)
     window = MainWindow(bridge, history, prefs, data_dir)
+    instance.activated.connect(lambda msg: (bring_to_front(window, msg), announce("activated")))
+    bridge.modelReady.connect(lambda ev: announce(f"ready {ev.name}"))
+    bridge.modelFailed.connect(lambda ev: announce(f"failed: {ev.message}"))
     window.show()
     window.load_model(choose_model(model_path, prefs))
+    previous = close_on_signals(window)
     try:
         return app.exec()
     finally:
+        restore_signals(previous)
+        instance.close()
         window.shutdown()

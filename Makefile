@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup clean install-desktop
+.PHONY: run test bench setup clean install-desktop uninstall-desktop
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@for b in tests/bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# Linux/BSD desktops: a menu entry + icons for this user, running this checkout's venv.
+install-desktop: $(STAMP)
+	$(PY) packaging/linux/install_desktop.py install
+
+uninstall-desktop:
+	$(PYTHON) packaging/linux/install_desktop.py uninstall
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,7 +1,8 @@
-"""User preferences in QSettings: sampling, system prompt, engine knobs, recent models, theme."""
+"""User preferences in QSettings: sampling, system prompt, engine knobs, recent models, theme,
+the in-app API server."""
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
@@ -15,6 +16,17 @@ USER_ENGINE_KEYS = (
     "image_cache_disk_bytes", "store_cap_bytes",
 )
 MAX_RECENT = 8
+API_HOST = "127.0.0.1"
+API_PORT = 8011
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """The OpenAI-compatible API server run inside the app (off unless the user turns it on)."""
+    enabled: bool = False
+    host: str = API_HOST
+    port: int = API_PORT
+    token: str = ""  # "" = none (allowed on loopback only)
 
 
 class Preferences:
@@ -101,6 +113,24 @@ class Preferences:
 
     def set_last_model(self, path: str) -> None:
         self.qs.setValue("models/last", path)
+
+    # ------------------------------------------------------------ API server
+
+    def api_config(self) -> ApiConfig:
+        try:
+            port = int(self.qs.value("api/port", API_PORT))
+        except (TypeError, ValueError):
+            port = API_PORT
+        return ApiConfig(enabled=_bool(self.qs.value("api/enabled", False)),
+                         host=str(self.qs.value("api/host", API_HOST) or API_HOST).strip(),
+                         port=port if 0 < port < 65536 else API_PORT,
+                         token=str(self.qs.value("api/token", "") or "").strip())
+
+    def set_api_config(self, cfg: ApiConfig) -> None:
+        self.qs.setValue("api/enabled", cfg.enabled)
+        self.qs.setValue("api/host", cfg.host)
+        self.qs.setValue("api/port", cfg.port)
+        self.qs.setValue("api/token", cfg.token)
 
     # ------------------------------------------------------------ look
 

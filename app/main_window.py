@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 from engine.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
 from engine.history import History
 
+from .api_control import FAILED, LISTENING, OFF, ApiControl
 from .bridge import EngineBridge
 from .chat_controller import ChatController
 from .chat_view import ChatView
@@ -26,7 +27,7 @@ from .icons import app_icon, icon
 from .message_model import MessageListModel
 from .model_picker import ModelPicker
 from .picture_intake import PictureIntake, mime_has_pictures
-from .preferences import Preferences
+from .preferences import ApiConfig, Preferences
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
@@ -81,6 +82,7 @@ class MainWindow(QMainWindow):
 
         self.vram = VramPanel(self._title_for, self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram)
+        self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
         self.resizeDocks([self.vram], [380], Qt.Orientation.Horizontal)
 
         self._build_status_bar()
@@ -92,6 +94,9 @@ class MainWindow(QMainWindow):
         convs = history.list_conversations()
         self.controller.open_conversation(convs[0].id if convs else None)
         self._update_hints()
+        api = prefs.api_config()
+        if api.enabled:
+            self.apply_api(api)
 
     # ------------------------------------------------------------ building
 
@@ -104,7 +109,10 @@ class MainWindow(QMainWindow):
         self.model_label = QLabel("No model")
         self.device_label = QLabel("")
         self.speed_label = QLabel("")
-        for w in (self.progress, self.model_label, self.device_label, self.speed_label):
+        self.api_label = QLabel("")
+        self.api_label.setObjectName("apiStatus")
+        self.api_label.hide()
+        for w in (self.progress, self.api_label, self.model_label, self.device_label, self.speed_label):
             sb.addPermanentWidget(w)
 
     def _build_menus(self) -> None:
@@ -166,6 +174,9 @@ class MainWindow(QMainWindow):
         self.vram.reportWanted.connect(b.request_memory_report)
         self.vram.unloadEncoderRequested.connect(b.unload_encoder)
         self.vram.spillRequested.connect(self._spill_current)
+        self.api.stateChanged.connect(self._on_api_state)
+        self.api.stateChanged.connect(self.vram.on_api_state)
+        self.api.activityChanged.connect(self.vram.on_api_activity)
 
         c.conversationsChanged.connect(self.sidebar.refresh)
         c.currentChanged.connect(self._on_current_changed)
@@ -343,7 +354,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ dialogs
 
     def open_settings(self) -> None:
-        dlg = SettingsDialog(self.prefs, self.data_dir, self)
+        dlg = SettingsDialog(self.prefs, self.data_dir, self, api_apply=self.apply_api)
         if dlg.exec():
             self.apply_settings(dlg)
 
@@ -353,6 +364,27 @@ class MainWindow(QMainWindow):
             self.bridge.update_settings(**changes)
         apply_theme(QApplication.instance(), self.prefs.theme())
         self.refresh_icons()
+        self.apply_api(self.prefs.api_config())  # nothing to do when the dialog already applied it
+
+    def apply_api(self, cfg: ApiConfig) -> str | None:
+        """Start / stop / restart the API server; a failure is said in the status bar and the
+        memory dock, and returned (the settings dialog shows it too). The app carries on."""
+        error = self.api.apply(cfg)
+        if error:
+            self.statusBar().showMessage(f"API server: {error}", 15000)
+        return error
+
+    def _on_api_state(self, state: str, detail: str) -> None:
+        if state == LISTENING:
+            self.api_label.setText(f"API {detail.removeprefix('http://').removesuffix('/v1')}")
+            self.api_label.setToolTip(f"OpenAI-compatible API listening on {detail}")
+            self.statusBar().showMessage(f"API server listening on {detail}", 6000)
+        elif state == FAILED:
+            self.api_label.setText('<span style="color:#d0473f">API not running</span>')
+            self.api_label.setToolTip(detail)
+        elif state == OFF:
+            self.statusBar().showMessage("API server off", 4000)
+        self.api_label.setVisible(state != OFF)
 
     def _on_color_scheme(self, _scheme) -> None:
         if self.prefs.theme() == "system" and not self._closed:
@@ -391,6 +423,7 @@ class MainWindow(QMainWindow):
         self._closed = True
         QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._on_color_scheme)
         self.vram.stop()
+        self.api.stop()  # before the engine: its in-flight turns are stopped, connections closed
         self.sidebar.stop()
         self.controller.shutdown()
         self.bridge.shutdown()

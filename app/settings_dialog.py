@@ -1,8 +1,11 @@
-"""Settings: sampling, system prompt, engine idle timers and cache sizes, data folder, theme."""
+"""Settings: sampling, system prompt, engine idle timers and cache sizes, the API server, data folder,
+theme."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
     QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
@@ -11,7 +14,8 @@ from PySide6.QtWidgets import (
 
 from engine.events import Sampling
 
-from .preferences import Preferences
+from .api_control import config_problem
+from .preferences import ApiConfig, Preferences
 
 MIB = 1 << 20
 
@@ -27,11 +31,16 @@ def _mib_box(value_bytes: int | None, maximum: int, special: str | None = None) 
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, prefs: Preferences, data_dir: Path, parent=None):
+    """`api_apply(cfg) -> error | None`, when given, is tried on OK: an API server that cannot start
+    as asked keeps the dialog open with the reason shown under the API settings."""
+
+    def __init__(self, prefs: Preferences, data_dir: Path, parent=None,
+                 api_apply: Callable[[ApiConfig], str | None] | None = None):
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setObjectName("settingsDialog")
         self.prefs = prefs
+        self.api_apply = api_apply
         s, es = prefs.sampling(), prefs.engine_settings()
         lay = QVBoxLayout(self)
 
@@ -85,6 +94,8 @@ class SettingsDialog(QDialog):
         m.addRow("Conversation store on disk", self.store_cap)
         lay.addWidget(mem)
 
+        lay.addWidget(self._build_api(prefs.api_config()))
+
         other = QGroupBox("Storage and look")
         o = QFormLayout(other)
         row = QWidget()
@@ -111,6 +122,72 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
         self._sync_enabled()
+
+    def _build_api(self, cfg: ApiConfig) -> QGroupBox:
+        box = QGroupBox("API server")
+        box.setObjectName("apiGroup")
+        a = QFormLayout(box)
+        self.api_enabled = QCheckBox("Serve the OpenAI-compatible API from this app")
+        self.api_enabled.setChecked(cfg.enabled)
+        self.api_host = QLineEdit(cfg.host)
+        self.api_host.setPlaceholderText("127.0.0.1")
+        self.api_host.setToolTip("127.0.0.1 or localhost: this machine only. Any other address can be "
+                                 "reached from other machines and needs a token.")
+        self.api_port = QSpinBox()
+        self.api_port.setRange(1, 65535)
+        self.api_port.setValue(cfg.port)
+        self.api_token = QLineEdit(cfg.token)
+        self.api_token.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.api_token.setPlaceholderText("needed unless the address is 127.0.0.1")
+        self.api_token.setToolTip("Clients send it as 'Authorization: Bearer <token>'.")
+        self.api_error = QLabel()
+        self.api_error.setObjectName("problemLabel")  # the theme's colour for problems
+        self.api_error.setWordWrap(True)
+        self.api_error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.api_error.hide()
+        a.addRow(self.api_enabled)
+        a.addRow("Address", self.api_host)
+        a.addRow("Port", self.api_port)
+        a.addRow("Token", self.api_token)
+        a.addRow(self.api_error)
+        self.api_enabled.toggled.connect(self._sync_api)
+        for edit in (self.api_host, self.api_token):
+            edit.textEdited.connect(self._clear_api_error)
+        self.api_port.valueChanged.connect(self._clear_api_error)
+        self._sync_api()
+        return box
+
+    def _sync_api(self) -> None:
+        on = self.api_enabled.isChecked()
+        for w in (self.api_host, self.api_port, self.api_token):
+            w.setEnabled(on)
+        self._clear_api_error()
+
+    def _clear_api_error(self, *_args) -> None:
+        self.api_error.hide()
+
+    def show_api_error(self, message: str) -> None:
+        self.api_error.setText(message)
+        self.api_error.show()
+        if self.isVisible():
+            self.adjustSize()  # room for the message
+
+    def api_config(self) -> ApiConfig:
+        return ApiConfig(enabled=self.api_enabled.isChecked(), host=self.api_host.text().strip(),
+                         port=int(self.api_port.value()), token=self.api_token.text().strip())
+
+    def accept(self) -> None:
+        """OK: refuse an API setting that cannot work, with the reason shown inline."""
+        cfg = self.api_config()
+        error = config_problem(cfg)
+        if error is None and self.api_apply is not None:
+            error = self.api_apply(cfg)
+        if error is not None:
+            self.show_api_error(error)
+            if cfg.enabled and not cfg.token and "token" in error.lower():
+                self.api_token.setFocus()
+            return
+        super().accept()
 
     def _sync_enabled(self) -> None:
         self.temperature.setEnabled(not self.greedy.isChecked())
@@ -148,5 +225,6 @@ class SettingsDialog(QDialog):
         if self.data_dir.text().strip() != self._initial_data_dir:
             p.set_data_dir_override(Path(self.data_dir.text().strip()).expanduser())
         p.set_theme(self.theme.currentData())
+        p.set_api_config(self.api_config())
         p.sync()
         return changes

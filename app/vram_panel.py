@@ -1,4 +1,5 @@
-"""The live memory panel (a dock): device, a stacked bar by component, encoder, KV, store, counters.
+"""The live memory panel (a dock): device, a stacked bar by component, encoder, KV, store, counters,
+and the in-app API server's activity.
 
 Events only record the latest values; a 4 Hz timer writes them into labels created once
 (rows for keys seen for the first time are added, never rebuilt), so a burst of reports
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import (
     QScrollArea, QVBoxLayout, QWidget,
 )
 
+from engine.engine import Engine
 from engine.events import EncoderState, MemoryReport, SpillState
 
 from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
@@ -46,6 +48,16 @@ TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encod
              ("image_cache_hits", "Picture cache hits", ""), ("image_cache_misses", "Picture cache misses", "")]
 REFRESH_MS = 250
 POLL_MS = 1000
+API_PREFIX = Engine.STATELESS_PREFIX  # sessions the engine keeps for API clients: "api:N"
+API_KEYS = [("requests", "Requests"), ("active", "Active"), ("errors", "Errors"), ("disconnects", "Disconnects")]
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 60:
+        return f"{max(0, int(seconds))} s ago"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    return f"{seconds / 3600:.1f} h ago"
 
 
 def _num(v) -> str:
@@ -90,6 +102,8 @@ class VramPanel(QDockWidget):
         self._idle_stamp = time.monotonic()
         self.spill_states: dict[str, SpillState] = {}
         self.last_stats: dict = {}
+        self.api_state, self.api_detail = "off", ""
+        self.api_activity: dict = {}
         self._dirty = False
 
         body = QWidget()
@@ -134,6 +148,11 @@ class VramPanel(QDockWidget):
         kl.addWidget(self.spill_label)
         kl.addWidget(self.spill, 0, Qt.AlignmentFlag.AlignLeft)
         lay.addWidget(kv)
+
+        api = QGroupBox("API server")
+        self.api_rows = _Rows(QFormLayout(api))
+        self.api_rows.set("api_state", "State", "off").setWordWrap(True)
+        lay.addWidget(api)
 
         store = QGroupBox("SSD store")
         self.store_rows = _Rows(QFormLayout(store))
@@ -188,6 +207,15 @@ class VramPanel(QDockWidget):
         self.last_stats = dict(stats)
         self._dirty = True
 
+    def on_api_state(self, state: str, detail: str) -> None:
+        """"off" | "listening" (detail: the URL) | "failed" (detail: why)."""
+        self.api_state, self.api_detail = state, detail
+        self._dirty = True
+
+    def on_api_activity(self, snapshot: dict) -> None:
+        self.api_activity = dict(snapshot)
+        self._dirty = True
+
     def on_model(self, device: str, name: str) -> None:
         self.device.setText(f"{name} on {device}")
 
@@ -208,6 +236,7 @@ class VramPanel(QDockWidget):
 
     def _apply(self) -> None:
         self._apply_encoder()  # the countdown moves even without new events
+        self._apply_api_clock()  # and so does "last request … ago"
         if not self._dirty:
             return
         self._dirty = False
@@ -222,7 +251,7 @@ class VramPanel(QDockWidget):
             self.bar.set_values(self._bar_segments(r), r.total_bytes, r.free_bytes)
             for k, v in segments:
                 self._legend(k, v)
-            lines = [f"{self.title_for(cid)}: {exact_bytes(b)}"
+            lines = [f"{self.title(cid)}: {exact_bytes(b)}"
                      for cid, b in sorted(r.sessions_kv.items(), key=lambda kv: -kv[1])]
             self._set(self.kv, "\n".join(lines) or "none")
             for key, title, is_bytes in STORE_KEYS:
@@ -238,7 +267,7 @@ class VramPanel(QDockWidget):
                         self.store_rows.set(key, title, text)
                 else:
                     self.counter_rows.set(key, key.replace("_", " "), _num(v))
-        spills = [f"{self.title_for(cid)}: {s.state}" + (f" — {s.detail}" if s.detail else "")
+        spills = [f"{self.title(cid)}: {s.state}" + (f" — {s.detail}" if s.detail else "")
                   for cid, s in self.spill_states.items()]
         self._set(self.spill_label, "\n".join(spills[-4:]))
         st = self.last_stats
@@ -247,6 +276,34 @@ class VramPanel(QDockWidget):
                 v = st[key]
                 text = f"{v * 1000:.1f} ms" if unit == "s" else (f"{v:,.1f} {unit}" if unit else _num(v))
                 self.turn_rows.set(key, title, text)
+        self._apply_api()
+
+    def title(self, conversation_id: str) -> str:
+        """A window conversation's title, or "API conversation N" for an API client's session."""
+        if conversation_id.startswith(API_PREFIX):
+            return f"API conversation {conversation_id[len(API_PREFIX):]}"
+        return self.title_for(conversation_id)
+
+    def _apply_api(self) -> None:
+        state, detail = self.api_state, self.api_detail
+        text = {"listening": f"listening on {detail}", "failed": f"not running — {detail}"}.get(state, "off")
+        self.api_rows.set("api_state", "State", text, detail if state == "failed" else "")
+        act = self.api_activity
+        for key, title in API_KEYS:
+            if key in act:
+                self.api_rows.set(f"api_{key}", title, _num(act[key]))
+        self._apply_api_clock()
+
+    def _apply_api_clock(self) -> None:
+        client, at = self.api_activity.get("last_client"), self.api_activity.get("last_request_at")
+        if client is None and "api_last_client" not in self.api_rows.labels:
+            return
+        if client is None:
+            text = "—"
+        else:
+            when = time.strftime("%H:%M:%S", time.localtime(at)) if at else "?"
+            text = f"{client} at {when}" + (f" ({_ago(time.time() - at)})" if at else "")
+        self.api_rows.set("api_last_client", "Last client", text)
 
     def _bar_segments(self, r: MemoryReport) -> list[tuple[str, int]]:
         """Device components in order, the hot KV split by conversation (one shade each)."""
@@ -258,7 +315,7 @@ class VramPanel(QDockWidget):
                 for i, (cid, b) in enumerate(sorted(r.sessions_kv.items(), key=lambda kv: -kv[1])):
                     seg = f"hot_kv#{i % 3}:{cid}"
                     out.append((seg, int(b)))
-                    self.bar.names[seg] = f"Hot KV, {self.title_for(cid)}"
+                    self.bar.names[seg] = f"Hot KV, {self.title(cid)}"
             else:
                 out.append((key, int(value)))
         return out

@@ -17,7 +17,7 @@ from .events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Token, Turn,
     TurnDone, TurnFailed, TurnStarted,
 )
-from .memory import build_report, device_totals
+from .memory import build_report, device_totals, model_bytes
 from .model import ModelLoadError, load_model
 from .paths import default_data_dir
 from .prompt import build_prompt, render
@@ -188,6 +188,12 @@ class Engine:
             return
         _, _, free = device_totals(self.loaded.device)
         margin = 256 << 20
+        budget = self.settings.memory_budget_bytes
+        if budget:  # the user's cap on what Parley may hold counts like the device's own limit
+            lm, vision = model_bytes(self.loaded)
+            used = lm + vision + sum(s.kv_bytes() for s in self.sessions.values())
+            free = min(free, budget - used)
+            margin = 0
         if free >= needed + margin:
             return
         idle = sorted((s for c, s in self.sessions.items() if c != self._active_cid and s.cache is not None),

@@ -9,6 +9,7 @@ from typing import Any
 class EngineSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    memory_budget_bytes: int | None = None  # cap on model + KV memory; None: the device's free memory
     prefill_chunk_tokens: int = 2048  # long prompts prefill in pieces: bounded attention memory
     # image-cache gate
     elastic: bool = True

@@ -230,3 +230,34 @@ def test_replay_restart_restores_from_the_store(tiny_model, tmp_path):
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert lines[1]["stats"]["restored_tokens"] > 0
     assert lines[1]["stats"]["encoder_loads"] == 0
+
+
+def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model, tmp_path):
+    """With memory short (a budget just above what is held), waking the encoder spills the
+    oldest idle conversation first — never the active one — and loses nothing."""
+    model = tiny_model("llava")
+    ref = Reference(model)
+    engine = open_engine(model, tmp_path / "d", block_tokens=B, spill_idle_s=3600, elastic_idle_s=3600)
+    try:
+        a, b = make_picture(tmp_path / "a.png", 1), make_picture(tmp_path / "b.png", 2)
+        old = [Message("user", "An old conversation about this.", [str(a)])]
+        d_old = expect_done(ask(engine, "old", old, NEW))
+        expect_done(ask(engine, "newer", [Message("user", "Text only chat.")], NEW))
+        engine.unload_encoder()
+        from engine.memory import model_bytes
+
+        time.sleep(0.2)
+        lm, _ = model_bytes(engine.loaded)
+        held = lm + sum(s.kv_bytes() for s in engine.sessions.values())
+        need = engine.gate.residency.weight_bytes()
+        engine.update_settings(memory_budget_bytes=held + need - 1)  # one byte short of the encoder
+        d = expect_done(ask(engine, "active", [Message("user", "A new picture.", [str(b)])], NEW))
+        assert d.stats["encoder_loads"] == 1
+        assert engine.sessions["old"].cache is None  # the oldest idle one was spilled first
+        assert engine.sessions["newer"].cache is not None  # and no more than needed
+        assert engine.sessions["active"].cache is not None
+        old += [Message("assistant", d_old.reply), Message("user", "Still there?")]
+        back = expect_done(ask(engine, "old", old, NEW))
+        assert back.stats["restored_tokens"] > 0 and back.token_ids == ref.reply_ids(old, NEW)
+    finally:
+        engine.shutdown()

@@ -212,3 +212,32 @@ def test_bad_stored_api_settings_fall_back(tmp_path, stored):
         prefs.qs.setValue(k, v)
     cfg = prefs.api_config()
     assert (cfg.enabled, cfg.host, cfg.port, cfg.token) == (False, "127.0.0.1", 8011, "")
+
+
+def test_closing_the_window_mid_request_ends_the_request_and_the_engine(make_window, qtbot):
+    import threading
+    import time
+
+    w = make_window(max_new_tokens=4)
+    port = free_port()
+    assert ok(qtbot, w, settings(qtbot, w, True, port=port))
+    outcome = {}
+
+    def client():
+        try:
+            reply = post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                         {"model": "m", "max_tokens": 32768, "temperature": 0,
+                          "messages": [{"role": "user", "content": "Describe the picture in detail."}]})
+            outcome["result"] = reply["usage"]["completion_tokens"]  # cut short by the stop
+        except Exception as exc:  # or the connection closed under it
+            outcome["result"] = type(exc).__name__
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    qtbot.waitUntil(lambda: w.vram.api_rows.labels.get("api_active") is not None
+                    and w.vram.api_rows.labels["api_active"].text() == "1", timeout=30000)
+    t0 = time.monotonic()
+    w.shutdown()
+    t.join(15)
+    assert not t.is_alive() and outcome["result"] != 32768
+    assert time.monotonic() - t0 < 15 and not w.bridge.engine.running

@@ -9,14 +9,17 @@ from PIL import Image
 
 from engine.client import load_blocking, run_blocking
 from engine.engine import Engine
-from engine.events import Message, Sampling, Turn, TurnDone
+from engine.events import Message, Notice, Sampling, Turn, TurnDone
 from engine.model import load_model
 from engine.prompt import render
 from engine.settings import EngineSettings
 
 
-def open_engine(model_dir: Path, data_dir: Path, **settings) -> Engine:
+def open_engine(model_dir: Path, data_dir: Path, notices: list | None = None, **settings) -> Engine:
+    """A started engine with the model loaded; `notices` collects Notice messages from the start."""
     engine = Engine(EngineSettings().with_changes(settings), data_dir).start()
+    if notices is not None:
+        engine.add_listener(lambda e: notices.append(e.message) if isinstance(e, Notice) else None)
     load_blocking(engine, str(model_dir))
     return engine
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import EncoderState, MemoryReport, Message, Notice
+from engine.events import EncoderState, MemoryReport, Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
 from tests.fixtures.tiny_models import FAMILIES
@@ -189,18 +189,13 @@ def test_unwritable_cache_dir_works_uncached_and_says_so(tiny_model, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "image-cache").write_text("a file where the cache folder should be")
-    notices: list[Notice] = []
-    from engine.client import load_blocking
-    from engine.engine import Engine
-
-    engine = Engine(data_dir=data).start()
-    engine.add_listener(lambda e: notices.append(e) if isinstance(e, Notice) else None)
+    notices: list[str] = []
+    engine = open_engine(tiny_model("llava"), data, notices)
     try:
-        load_blocking(engine, str(tiny_model("llava")))
         a = make_picture(tmp_path / "a.png", 3)
         d = expect_done(ask(engine, "x", [Message("user", "q", [str(a)])], 3))
         d2 = expect_done(ask(engine, "y", [Message("user", "q", [str(a)])], 3))
         assert d2.stats["image_cache_ram_hits"] == 1 and d.token_ids == d2.token_ids
-        assert any("picture cache on disk is unavailable" in n.message for n in notices)
+        assert any("picture cache on disk is unavailable" in n for n in notices)
     finally:
         engine.shutdown()

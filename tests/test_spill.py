@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Message, Notice, SpillState
+from engine.events import Message, SpillState
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
 from tests.fixtures.tiny_models import FAMILIES
@@ -174,14 +174,8 @@ def test_unwritable_store_keeps_conversations_hot(tiny_model, tmp_path):
     data.mkdir()
     (data / "kv-store").write_text("a file where the store folder should be")
     notices: list[str] = []
-    from engine.client import load_blocking
-    from engine.engine import Engine
-    from engine.settings import EngineSettings
-
-    engine = Engine(EngineSettings(block_tokens=B, spill_idle_s=0.1), data).start()
-    engine.add_listener(lambda e: notices.append(e.message) if isinstance(e, Notice) else None)
+    engine = open_engine(tiny_model("llava"), data, notices, block_tokens=B, spill_idle_s=0.1)
     try:
-        load_blocking(engine, str(tiny_model("llava")))
         msgs = [Message("user", "hello there")]
         d = expect_done(ask(engine, "c", msgs, NEW))
         time.sleep(0.5)

@@ -17,7 +17,8 @@ from .events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Token, Turn,
     TurnDone, TurnFailed, TurnStarted,
 )
-from .memory import build_report, device_totals, model_bytes
+from .conversations import Conversations
+from .memory import build_report, free_for_model
 from .model import ModelLoadError, load_model
 from .paths import default_data_dir
 from .prompt import build_prompt, render
@@ -48,7 +49,7 @@ class Engine:
         self.loaded = None
         self.gate: PictureGate | None = None
         self.spiller: SessionSpiller | None = None
-        self.sessions: dict[str, Session] = {}
+        self.sessions = Conversations()
         self.last_turn_stats: dict = {}
         self._active_cid: str | None = None
 
@@ -186,19 +187,8 @@ class Engine:
         conversations, oldest first, never the one whose turn is running."""
         if self.loaded is None:
             return
-        _, _, free = device_totals(self.loaded.device)
-        margin = 256 << 20
-        budget = self.settings.memory_budget_bytes
-        if budget:  # the user's cap on what Parley may hold counts like the device's own limit
-            lm, vision = model_bytes(self.loaded)
-            used = lm + vision + sum(s.kv_bytes() for s in self.sessions.values())
-            free = min(free, budget - used)
-            margin = 0
-        if free >= needed + margin:
-            return
-        idle = sorted((s for c, s in self.sessions.items() if c != self._active_cid and s.cache is not None),
-                      key=lambda s: s.last_used)
-        for s in idle:
+        free, margin = free_for_model(self.loaded, self.sessions.kv_bytes(), self.settings.memory_budget_bytes)
+        for s in self.sessions.idle_hot(self._active_cid):
             if free >= needed + margin:
                 break
             freed = s.kv_bytes()
@@ -309,36 +299,6 @@ class Engine:
             counters.update({f"store_{k}": v for k, v in store.items()})
         return build_report(self.loaded, self.sessions, extra, counters, state, left)
 
-    STATELESS_PREFIX = "api:"
-    MAX_STATELESS_SESSIONS = 8
-
-    def _match_stateless(self, prompt) -> str:
-        """Pick the stateless session sharing the longest prefix with `prompt` (clients re-send
-        the whole conversation each request), or open a new one, dropping the least recently
-        used beyond the limit. Window conversations are never borrowed: cropping them would
-        throw away their own reuse."""
-        best, best_len = None, 0
-        for cid, s in self.sessions.items():
-            if cid.startswith(self.STATELESS_PREFIX):
-                n = s.reusable_prefix(prompt)
-                # a shared template opening is no reason to crop another client's conversation;
-                # continuing it (or an edit near its end) is
-                if n > best_len and n * 2 >= s.cached_tokens:
-                    best, best_len = cid, n
-        if best is not None:
-            return best
-        stateless = sorted((s for c, s in self.sessions.items() if c.startswith(self.STATELESS_PREFIX)),
-                           key=lambda s: s.last_used)
-        for s in stateless[: max(0, len(stateless) - self.MAX_STATELESS_SESSIONS + 1)]:
-            self._retire_session(s)
-        self._stateless_seq = getattr(self, "_stateless_seq", 0) + 1
-        return f"{self.STATELESS_PREFIX}{self._stateless_seq}"
-
-    def _retire_session(self, session: Session) -> None:
-        """A session leaves RAM for good (the spill store keeps its blocks when present)."""
-        self._release_session(session)
-        self.sessions.pop(session.conversation_id, None)
-
     def _should_stop(self, turn_id: int) -> bool:
         return turn_id in self._stop_requested
 
@@ -375,8 +335,8 @@ class Engine:
         entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
         prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
         if not cid:  # a stateless client (the API): continue whichever of its sessions fits best
-            cid = turn.conversation_id = self._match_stateless(prompt)
-        session = self.sessions.get(cid) or self.sessions.setdefault(cid, Session(cid))
+            cid = turn.conversation_id = self.sessions.match_stateless(prompt, self._release_session)
+        session = self.sessions.open(cid)
         session.last_used = time.monotonic()
         session.version += 1
         self._active_cid = cid

@@ -43,6 +43,16 @@ def device_totals(device: torch.device) -> tuple[str, int, int]:
     return label, int(vm.total), int(vm.available)
 
 
+def free_for_model(loaded, kv_bytes: int, budget: int | None) -> tuple[int, int]:
+    """(bytes free for more model state, safety margin): the device's free memory, or what is
+    left of the user's budget when one is set."""
+    _, _, free = device_totals(loaded.device)
+    if not budget:
+        return free, 256 << 20
+    lm, vision = model_bytes(loaded)
+    return min(free, budget - lm - vision - kv_bytes), 0
+
+
 def build_report(loaded, sessions: dict, extra_components: dict | None = None, counters: dict | None = None,
                  encoder_state: str = "resident", idle_left: float | None = None) -> MemoryReport:
     if loaded is None:

@@ -21,6 +21,10 @@ class ApiError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+class ClientGone(Exception):
+    """The client hung up mid-request: nothing more is sent on its connection."""
+
+
 class ApiConfigError(ValueError):
     """The server cannot be started as asked (e.g. a network bind without a token)."""
 

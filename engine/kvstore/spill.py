@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .blob import KIND_TAIL, encode_header, header_len
+from .jobs import finish_job
 from .keys import PictureSpan
 from .layout import KVLayout
 from .writer import DurableFile
@@ -216,7 +217,7 @@ class SpillJob:
         self._handed_over = True
         self._kv = None  # drop our references: the caller may free the device cache now
         self._pieces = None
-        self._store._writer.submit(self._store._finish_job, self)
+        self._store._writer.submit(finish_job, self._store, self)
 
     def fail(self, message: str) -> None:
         if self._failed is None:

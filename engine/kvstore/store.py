@@ -2,16 +2,15 @@
 
 Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
 writes, the manifest commit, refcount release and eviction run on the store's writer thread.
-Every manifest access happens under one lock.
+Every manifest access happens under one lock. Disk space and eviction: eviction.py; a spill
+job's registration and commit: jobs.py.
 """
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
-import shutil
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
@@ -21,8 +20,10 @@ import torch
 from .blob import KIND_BLOCK, KIND_TAIL, blob_path, blob_size
 from .errors import KVStoreError
 from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, normalize_tokens, tail_key
+from .eviction import collect_garbage, free_bytes, precheck_space
+from .jobs import register_job
 from .layout import inspect_cache
-from .manifest import SessionRow, encode_state
+from .manifest import encode_state
 from .restore import RestoreResult
 from .restore import restore as restore_impl
 from .spill import BlobPlan, SpillJob, SpillResult
@@ -113,7 +114,7 @@ class KVStore:
             raise
         if max_bytes is None:
             _, on_disk, _ = self._manifest.totals()
-            max_bytes = min(DEFAULT_CAP, (self._free_bytes() + on_disk) // 10)
+            max_bytes = min(DEFAULT_CAP, (free_bytes(self.root) + on_disk) // 10)
         self.max_bytes = int(max_bytes)
 
     # ------------------------------------------------------------------ setup / teardown
@@ -169,12 +170,6 @@ class KVStore:
         except OSError:
             return -1
 
-    def _free_bytes(self) -> int:
-        try:
-            return shutil.disk_usage(self.root).free
-        except OSError:
-            return 0
-
     def release_buffers(self) -> bool:
         """Give the spill buffers' host memory back (e.g. when idle); the next spill reallocates.
         Does nothing while a spill job is in flight."""
@@ -222,7 +217,7 @@ class KVStore:
                 if job.session_id == session_id:
                     job.fail("session dropped")
             old = self._manifest.drop_session(session_id)
-            self._gc()
+            collect_garbage(self)
         return old is not None
 
     # ------------------------------------------------------------------ spill
@@ -265,11 +260,9 @@ class KVStore:
                 elif size is not None or p.key in memo:
                     missing += 1     # the manifest names it but the disk lost it: rewrite now
             job = SpillJob(self, session_id, ns, tokens, pictures, layout, kv, plans, state_json, missing)
-            self._spill_pins.update(p.key for p in plans)
-            self._active[session_id] += 1
-            self._jobs.add(job)
+            register_job(self, job)
             try:
-                error = self._precheck_space(job)
+                error = precheck_space(self, job)
             except Exception as e:  # e.g. a manifest error while evicting: report, don't leak the job
                 error = f"checking disk space failed: {e}"
         if error:
@@ -284,124 +277,6 @@ class KVStore:
         job = self.begin_spill(session_id, token_ids, picture_spans, cache, state, namespace=namespace)
         job.run_copies()
         return job.result()
-
-    def _precheck_space(self, job: SpillJob) -> str | None:
-        need = sum(p.size for p in job.plans if p.write)
-        total = sum(p.size for p in job.plans)
-        if total > self.max_bytes:
-            return f"session needs {total} bytes on disk, more than the store cap of {self.max_bytes} bytes"
-        free = self._free_bytes()
-        if free - need < self.min_free_bytes:
-            # the only way to make room: drop other idle sessions before writing
-            while free - need < self.min_free_bytes and self._evict_one({job.session_id}):
-                free = self._free_bytes()
-            if free - need < self.min_free_bytes:
-                return (f"not enough free disk space in {self.root}: {free} bytes free, "
-                        f"the spill needs {need} and the floor is {self.min_free_bytes}")
-        return None
-
-    def _finish_job(self, job: SpillJob) -> None:
-        """Writer thread: after the job's last unit. Commit it, or clean it up. Always completes
-        the job (a waiter must never hang)."""
-        ok = False
-        try:
-            if not job.failed:
-                try:
-                    if self.durable:
-                        for d in sorted(job.dirs):
-                            fsync_dir(d)  # the renames are durable before the row naming them
-                    self._install(job)
-                    ok = True
-                except Exception as e:
-                    job.fail(f"installing the session failed: {e}")
-            with self._lock:
-                job._discard_open()
-                self._spill_pins.subtract(p.key for p in job.plans)
-                self._spill_pins += Counter()  # drop zero counts
-                self._active[job.session_id] -= 1
-                if self._active[job.session_id] <= 0:
-                    del self._active[job.session_id]
-                self._jobs.discard(job)
-                if ok:  # eviction happens after the new row is installed
-                    self._gc()
-                    job.stats.evicted_sessions = self._evict({job.session_id})
-                else:
-                    self._counters["spill_failures"] += 1
-                    self._remove_uninstalled(job)
-        except Exception:
-            log.exception("kvstore: cleanup after a spill failed")  # the startup sweep tidies up
-        finally:
-            job._complete(ok)
-
-    def _install(self, job: SpillJob) -> None:
-        B = self.block_tokens
-        blocks = [p.key for p in job.plans if p.kind == KIND_BLOCK]
-        tail = next((p for p in job.plans if p.kind == KIND_TAIL), None)
-        row = SessionRow(id=job.session_id, namespace=job.ns, block_tokens=B, block_keys=blocks,
-                         tail_key=tail.key if tail else None, tail_tokens=tail.n if tail else 0,
-                         n_tokens=len(job.tokens), pictures=job.pictures, layout=job.layout,
-                         state_json=job.state_json, bytes=sum(p.size for p in job.plans),
-                         last_used=time.time())
-        written = [(p.key, p.size, p.kind) for p in job.written]
-        referenced = [(p.key, p.size, p.kind) for p in job.plans if not p.write]
-        with self._lock:
-            self._check_open()
-            if job.failed:  # e.g. dropped meanwhile; checked under the lock drop_session holds
-                raise KVStoreError(job.failed)
-            # old blobs only this session held go in the same transaction, their files right after
-            freed = self._manifest.install(row, written, referenced,
-                                           keep=lambda k: self._spill_pins[k] > 0 or self._read_pins[k] > 0)
-            for key in freed:
-                unlink_quiet(self._path(key))
-            s = job.stats
-            c = self._counters
-            c["spills"] += 1
-            c["blocks_written"] += s.blocks_written
-            c["tails_written"] += s.tail_written
-            c["reused_blobs"] += s.reused_blobs
-            c["reused_bytes"] += s.reused_bytes
-            c["missing_blobs"] += s.missing_blobs
-            c["bytes_written"] += s.bytes_written
-
-    def _remove_uninstalled(self, job: SpillJob) -> None:
-        """A failed job's renamed files that no manifest row or other job references."""
-        keys = [p.key for p in job.written]
-        rows = self._manifest.blob_sizes(keys)
-        for p in job.written:
-            if p.key not in rows and not self._spill_pins[p.key] and not self._read_pins[p.key]:
-                unlink_quiet(p.path)
-
-    # ------------------------------------------------------------------ refcounts / eviction
-    def _gc(self) -> None:
-        """Delete blobs no session references (rows first, then files: a crash in between leaves
-        only an orphan file, which the startup sweep removes)."""
-        cands = [(k, s) for k, s in self._manifest.unreferenced()
-                 if not self._spill_pins[k] and not self._read_pins[k]]
-        if not cands:
-            return
-        self._manifest.delete_blobs([k for k, _ in cands])
-        for k, _ in cands:
-            unlink_quiet(self._path(k))
-
-    def _evict_one(self, protect: set[str]) -> bool:
-        for sid, _ in self._manifest.lru_sessions():
-            if sid not in protect and sid not in self._active:
-                self._manifest.drop_session(sid)
-                self._gc()
-                self._counters["evicted_sessions"] += 1
-                return True
-        return False
-
-    def _evict(self, protect: set[str]) -> int:
-        """Whole sessions, least recently used first, until under the cap and above the floor."""
-        evicted = 0
-        while True:
-            _, total, _ = self._manifest.totals()
-            if total <= self.max_bytes and self._free_bytes() >= self.min_free_bytes:
-                return evicted
-            if not self._evict_one(protect):
-                return evicted
-            evicted += 1
 
     # ------------------------------------------------------------------ startup sweep
     def sweep(self) -> dict:

@@ -16,6 +16,7 @@ import blake3
 
 from .blob import SUFFIX, TMP_SUFFIX, parse_header
 from .errors import BadBlob, MissingBlob
+from .eviction import collect_garbage
 from .keys import KEY_BYTES
 from .manifest import Manifest
 from .writer import unlink_quiet
@@ -73,7 +74,7 @@ def sweep(store: "KVStore") -> dict:
     rec = store._manifest.reconcile(files)
     report["missing_rows"] = rec["missing_rows"]  # kept: restores stop there, spills rewrite them
     keep = store._manifest.all_blobs()
-    store._gc()  # rows no session references (and their files)
+    collect_garbage(store)  # rows no session references (and their files)
     report["unreferenced_removed"] = len(rec["unreferenced"])
     for key in rec["size_mismatch"]:
         if unlink_quiet(store._path(key)):  # torn file: the next spill rewrites it

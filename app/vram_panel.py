@@ -16,8 +16,7 @@ from PySide6.QtWidgets import (
     QScrollArea, QVBoxLayout, QWidget,
 )
 
-from engine.engine import Engine
-from engine.events import EncoderState, MemoryReport, SpillState
+from engine.events import STATELESS_PREFIX, EncoderState, MemoryReport, SpillState
 
 from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
 
@@ -48,7 +47,7 @@ TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encod
              ("image_cache_hits", "Picture cache hits", ""), ("image_cache_misses", "Picture cache misses", "")]
 REFRESH_MS = 250
 POLL_MS = 1000
-API_PREFIX = Engine.STATELESS_PREFIX  # sessions the engine keeps for API clients: "api:N"
+API_PREFIX = STATELESS_PREFIX  # sessions the engine keeps for API clients: "api:N"
 API_KEYS = [("requests", "Requests"), ("active", "Active"), ("errors", "Errors"), ("disconnects", "Disconnects")]
 
 

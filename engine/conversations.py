@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .events import STATELESS_PREFIX
 from .session import Session
 
-STATELESS_PREFIX = "api:"
 MAX_STATELESS_SESSIONS = 8
 
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# Conversations the engine opens for stateless clients (the API) are named "api:N".
+STATELESS_PREFIX = "api:"
+
 # ---------------------------------------------------------------- requests
 
 @dataclass

@@ -199,3 +199,20 @@ def test_unwritable_cache_dir_works_uncached_and_says_so(tiny_model, tmp_path):
         assert any("picture cache on disk is unavailable" in n for n in notices)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_unloading_the_encoder_really_frees_cuda_memory(tiny_model, tmp_path):
+    import torch
+
+    engine = open_engine(tiny_model("llava"), tmp_path / "d", device="cuda", elastic_idle_s=3600)
+    try:
+        expect_done(ask(engine, "x", [Message("user", "q", [str(make_picture(tmp_path / "a.png", 1))])], 2))
+        need = engine.gate.residency.weight_bytes()
+        before = torch.cuda.memory_allocated()
+        engine.unload_encoder()
+        rep = wait_report(engine, lambda r: r.encoder_state == "unloaded")
+        assert rep.components["vision_encoder"] == 0
+        assert before - torch.cuda.memory_allocated() >= need * 0.9
+    finally:
+        engine.shutdown()

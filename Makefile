@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup clean install-desktop uninstall-desktop
+.PHONY: run test bench setup clean install-desktop uninstall-desktop bundle
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ install-desktop: $(STAMP)
 
 uninstall-desktop:
 	$(PYTHON) packaging/linux/install_desktop.py uninstall
+
+# A one-folder app in dist/Parley (dist/Parley.app on macOS); PyInstaller is installed on demand.
+bundle: $(STAMP)
+	$(PY) -m pip install --disable-pip-version-check -q "pyinstaller>=6.11"
+	$(PY) -m PyInstaller --noconfirm --clean --distpath dist --workpath build packaging/parley.spec
 
 clean:
 	rm -rf $(VENV) .pytest_cache

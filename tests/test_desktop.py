@@ -1,5 +1,5 @@
-"""Double-click launch: the desktop entry, icons, single instance, Windows shortcut script —
-and the installed entry's Exec line run as a desktop would run it."""
+"""Double-click launch: the desktop entry, icons, single instance, Windows shortcut script,
+PyInstaller spec — and the installed entry's Exec line run as a desktop would run it."""
 from __future__ import annotations
 
 import os
@@ -152,7 +152,7 @@ def test_desktop_file_validate_accepts_template_and_installed_entry(tmp_path):
         assert res.returncode == 0 and not res.stdout.strip(), res.stdout + res.stderr
 
 
-# ------------------------------------------------------------ icons, Windows
+# ------------------------------------------------------------ icons, Windows, PyInstaller
 
 def png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
@@ -184,6 +184,13 @@ def test_windows_shortcut_script_points_at_the_venv_pythonw():
                               f"'{script}', [ref]$null, [ref]$e); if ($e) {{ $e; exit 1 }}"],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_pyinstaller_spec_compiles_and_names_what_it_needs():
+    spec = (ROOT / "packaging" / "parley.spec").read_text(encoding="utf-8")
+    compile(spec, "parley.spec", "exec")
+    for needle in ("main.py", "resources", "COLLECT", "BUNDLE", "parley.ico", "parley.icns"):
+        assert needle in spec, needle
 
 
 # ------------------------------------------------------------ single instance, in process
@@ -265,36 +272,31 @@ def wait_for(predicate, timeout: float, what: str, proc=None):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform == "win32", reason="the freedesktop entry is for Linux/BSD desktops")
-def test_installed_entry_launches_and_a_second_launch_brings_it_forward(tmp_path, tiny_model, runtime_dir):
+def desktop_env(tmp_path: Path, runtime_dir: Path) -> dict:
+    home = tmp_path / "home"
+    return {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "share"),
+            "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home / "cache"),
+            "XDG_RUNTIME_DIR": str(runtime_dir), "QT_QPA_PLATFORM": "offscreen",
+            "PARLEY_STATUS_FILE": str(tmp_path / "status")}
+
+
+def launch_twice(argv: list[str], env: dict, tmp_path: Path) -> None:
+    """Start the app as a desktop would, see it reach ready; a second launch must exit 0 at once
+    and bring the first forward; SIGTERM must close the first cleanly."""
     from app.single_instance import server_name
 
-    model = tiny_model("llava")
-    home = tmp_path / "home"
-    env = {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "share"),
-           "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home / "cache"),
-           "XDG_RUNTIME_DIR": str(runtime_dir), "QT_QPA_PLATFORM": "offscreen",
-           "PARLEY_STATUS_FILE": str(tmp_path / "status")}
-    res = subprocess.run([sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), "install"],
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    keys = parse_entry((home / "share/applications/parley.desktop").read_text(encoding="utf-8"))
-    argv = split_exec(keys["Exec"]) + ["--model", str(model), "--data-dir", str(tmp_path / "data")]
-    assert os.access(unescape_string(keys["TryExec"]), os.X_OK)
-    status = tmp_path / "status"
+    status, log_path, data = tmp_path / "status", tmp_path / "first.log", Path(argv[argv.index("--data-dir") + 1])
     lines = lambda: status.read_text().splitlines() if status.exists() else []
-
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(argv, env=env, cwd=str(home.parent), stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "w") as log:
+        first = subprocess.Popen(argv, env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: any(ln.startswith(("ready", "failed")) for ln in lines()), 180, "ready", first)
-        assert lines()[0].startswith("ready "), (tmp_path / "first.log").read_text()
-        sock = server_name(tmp_path / "data")
+        assert lines()[0].startswith("ready "), log_path.read_text()
+        sock = server_name(data)
         assert os.path.exists(sock)
 
         t0 = time.monotonic()
-        second = subprocess.run(argv, env=env, cwd=str(home.parent), capture_output=True, text=True, timeout=60)
+        second = subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
         took = time.monotonic() - t0
         assert second.returncode == 0, second.stderr
         assert "already running" in second.stderr
@@ -303,10 +305,33 @@ def test_installed_entry_launches_and_a_second_launch_brings_it_forward(tmp_path
         assert [ln.split()[0] for ln in lines()].count("ready") == 1  # the model was loaded once
 
         first.send_signal(signal.SIGTERM)  # as a session logout does
-        assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()
+        assert first.wait(timeout=60) == 0, log_path.read_text()
         assert not os.path.exists(sock)
-        assert (tmp_path / "data" / "history.sqlite3").is_file()
+        assert (data / "history.sqlite3").is_file()
     finally:
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="the freedesktop entry is for Linux/BSD desktops")
+def test_installed_entry_launches_and_a_second_launch_brings_it_forward(tmp_path, tiny_model, runtime_dir):
+    env = desktop_env(tmp_path, runtime_dir)
+    res = subprocess.run([sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), "install"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    keys = parse_entry((Path(env["XDG_DATA_HOME"]) / "applications/parley.desktop").read_text(encoding="utf-8"))
+    assert os.access(unescape_string(keys["TryExec"]), os.X_OK)
+    argv = split_exec(keys["Exec"]) + ["--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "data")]
+    launch_twice(argv, env, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PARLEY_BUNDLE"),
+                    reason="set PARLEY_BUNDLE to a built bundle's executable (make bundle: dist/Parley/parley)")
+def test_built_bundle_launches_and_a_second_launch_brings_it_forward(tmp_path, tiny_model, runtime_dir):
+    exe = Path(os.environ["PARLEY_BUNDLE"]).resolve()
+    assert os.access(exe, os.X_OK), exe
+    argv = [str(exe), "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "data")]
+    launch_twice(argv, desktop_env(tmp_path, runtime_dir), tmp_path)

@@ -7,20 +7,18 @@ the original file. A rejected one yields a short reason for the composer to show
 """
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
 from engine.history import History
+from engine.picture_file import MAX_PIXELS, PictureError, decode
 
 from .thumbnails import read_scaled
 
 MAX_FILE_BYTES = 64 << 20
-MAX_PIXELS = 64_000_000  # same limit as the engine's decoder
 THUMB_BOX = 160
 # Raw image bytes other apps put on the clipboard / in drags, best first.
 _RAW_TYPES = (("image/png", ".png"), ("image/jpeg", ".jpg"), ("image/webp", ".webp"),
@@ -51,18 +49,9 @@ def check_picture_bytes(data: bytes, name: str) -> None:
         raise PictureRejected(f"{name} is too big ({len(data) / 2**20:.0f} MB; the limit is "
                               f"{MAX_FILE_BYTES >> 20} MB)")
     try:
-        with Image.open(io.BytesIO(data)) as probe:
-            w, h = probe.size
-            if w * h > MAX_PIXELS:
-                raise PictureRejected(f"{name} is too large ({w}×{h} pixels; the limit is "
-                                      f"{MAX_PIXELS // 1_000_000} megapixels)")
-            probe.load()
-    except PictureRejected:
-        raise
-    except (UnidentifiedImageError, Image.DecompressionBombError):
-        raise PictureRejected(f"{name} is not a picture (PNG, JPEG, WebP, GIF or BMP)") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise PictureRejected(f"{name} is a damaged picture ({exc})") from None
+        decode(data, name)  # the engine's own check: a full decode, size limit included
+    except PictureError as exc:
+        raise PictureRejected(str(exc)) from None
 
 
 class PictureIntake:

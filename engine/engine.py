@@ -27,7 +27,7 @@ from .settings import EngineSettings
 from .spill import SessionSpiller
 from .turn_runner import run_turn
 from .vision.gate import GateTurnStats, PictureGate
-from .vision.pictures import PictureError
+from .picture_file import PictureError
 
 log = logging.getLogger(__name__)
 

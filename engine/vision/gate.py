@@ -16,7 +16,8 @@ from typing import Callable
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
-from .pictures import prepare_entry, read_bytes
+from ..picture_file import read_bytes
+from .pictures import prepare_entry
 from .ram_cache import RamImageCache
 from .residency import EncoderResidency
 

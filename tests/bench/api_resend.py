@@ -21,13 +21,12 @@ import subprocess
 import sys
 import time
 
-from _common import ratio_line, workdir
+from _common import build_big_tower_model, ratio_line, workdir
 
 from engine.api import ApiServer
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
-from tests.fixtures.tiny_models import build_tiny_model
 
 REPEATS = 12
 NEW = 16
@@ -66,12 +65,7 @@ for line in sys.stdin:
 
 def main() -> None:
     d = workdir("api")
-    model_dir = build_tiny_model(
-        "llava", d / "model", image_size=224, patch_size=14,
-        vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
-        text={"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
-              "num_attention_heads": 8, "num_key_value_heads": 4},
-    )
+    model_dir = build_big_tower_model(d / "model")
     pic = make_picture(d / "p.png", 1, size=(640, 480))
     url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
     engine = open_engine(model_dir, d / "data", elastic=True, elastic_idle_s=3600)

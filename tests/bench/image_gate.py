@@ -12,12 +12,11 @@ from __future__ import annotations
 import statistics
 import time
 
-from _common import ratio_line, workdir
+from _common import build_big_tower_model, ratio_line, workdir
 
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
-from tests.fixtures.tiny_models import build_tiny_model
 
 REPEATS = 5
 NEW = 16
@@ -31,12 +30,7 @@ def turn_s(engine, cid, messages) -> tuple[float, dict]:
 
 def main() -> None:
     d = workdir("gate")
-    model_dir = build_tiny_model(
-        "llava", d / "model", image_size=224, patch_size=14,
-        vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
-        text={"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
-              "num_attention_heads": 8, "num_key_value_heads": 4},
-    )
+    model_dir = build_big_tower_model(d / "model")
     pic = make_picture(d / "p.png", 1, size=(320, 240))
     question = "What is in this picture?"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import blake3
 from PIL import Image
 
+from ..picture_file import PictureError, decode
 from .errors import bad
 
 _DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),", re.IGNORECASE)
@@ -85,8 +86,6 @@ class PictureStore:
         ext = _EXT.get(fmt.upper(), fmt.lower() or "bin")
         path = self.folder / f"{digest}.{ext}"
         if not self._touch(path):
-            from ..vision.pictures import PictureError, decode  # torch comes with engine.vision: import late
-
             try:
                 decode(data, "The picture")  # a payload that is not a picture (or is damaged) -> 400
             except PictureError as exc:

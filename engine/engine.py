@@ -6,6 +6,7 @@ state is never shared between threads. Callers only enqueue requests and receive
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import logging
 import queue
 import threading
@@ -334,6 +335,12 @@ class Engine:
         gstats = GateTurnStats()
         entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
         prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
+        limit = loaded.context_tokens
+        if limit and len(prompt.ids) >= limit:
+            raise ValueError(f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of "
+                             f"{limit} tokens. Start a new conversation (or send fewer pictures).")
+        if limit and len(prompt.ids) + turn.sampling.max_new_tokens > limit:
+            turn.sampling = replace(turn.sampling, max_new_tokens=limit - len(prompt.ids))
         if not cid:  # a stateless client (the API): continue whichever of its sessions fits best
             cid = turn.conversation_id = self.sessions.match_stateless(prompt, self._release_session)
         session = self.sessions.open(cid)

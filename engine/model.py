@@ -76,6 +76,11 @@ class LoadedModel:
     fingerprint: bytes = b""
 
     @property
+    def context_tokens(self) -> int | None:
+        text = self.model.config.get_text_config(decoder=True)
+        return getattr(text, "max_position_embeddings", None)
+
+    @property
     def tokenizer(self):
         return self.processor.tokenizer
 
@@ -180,6 +185,9 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     for k in ("return_tensors", "return_mm_token_type_ids", "return_text_replacement_offsets"):
         merged["text_kwargs"].pop(k, None)
     merged["images_kwargs"]["return_tensors"] = "pt"
+
+    # the engine checks prompt length against the model's real context itself (engine._run_turn)
+    processor.tokenizer.model_max_length = 1 << 40
 
     image_token_id = getattr(model.config, "image_token_id", None)
     if image_token_id is None:

@@ -193,3 +193,20 @@ def test_stateless_turns_continue_the_best_matching_session(llava, tmp_path):
         assert other.conversation_id != d1.conversation_id
     finally:
         engine.shutdown()
+
+
+def test_a_conversation_longer_than_the_context_fails_clearly(llava, tmp_path):
+    engine = open_engine(llava, tmp_path / "d")
+    try:
+        limit = engine.loaded.context_tokens
+        res = ask(engine, "c", [Message("user", "word " * (limit + 10))], 4)
+        assert isinstance(res, TurnFailed) and "more than the model's context" in res.message
+        # near the limit the reply is cut to fit instead of running past the context
+        n = expect_done(ask(engine, "c", [Message("user", "hi")], 4)).stats["prompt_tokens"]
+        tok = engine.loaded.tokenizer
+        per_word = len(tok("word " * 100, add_special_tokens=False)["input_ids"]) / 100
+        text = "hi " + "word " * int((limit - n - 12) / per_word)
+        d = expect_done(ask(engine, "c2", [Message("user", text)], 500))
+        assert d.stats["prompt_tokens"] + d.stats["generated_tokens"] <= limit
+    finally:
+        engine.shutdown()

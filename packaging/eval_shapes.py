@@ -1,0 +1,82 @@
+"""Held-out evaluation of "Parley Shapes": exact-answer accuracy per question type.
+
+Goes through the app's path: AutoProcessor + AutoModelForImageTextToText from the model folder,
+processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+processor(text=..., images=[...]), greedy generate until the EOS token. Earlier turns of a
+conversation are given (as the app re-sends them); the reply to the last user message is checked.
+
+    .venv/bin/python packaging/eval_shapes.py                 # 100 per type
+    .venv/bin/python packaging/eval_shapes.py --n 30 --show 3 # quicker, print some failures
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shapes_data as sd  # noqa: E402
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "resources" / "models" / "parley-shapes"
+EVAL_SEED = 20240601  # far from the training seeds
+
+
+def load(model_dir: Path | str):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    model.eval()
+    return processor, model
+
+
+@torch.inference_mode()
+def reply(processor, model, messages: list[dict], images: list, max_new_tokens: int = 64) -> str:
+    """What the app does for one turn: render, tokenize, greedy-decode to EOS."""
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=text, images=images or None, return_tensors="pt")
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=model.generation_config.eos_token_id)
+    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--n", type=int, default=100, help="conversations per question type")
+    ap.add_argument("--seed", type=int, default=EVAL_SEED)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--types", nargs="*", default=sd.EVAL_TYPES)
+    ap.add_argument("--show", type=int, default=2, help="failures to print per type")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    processor, model = load(args.model)
+    t0 = time.time()
+    results = {}
+    for qtype in args.types:
+        rng = random.Random(f"{args.seed}-{qtype}")
+        ok = 0
+        shown = 0
+        for _ in range(args.n):
+            conv = sd.eval_conversation(rng, qtype)
+            want = conv.messages[-1]["content"][0]["text"]
+            got = reply(processor, model, conv.messages[:-1], conv.images)
+            if got == want:
+                ok += 1
+            elif shown < args.show:
+                shown += 1
+                q = conv.messages[-2]["content"][-1]["text"]
+                print(f"  [{qtype}] Q: {q!r}\n      want {want!r}\n      got  {got!r}", flush=True)
+        results[qtype] = ok / args.n
+        print(f"{qtype:15s} {100 * ok / args.n:6.1f}%  ({ok}/{args.n})", flush=True)
+    overall = sum(results.values()) / len(results)
+    print(f"{'mean':15s} {100 * overall:6.1f}%   ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""Train "Parley Shapes", the tiny built-in vision-language model Parley ships with.
+
+A LLaVA model (small CLIP vision tower + small Llama), a byte-level BPE tokenizer trained here,
+a LlavaProcessor and a chat template, trained from scratch on the synthetic world of
+packaging/shapes_data.py and written to resources/models/parley-shapes/ with save_pretrained.
+Nothing is downloaded.
+
+Recipe:
+  stage 1  the vision tower and projector alone learn to see: a training-only linear probe
+           reads each 3x3 cell's picture token (RMS-normalised, as the language model sees it) and
+           predicts the shape kind, colour (or empty) and the cell; the mean token predicts the
+           background.
+  stage 2  the whole model on conversations exactly as the app renders them:
+           processor.apply_chat_template(messages) -> processor(text=..., images=...); loss on the
+           assistant answers only (each followed by EOS); the probe
+           keeps running (so the picture tokens stay readable); the vision tower starts frozen,
+           then learns at a lower rate.
+
+    .venv/bin/python packaging/train_shapes.py            # full run (~15 min on 2 CPU cores)
+    .venv/bin/python packaging/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
+
+Reproducible: the same seed, steps, batch sizes and thread count give the same weights.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shapes_data as sd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "resources" / "models" / "parley-shapes"
+
+IMAGE_SIZE = 96
+PATCH_SIZE = 32  # 3 x 3 = 9 picture tokens, one per cell of the world's grid (CLS is dropped)
+VOCAB_SIZE = 640
+
+
+# ---------------------------------------------------------------- tokenizer and processor
+
+def build_tokenizer(seed: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(seed)
+    corpus = sd.tokenizer_corpus(rng)
+    # the small-talk lines are rare in the corpus above; repeat them so they become whole words
+    for prompts, reply in sd.SMALLTALK:
+        corpus += (prompts + [p.capitalize() for p in prompts] + [reply]) * 20
+    corpus += (sd.OFF_TOPIC_FIXED + [sd.OFF_TOPIC_REPLY, sd.NO_PICTURE_REPLY, sd.ONE_PICTURE_REPLY]
+               + sd.SYSTEM_PROMPTS) * 20
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=sd.SPECIAL_TOKENS, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image>"}, model_max_length=2048)
+
+
+def build_processor(tokenizer):
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    ip = CLIPImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_center_crop=False)  # squash, don't crop: a shape near the edge stays in the picture
+    return LlavaProcessor(
+        image_processor=ip, tokenizer=tokenizer, patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        chat_template=sd.CHAT_TEMPLATE)
+
+
+def build_model(processor):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    tok = processor.tokenizer
+    vision = CLIPVisionConfig(
+        hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, num_channels=3, hidden_act="gelu",
+        projection_dim=128)
+    text = LlamaConfig(
+        vocab_size=len(tok), hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
+        rope_theta=10000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    cfg = LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=processor.image_token_id,
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
+        projector_hidden_act="gelu", image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+        tie_word_embeddings=False)
+    model = LlavaForConditionalGeneration(cfg)
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.do_sample = False
+    model.generation_config.max_new_tokens = 64
+    return model
+
+
+# ---------------------------------------------------------------- batches
+
+def encode(processor, convs: list[sd.Conversation]) -> dict[str, torch.Tensor]:
+    """Render with the chat template, tokenize with the processor, mask all but the answers."""
+    texts = [processor.apply_chat_template(c.messages, tokenize=False) for c in convs]
+    images = [im for c in convs for im in c.images]
+    batch = processor(text=texts, images=images or None, padding=True, return_tensors="pt")
+    ids = batch["input_ids"]
+    tok = processor.tokenizer
+    assistant = tok.convert_tokens_to_ids("<|assistant|>")
+    # labels: the tokens after each <|assistant|> up to and including its EOS
+    is_start = (ids == assistant).long()
+    is_eos = (ids == tok.eos_token_id).long()
+    # inside = (#starts so far, exclusive) > (#eos so far, exclusive)
+    starts_before = torch.cumsum(is_start, 1) - is_start
+    eos_before = torch.cumsum(is_eos, 1) - is_eos
+    inside = (starts_before > eos_before) & (batch["attention_mask"] == 1)
+    labels = torch.where(inside, ids, torch.full_like(ids, -100))
+    batch["labels"] = labels
+    return dict(batch)
+
+
+def check_rendering(processor, rng: random.Random) -> None:
+    """The training text must be the app's prompt + answer + EOS, token for token."""
+    tok = processor.tokenizer
+    for _ in range(50):
+        c = sd.random_conversation(rng)
+        full = processor.apply_chat_template(c.messages, tokenize=False)
+        full_ids = tok.encode(full, add_special_tokens=False)
+        assert full_ids[0] == tok.bos_token_id and full_ids.count(tok.bos_token_id) == 1
+        k = 0
+        for i, m in enumerate(c.messages):
+            if m["role"] != "assistant":
+                continue
+            prompt = processor.apply_chat_template(c.messages[:i], add_generation_prompt=True, tokenize=False)
+            answer = m["content"][0]["text"]
+            assert full.startswith(prompt + answer + tok.eos_token), (full, prompt)
+            p_ids = tok.encode(prompt, add_special_tokens=False)
+            a_ids = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+            assert full_ids[:len(p_ids) + len(a_ids)] == p_ids + a_ids
+            assert c.answers[k][1] == answer
+            k += 1
+        enc = encode(processor, [c])
+        got = enc["input_ids"][0][enc["labels"][0] != -100].tolist()
+        want = []
+        for _, a in c.answers:
+            want += tok.encode(a, add_special_tokens=False) + [tok.eos_token_id]
+        assert got == want
+
+
+# ---------------------------------------------------------------- auxiliary picture loss
+
+def grid() -> int:
+    return IMAGE_SIZE // PATCH_SIZE  # patches per side; the world's 3x3 cells are grid()/3 wide
+
+
+BACKGROUND_CLASSES = [(a,) for a in sd.BACKGROUND_NAMES] + [
+    (a, b) for a in sd.BACKGROUND_NAMES for b in sd.BACKGROUND_NAMES if a != b]
+
+
+class CellHead(torch.nn.Module):
+    """Training-only probe on the picture tokens the language model gets: from the tokens of each 3x3 cell,
+    predict which shape and colour (or none) sits there, and which cell it is (the language model
+    can't tell a picture token's place from RoPE alone, so the features should carry it); and from
+    all tokens, the background.
+    It teaches the vision tower to see before the language model learns to look; it is not saved."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.k = grid() // 3
+        self.sizes = [len(sd.SHAPES) + 1, len(sd.COLOUR_NAMES) + 1, 9]
+        self.proj = torch.nn.Linear(self.k * self.k * dim, sum(self.sizes))
+        self.background = torch.nn.Linear(dim, len(BACKGROUND_CLASSES))  # from the mean token
+
+    def forward(self, feats: torch.Tensor) -> list[torch.Tensor]:
+        n, _, d = feats.shape  # (pictures, grid*grid, dim)
+        k = self.k
+        x = feats.reshape(n, 3, k, 3, k, d).permute(0, 1, 3, 2, 4, 5).reshape(n, 9, k * k * d)
+        return list(self.proj(x).split(self.sizes, dim=-1)) + [self.background(feats.mean(1))]
+
+    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene]) -> tuple[torch.Tensor, float]:
+        """Summed cross-entropy of the three probes; and the shape-kind accuracy on filled cells."""
+        kinds, colours = [], []
+        for scene in scenes:
+            k, col = [0] * 9, [0] * 9
+            for o in scene.objects:
+                k[o.cell] = 1 + sd.SHAPES.index(o.kind)
+                col[o.cell] = 1 + sd.COLOUR_NAMES.index(o.colour)
+            kinds.append(k)
+            colours.append(col)
+        targets = [torch.tensor(kinds), torch.tensor(colours), torch.arange(9).repeat(len(scenes), 1),
+                   torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes])]
+        logits = self(feats)
+        ce = torch.nn.functional.cross_entropy
+        loss = sum(ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets))
+        with torch.no_grad():
+            filled = targets[0] > 0
+            acc = (logits[0].argmax(-1) == targets[0])[filled].float().mean().item()
+        return loss, acc
+
+
+def picture_tokens(model, pixel_values: torch.Tensor) -> torch.Tensor:
+    """What the language model gets for each picture: projected vision features (no CLS)."""
+    feats = model.model.get_image_features(pixel_values=pixel_values).pooler_output
+    return torch.stack(list(feats))
+
+
+def lm_view(feats: torch.Tensor) -> torch.Tensor:
+    """Picture tokens as the language model's first layer sees them (RMS-normalised); the probe
+    reads them here, so what it demands is there for the language model to read too."""
+    return feats * torch.rsqrt(feats.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def cosine_lr(base: float, warmup: int, total: int, step: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return base * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def fmt_time(seconds: float) -> str:
+    return f"{seconds / 60:4.1f} min"
+
+
+# ---------------------------------------------------------------- training
+
+def main(argv=None) -> None:
+    global PATCH_SIZE
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vision-steps", type=int, default=3000, help="stage 1: vision tower + cell probe")
+    ap.add_argument("--vision-batch", type=int, default=48, help="pictures per stage-1 step")
+    ap.add_argument("--vision-lr", type=float, default=2e-3)
+    ap.add_argument("--steps", type=int, default=3500, help="stage 2: the whole model on conversations")
+    ap.add_argument("--batch", type=int, default=24, help="conversations per stage-2 step")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--aux", type=float, default=0.5, help="weight of the cell probe in stage 2")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--freeze-vision", type=int, default=200,
+                    help="stage-2 steps with the vision tower frozen (projector and LM catch up first)")
+    ap.add_argument("--patch", type=int, default=PATCH_SIZE)
+    ap.add_argument("--vision-cache", type=Path, default=None, help=argparse.SUPPRESS)  # dev: reuse stage 1
+    args = ap.parse_args(argv)
+    PATCH_SIZE = args.patch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.time()
+
+    tokenizer = build_tokenizer(args.seed)
+    processor = build_processor(tokenizer)
+    check_rendering(processor, random.Random(args.seed + 1))
+    model = build_model(processor)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
+          f"({n_params * 4 / 2**20:.1f} MiB fp32); {grid() ** 2} tokens per picture", flush=True)
+    head = CellHead(model.config.text_config.hidden_size)
+    model.train()
+
+    # ---- stage 1: teach the vision tower to see (pictures only, cell probe)
+    vision = model.model.vision_tower
+    projector = model.model.multi_modal_projector
+    params = list(vision.parameters()) + list(projector.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=args.vision_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    rng = random.Random(args.seed + 3)
+    acc_ema = None
+    t0 = time.time()
+    cached = args.vision_cache is not None and args.vision_cache.exists()
+    if cached:
+        state = torch.load(args.vision_cache)
+        vision.load_state_dict(state["vision"])
+        projector.load_state_dict(state["projector"])
+        head.load_state_dict(state["head"])
+    for step in range(0 if cached else args.vision_steps):
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(args.vision_lr, 50, args.vision_steps, step)
+        scenes = [sd.random_scene(rng) for _ in range(args.vision_batch)]
+        pixels = processor.image_processor([sd.render(sc, rng) for sc in scenes], return_tensors="pt")["pixel_values"]
+        loss, acc = head.loss(lm_view(picture_tokens(model, pixels)), scenes)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        acc_ema = acc if acc_ema is None else 0.95 * acc_ema + 0.05 * acc
+        if (step + 1) % args.log_every == 0 or step + 1 == args.vision_steps:
+            el = time.time() - t0
+            print(f"vision {step + 1:5d}/{args.vision_steps}  probe loss {loss.item():.3f}  "
+                  f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
+                  flush=True)
+
+    if args.vision_cache is not None and not cached:
+        torch.save({"vision": vision.state_dict(), "projector": projector.state_dict(), "head": head.state_dict()},
+                   args.vision_cache)
+
+    # ---- stage 2: the whole model on conversations rendered as the app renders them
+    named = [(n, p) for n, p in model.named_parameters()] + [("aux." + n, p) for n, p in head.named_parameters()]
+    groups = {}
+    for n, p in named:
+        wd = 0.05 if (p.ndim >= 2 and "embed" not in n) else 0.0
+        mult = 0.5 if ("vision_tower" in n or n.startswith("aux.")) else 1.0  # already trained: gentler
+        if "vision_tower" in n:
+            mult = -mult  # marks the vision tower's groups (frozen for the first steps)
+        groups.setdefault((wd, mult), []).append(p)
+    opt = torch.optim.AdamW([{"params": ps, "weight_decay": wd, "mult": mult} for (wd, mult), ps in groups.items()],
+                            lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+    data_rng = random.Random(args.seed + 2)
+    ema = None
+    acc_ema = None
+    t0 = time.time()
+    t_data = 0.0
+    pending: list[list[sd.Conversation]] = []
+    for step in range(args.steps):
+        td = time.time()
+        if not pending:  # draw 4 batches at once and group similar lengths: less padding
+            pool = [sd.random_conversation(data_rng) for _ in range(4 * args.batch)]
+            pool.sort(key=lambda c: (len(c.images), sum(len(str(m["content"])) for m in c.messages)))
+            pending = [pool[i * args.batch:(i + 1) * args.batch] for i in range(4)]
+            data_rng.shuffle(pending)
+        convs = pending.pop()
+        batch = encode(processor, convs)
+        t_data += time.time() - td
+        lr = cosine_lr(args.lr, args.warmup, args.steps, step)
+        for g in opt.param_groups:
+            g["lr"] = lr * abs(g["mult"]) if (g["mult"] > 0 or step >= args.freeze_vision) else 0.0
+        out = model(**batch)  # mean cross-entropy over the answer tokens
+        answer_loss = out.loss
+        total = answer_loss
+        aux_loss = torch.zeros(())
+        if args.aux > 0 and "pixel_values" in batch:
+            feats = lm_view(torch.stack(list(out.image_outputs.pooler_output)))
+            aux_loss, acc = head.loss(feats, [sc for c in convs for sc in c.scenes])
+            acc_ema = acc if acc_ema is None else 0.95 * acc_ema + 0.05 * acc
+            total = total + args.aux * aux_loss
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss = answer_loss.item()
+        ema = loss if ema is None else 0.95 * ema + 0.05 * loss
+        if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.steps:
+            el = time.time() - t0
+            print(f"chat   {step + 1:5d}/{args.steps}  answer loss {loss:.4f} (avg {ema:.4f})  "
+                  f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  lr {lr:.2e}  "
+                  f"{fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.steps - step - 1))}  "
+                  f"(data {100 * t_data / el:.0f}%)", flush=True)
+
+    model.eval()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for f in args.out.glob("*"):
+        if f.is_file() and f.name != "README.md":
+            f.unlink()
+    model.save_pretrained(args.out)
+    processor.save_pretrained(args.out)
+    size = sum(f.stat().st_size for f in args.out.glob("*") if f.is_file())
+    print(f"saved to {args.out} ({size / 2**20:.1f} MiB); trained in {fmt_time(time.time() - t_start)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

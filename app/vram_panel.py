@@ -334,6 +334,7 @@ class VramPanel(QDockWidget):
             swatch.setStyleSheet(f"background: {color_for(key).name()}; border-radius: 2px;")
             val.setObjectName(f"component_{key}")
             val.setAlignment(Qt.AlignmentFlag.AlignRight)
+            val.setWordWrap(True)  # "4.8 MiB (5,000,192 B) — resident" wraps instead of being cut off
             n = len(self._legend_rows)
             self.legend.addWidget(swatch, n, 0)
             self.legend.addWidget(name, n, 1)

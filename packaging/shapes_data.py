@@ -14,7 +14,10 @@ Rules of the world (the answers are exact strings):
 - Pictures hold 1-3 shapes, each of a different kind and a different colour, each in its own
   cell of a 3x3 grid; positions are named from that cell ("at the top left", "in the middle").
 - A question is about the latest picture of the conversation unless it names one
-  ("... in the first picture", "the second picture").
+  ("... in the first picture", "the second picture"); an answer about a named picture says so
+  ("Picture 2 shows ...", "In picture 1, the circle is red.").
+- Answers about one shape name it first ("The circle is red.", "The red shape is a star.",
+  "The star is not in the picture."): a small model finds the shape more easily that way.
 - Text-only small talk gets fixed replies; a picture question with no picture asks for one.
 """
 from __future__ import annotations
@@ -235,6 +238,7 @@ _OFF_STARTS = ["what is", "tell me about", "how do i", "why is", "can you explai
                "how much is"]
 OFF_TOPIC_REPLY = "Sorry, I only know about shapes in pictures."
 NO_PICTURE_REPLY = "Please send me a picture first."
+NOT_THERE = "is not in the picture."
 ONE_PICTURE_REPLY = "There is only one picture."
 
 SYSTEM_PROMPTS = [
@@ -369,11 +373,11 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
             elif rng.random() < 0.8:
                 o = rng.choice(objs)
                 q = _fill(rng.choice(COLOUR_KIND_T), picref, n_pictures, rng, K=o.kind)
-                a = f"It is {o.colour}."
+                a = f"The {o.kind} is {o.colour}."
             else:
                 kind = rng.choice([k for k in SHAPES if k not in {o.kind for o in objs}])
                 q = _fill(rng.choice(COLOUR_KIND_T), picref, n_pictures, rng, K=kind)
-                a, qtype = f"There is no {kind}.", "absent"
+                a, qtype = f"The {kind} {NOT_THERE}", "absent"
         elif qtype == "shape":
             if n == 1 and rng.random() < 0.6:
                 q = _fill(rng.choice(SHAPE_ONE_T), picref, n_pictures, rng)
@@ -381,11 +385,11 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
             elif rng.random() < 0.8:
                 o = rng.choice(objs)
                 q = _fill(rng.choice(SHAPE_COLOUR_T), picref, n_pictures, rng, C=o.colour)
-                a = f"It is {a_(o.kind)} {o.kind}."
+                a = f"The {o.colour} shape is {a_(o.kind)} {o.kind}."
             else:
                 colour = rng.choice([c for c in COLOUR_NAMES if c not in {o.colour for o in objs}])
                 q = _fill(rng.choice(SHAPE_COLOUR_T), picref, n_pictures, rng, C=colour)
-                a, qtype = f"There is no {colour} shape.", "absent"
+                a, qtype = f"The {colour} shape {NOT_THERE}", "absent"
         elif qtype == "where":
             o = rng.choice(objs)
             if n == 1 and rng.random() < 0.3:
@@ -394,12 +398,12 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
             elif rng.random() < 0.85:
                 ref = rng.choice([o.kind, f"{o.colour} shape", f"{o.colour} {o.kind}", o.kind])
                 q = _fill(rng.choice(WHERE_T), picref, n_pictures, rng, R=ref)
-                a = f"It is {POSITIONS[o.cell]}."
+                a = f"The {ref} is {POSITIONS[o.cell]}."
             else:
                 kind = rng.choice([k for k in SHAPES if k not in {x.kind for x in objs}])
                 ref = rng.choice([kind, f"{o.colour} {kind}"])
                 q = _fill(rng.choice(WHERE_T), picref, n_pictures, rng, R=ref)
-                a, qtype = f"There is no {ref}.", "absent"
+                a, qtype = f"The {ref} {NOT_THERE}", "absent"
         elif qtype == "yesno":
             o = rng.choice(objs)
             if rng.random() < 0.25:
@@ -441,6 +445,12 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
         else:
             raise ValueError(qtype)
         if q is not None:
+            if picref and n_pictures > 1 and qtype not in ("yesno", "list"):
+                # name the picture first: the rest of the answer is then about it
+                if qtype == "describe":
+                    a = f"Picture {picref} shows {a[0].lower()}{a[1:]}"
+                else:
+                    a = f"In picture {picref}, {a[0].lower()}{a[1:]}"
             return qtype, q, a
 
 

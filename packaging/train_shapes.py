@@ -93,12 +93,12 @@ def build_model(processor):
         vocab_size=len(tok), hidden_size=192, intermediate_size=512, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
         rope_theta=10000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
     cfg = LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=processor.image_token_id,
         vision_feature_select_strategy="default", vision_feature_layer=-1,
         projector_hidden_act="gelu", image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2,
-        tie_word_embeddings=False)
+        tie_word_embeddings=True)
     model = LlavaForConditionalGeneration(cfg)
     model.generation_config.bos_token_id = tok.bos_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -209,10 +209,40 @@ class CellHead(torch.nn.Module):
         return loss, acc
 
 
-def picture_tokens(model, pixel_values: torch.Tensor) -> torch.Tensor:
-    """What the language model gets for each picture: projected vision features (no CLS)."""
-    feats = model.model.get_image_features(pixel_values=pixel_values).pooler_output
-    return torch.stack(list(feats))
+class WordProbe(torch.nn.Module):
+    """Training-only: a filled cell's picture token (as the language model sees it) should point
+    the way of the word embeddings of its colour and its shape kind (" red", " circle"). With tied
+    input/output embeddings, answering is then close to copying a word from the context, which a
+    small language model learns much sooner than an arbitrary read-out."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids("\u0120" + w) for w in words])  # noqa: E731
+        self.register_buffer("colour_ids", ids(sd.COLOUR_NAMES), persistent=False)
+        self.register_buffer("kind_ids", ids(sd.SHAPES), persistent=False)
+        self.scale = torch.nn.Parameter(torch.tensor(5.0))
+
+    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene], embed: torch.Tensor) -> torch.Tensor:
+        colours = [sd.COLOUR_NAMES.index(o.colour) for sc in scenes for o in sc.objects]
+        kinds = [sd.SHAPES.index(o.kind) for sc in scenes for o in sc.objects]
+        idx = torch.tensor([i * feats.shape[1] + cell_token(o.cell)
+                            for i, scene in enumerate(scenes) for o in scene.objects])
+        f = feats.reshape(-1, feats.shape[-1])[idx]
+        ce = torch.nn.functional.cross_entropy
+        scale = self.scale / f.shape[-1] ** 0.5
+        loss = torch.zeros(())
+        for ids, target in ((self.colour_ids, colours), (self.kind_ids, kinds)):
+            e = embed[ids]
+            e = e / (e.norm(dim=-1, keepdim=True) + 1e-6)
+            loss = loss + ce(f @ e.T * scale, torch.tensor(target))
+        return loss
+
+
+def cell_token(cell: int) -> int:
+    """Index of the (first) picture token covering a cell of the 3x3 grid."""
+    k = grid() // 3
+    r, c = divmod(cell, 3)
+    return (r * k) * grid() + c * k
 
 
 def lm_view(feats: torch.Tensor) -> torch.Tensor:
@@ -267,13 +297,25 @@ def main(argv=None) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
           f"({n_params * 4 / 2**20:.1f} MiB fp32); {grid() ** 2} tokens per picture", flush=True)
-    head = CellHead(model.config.text_config.hidden_size)
+    head = CellHead(model.config.vision_config.hidden_size)  # on the vision tower's output
+    head_lm = CellHead(model.config.text_config.hidden_size)  # on the picture tokens the LM gets
+    words = WordProbe(tokenizer)
+    embed = model.get_input_embeddings().weight
+    probes = [head, head_lm, words]
+
+    def probe_loss(image_outputs, scenes):
+        vis = image_outputs.last_hidden_state[:, 1:]
+        lm = lm_view(torch.stack(list(image_outputs.pooler_output)))
+        l1, acc = head.loss(vis, scenes)
+        l2, _ = head_lm.loss(lm, scenes)
+        return l1 + l2 + words.loss(lm, scenes, embed), acc
+
     model.train()
 
     # ---- stage 1: teach the vision tower to see (pictures only, cell probe)
     vision = model.model.vision_tower
     projector = model.model.multi_modal_projector
-    params = list(vision.parameters()) + list(projector.parameters()) + list(head.parameters())
+    params = list(vision.parameters()) + list(projector.parameters()) + [p for m in probes for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=args.vision_lr, weight_decay=0.01, betas=(0.9, 0.98))
     rng = random.Random(args.seed + 3)
     acc_ema = None
@@ -283,13 +325,14 @@ def main(argv=None) -> None:
         state = torch.load(args.vision_cache)
         vision.load_state_dict(state["vision"])
         projector.load_state_dict(state["projector"])
-        head.load_state_dict(state["head"])
+        for m, sd_ in zip(probes, state["probes"]):
+            m.load_state_dict(sd_)
     for step in range(0 if cached else args.vision_steps):
         for g in opt.param_groups:
             g["lr"] = cosine_lr(args.vision_lr, 50, args.vision_steps, step)
         scenes = [sd.random_scene(rng) for _ in range(args.vision_batch)]
         pixels = processor.image_processor([sd.render(sc, rng) for sc in scenes], return_tensors="pt")["pixel_values"]
-        loss, acc = head.loss(lm_view(picture_tokens(model, pixels)), scenes)
+        loss, acc = probe_loss(model.model.get_image_features(pixel_values=pixels), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -301,11 +344,14 @@ def main(argv=None) -> None:
                   flush=True)
 
     if args.vision_cache is not None and not cached:
-        torch.save({"vision": vision.state_dict(), "projector": projector.state_dict(), "head": head.state_dict()},
-                   args.vision_cache)
+        torch.save({"vision": vision.state_dict(), "projector": projector.state_dict(),
+                    "probes": [m.state_dict() for m in probes]}, args.vision_cache)
+
+    model.zero_grad(set_to_none=True)  # the word probe left gradients on the (not yet trained) embeddings
 
     # ---- stage 2: the whole model on conversations rendered as the app renders them
-    named = [(n, p) for n, p in model.named_parameters()] + [("aux." + n, p) for n, p in head.named_parameters()]
+    named = [(n, p) for n, p in model.named_parameters()] + [
+        (f"aux{i}." + n, p) for i, m in enumerate(probes) for n, p in m.named_parameters()]
     groups = {}
     for n, p in named:
         wd = 0.05 if (p.ndim >= 2 and "embed" not in n) else 0.0
@@ -339,8 +385,7 @@ def main(argv=None) -> None:
         total = answer_loss
         aux_loss = torch.zeros(())
         if args.aux > 0 and "pixel_values" in batch:
-            feats = lm_view(torch.stack(list(out.image_outputs.pooler_output)))
-            aux_loss, acc = head.loss(feats, [sc for c in convs for sc in c.scenes])
+            aux_loss, acc = probe_loss(out.image_outputs, [sc for c in convs for sc in c.scenes])
             acc_ema = acc if acc_ema is None else 0.95 * acc_ema + 0.05 * acc
             total = total + args.aux * aux_loss
         opt.zero_grad(set_to_none=True)

@@ -273,7 +273,7 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-steps", type=int, default=3000, help="stage 1: vision tower + cell probe")
     ap.add_argument("--vision-batch", type=int, default=48, help="pictures per stage-1 step")
     ap.add_argument("--vision-lr", type=float, default=2e-3)
-    ap.add_argument("--steps", type=int, default=3500, help="stage 2: the whole model on conversations")
+    ap.add_argument("--steps", type=int, default=4000, help="stage 2: the whole model on conversations")
     ap.add_argument("--batch", type=int, default=24, help="conversations per stage-2 step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)

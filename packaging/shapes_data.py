@@ -516,7 +516,7 @@ def random_conversation(rng: random.Random) -> Conversation:
     """One training conversation (a mix of the kinds the app sends)."""
     b = _Builder(rng, system=rng.random() < 0.2)
     kind = rng.choices(["one", "two_at_once", "two_turns", "talk", "talk_then_picture", "edge"],
-                       weights=[0.42, 0.14, 0.26, 0.05, 0.08, 0.05])[0]
+                       weights=[0.3, 0.25, 0.3, 0.04, 0.06, 0.05])[0]
     if kind == "one":
         b.visual([random_scene(rng)])
         for _ in range(rng.choice([0, 1, 2, 2, 3, 4])):

@@ -13,10 +13,11 @@ Recipe:
   stage 2  the whole model on conversations exactly as the app renders them:
            processor.apply_chat_template(messages) -> processor(text=..., images=...); loss on the
            assistant answers only (each followed by EOS); the probe
-           keeps running (so the picture tokens stay readable); the vision tower starts frozen,
-           then learns at a lower rate.
+           keeps running (so the picture tokens stay readable), and a second probe asks the
+           picture tokens, two layers into the language model, which picture they belong to
+           (packaging/shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
 
-    .venv/bin/python packaging/train_shapes.py            # full run (~15 min on 2 CPU cores)
+    .venv/bin/python packaging/train_shapes.py            # full run (~22 min on 2 CPU cores)
     .venv/bin/python packaging/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
 
 Reproducible: the same seed, steps, batch sizes and thread count give the same weights.
@@ -35,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes_data as sd  # noqa: E402
+from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "resources" / "models" / "parley-shapes"
@@ -158,97 +160,8 @@ def check_rendering(processor, rng: random.Random) -> None:
         assert got == want
 
 
-# ---------------------------------------------------------------- auxiliary picture loss
-
 def grid() -> int:
-    return IMAGE_SIZE // PATCH_SIZE  # patches per side; the world's 3x3 cells are grid()/3 wide
-
-
-BACKGROUND_CLASSES = [(a,) for a in sd.BACKGROUND_NAMES] + [
-    (a, b) for a in sd.BACKGROUND_NAMES for b in sd.BACKGROUND_NAMES if a != b]
-
-
-class CellHead(torch.nn.Module):
-    """Training-only probe on the picture tokens the language model gets: from the tokens of each 3x3 cell,
-    predict which shape and colour (or none) sits there, and which cell it is (the language model
-    can't tell a picture token's place from RoPE alone, so the features should carry it); and from
-    all tokens, the background.
-    It teaches the vision tower to see before the language model learns to look; it is not saved."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.k = grid() // 3
-        self.sizes = [len(sd.SHAPES) + 1, len(sd.COLOUR_NAMES) + 1, 9]
-        self.proj = torch.nn.Linear(self.k * self.k * dim, sum(self.sizes))
-        self.background = torch.nn.Linear(dim, len(BACKGROUND_CLASSES))  # from the mean token
-
-    def forward(self, feats: torch.Tensor) -> list[torch.Tensor]:
-        n, _, d = feats.shape  # (pictures, grid*grid, dim)
-        k = self.k
-        x = feats.reshape(n, 3, k, 3, k, d).permute(0, 1, 3, 2, 4, 5).reshape(n, 9, k * k * d)
-        return list(self.proj(x).split(self.sizes, dim=-1)) + [self.background(feats.mean(1))]
-
-    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene]) -> tuple[torch.Tensor, float]:
-        """Summed cross-entropy of the three probes; and the shape-kind accuracy on filled cells."""
-        kinds, colours = [], []
-        for scene in scenes:
-            k, col = [0] * 9, [0] * 9
-            for o in scene.objects:
-                k[o.cell] = 1 + sd.SHAPES.index(o.kind)
-                col[o.cell] = 1 + sd.COLOUR_NAMES.index(o.colour)
-            kinds.append(k)
-            colours.append(col)
-        targets = [torch.tensor(kinds), torch.tensor(colours), torch.arange(9).repeat(len(scenes), 1),
-                   torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes])]
-        logits = self(feats)
-        ce = torch.nn.functional.cross_entropy
-        loss = sum(ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets))
-        with torch.no_grad():
-            filled = targets[0] > 0
-            acc = (logits[0].argmax(-1) == targets[0])[filled].float().mean().item()
-        return loss, acc
-
-
-class WordProbe(torch.nn.Module):
-    """Training-only: a filled cell's picture token (as the language model sees it) should point
-    the way of the word embeddings of its colour and its shape kind (" red", " circle"). With tied
-    input/output embeddings, answering is then close to copying a word from the context, which a
-    small language model learns much sooner than an arbitrary read-out."""
-
-    def __init__(self, tokenizer):
-        super().__init__()
-        ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids("\u0120" + w) for w in words])  # noqa: E731
-        self.register_buffer("colour_ids", ids(sd.COLOUR_NAMES), persistent=False)
-        self.register_buffer("kind_ids", ids(sd.SHAPES), persistent=False)
-        self.scale = torch.nn.Parameter(torch.tensor(5.0))
-
-    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene], embed: torch.Tensor) -> torch.Tensor:
-        colours = [sd.COLOUR_NAMES.index(o.colour) for sc in scenes for o in sc.objects]
-        kinds = [sd.SHAPES.index(o.kind) for sc in scenes for o in sc.objects]
-        idx = torch.tensor([i * feats.shape[1] + cell_token(o.cell)
-                            for i, scene in enumerate(scenes) for o in scene.objects])
-        f = feats.reshape(-1, feats.shape[-1])[idx]
-        ce = torch.nn.functional.cross_entropy
-        scale = self.scale / f.shape[-1] ** 0.5
-        loss = torch.zeros(())
-        for ids, target in ((self.colour_ids, colours), (self.kind_ids, kinds)):
-            e = embed[ids]
-            e = e / (e.norm(dim=-1, keepdim=True) + 1e-6)
-            loss = loss + ce(f @ e.T * scale, torch.tensor(target))
-        return loss
-
-
-def cell_token(cell: int) -> int:
-    """Index of the (first) picture token covering a cell of the 3x3 grid."""
-    k = grid() // 3
-    r, c = divmod(cell, 3)
-    return (r * k) * grid() + c * k
-
-
-def lm_view(feats: torch.Tensor) -> torch.Tensor:
-    """Picture tokens as the language model's first layer sees them (RMS-normalised); the probe
-    reads them here, so what it demands is there for the language model to read too."""
-    return feats * torch.rsqrt(feats.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return IMAGE_SIZE // PATCH_SIZE  # patches per side
 
 
 def cosine_lr(base: float, warmup: int, total: int, step: int) -> float:
@@ -278,6 +191,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the cell probe in stage 2")
+    ap.add_argument("--order", type=float, default=0.5, help="weight of the picture-order probe in stage 2")
+    ap.add_argument("--order-layer", type=int, default=2, help="language-model layer the order probe reads")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--freeze-vision", type=int, default=200,
                     help="stage-2 steps with the vision tower frozen (projector and LM catch up first)")
@@ -297,9 +212,9 @@ def main(argv=None) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
           f"({n_params * 4 / 2**20:.1f} MiB fp32); {grid() ** 2} tokens per picture", flush=True)
-    head = CellHead(model.config.vision_config.hidden_size)  # on the vision tower's output
-    head_lm = CellHead(model.config.text_config.hidden_size)  # on the picture tokens the LM gets
-    words = WordProbe(tokenizer)
+    head = CellHead(model.config.vision_config.hidden_size, grid())  # on the vision tower's output
+    head_lm = CellHead(model.config.text_config.hidden_size, grid())  # on the picture tokens the LM gets
+    words = WordProbe(tokenizer, grid())
     embed = model.get_input_embeddings().weight
     probes = [head, head_lm, words]
 
@@ -350,6 +265,8 @@ def main(argv=None) -> None:
     model.zero_grad(set_to_none=True)  # the word probe left gradients on the (not yet trained) embeddings
 
     # ---- stage 2: the whole model on conversations rendered as the app renders them
+    order = PictureOrderProbe(model.config.text_config.hidden_size, processor.image_token_id, grid() ** 2)
+    probes.append(order)
     named = [(n, p) for n, p in model.named_parameters()] + [
         (f"aux{i}." + n, p) for i, m in enumerate(probes) for n, p in m.named_parameters()]
     groups = {}
@@ -380,9 +297,13 @@ def main(argv=None) -> None:
         lr = cosine_lr(args.lr, args.warmup, args.steps, step)
         for g in opt.param_groups:
             g["lr"] = lr * abs(g["mult"]) if (g["mult"] > 0 or step >= args.freeze_vision) else 0.0
-        out = model(**batch)  # mean cross-entropy over the answer tokens
+        out = model(**batch, output_hidden_states=args.order > 0)  # loss: mean cross-entropy over the answers
         answer_loss = out.loss
         total = answer_loss
+        order_loss = torch.zeros(())
+        if args.order > 0:
+            order_loss = order.loss(out.hidden_states[args.order_layer], batch["input_ids"])
+            total = total + args.order * order_loss
         aux_loss = torch.zeros(())
         if args.aux > 0 and "pixel_values" in batch:
             aux_loss, acc = probe_loss(out.image_outputs, [sc for c in convs for sc in c.scenes])
@@ -397,7 +318,7 @@ def main(argv=None) -> None:
         if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.steps:
             el = time.time() - t0
             print(f"chat   {step + 1:5d}/{args.steps}  answer loss {loss:.4f} (avg {ema:.4f})  "
-                  f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  lr {lr:.2e}  "
+                  f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  order {order_loss.item():.3f}  lr {lr:.2e}  "
                   f"{fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.steps - step - 1))}  "
                   f"(data {100 * t_data / el:.0f}%)", flush=True)
 

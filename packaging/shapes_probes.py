@@ -1,0 +1,131 @@
+"""Training-only probes for "Parley Shapes" (packaging/train_shapes.py); none of them is saved.
+
+Each one asks a small linear read-out to find something in the model's activations, so that the
+thing is there, in a linear form, for the language model's attention to use: what each picture
+cell holds (CellHead, WordProbe) and which picture a picture token belongs to (PictureOrderProbe).
+"""
+from __future__ import annotations
+
+import torch
+
+import shapes_data as sd
+
+BACKGROUND_CLASSES = [(a,) for a in sd.BACKGROUND_NAMES] + [
+    (a, b) for a in sd.BACKGROUND_NAMES for b in sd.BACKGROUND_NAMES if a != b]
+
+
+class CellHead(torch.nn.Module):
+    """Training-only probe on the picture tokens the language model gets: from the tokens of each 3x3 cell,
+    predict which shape and colour (or none) sits there, and which cell it is (the language model
+    can't tell a picture token's place from RoPE alone, so the features should carry it); and from
+    all tokens, the background.
+    It teaches the vision tower to see before the language model learns to look; it is not saved."""
+
+    def __init__(self, dim: int, grid: int):
+        super().__init__()
+        self.k = grid // 3  # grid = patches per side; the world's 3x3 cells are grid/3 wide
+        self.sizes = [len(sd.SHAPES) + 1, len(sd.COLOUR_NAMES) + 1, 9]
+        self.proj = torch.nn.Linear(self.k * self.k * dim, sum(self.sizes))
+        self.background = torch.nn.Linear(dim, len(BACKGROUND_CLASSES))  # from the mean token
+
+    def forward(self, feats: torch.Tensor) -> list[torch.Tensor]:
+        n, _, d = feats.shape  # (pictures, grid*grid, dim)
+        k = self.k
+        x = feats.reshape(n, 3, k, 3, k, d).permute(0, 1, 3, 2, 4, 5).reshape(n, 9, k * k * d)
+        return list(self.proj(x).split(self.sizes, dim=-1)) + [self.background(feats.mean(1))]
+
+    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene]) -> tuple[torch.Tensor, float]:
+        """Summed cross-entropy of the three probes; and the shape-kind accuracy on filled cells."""
+        kinds, colours = [], []
+        for scene in scenes:
+            k, col = [0] * 9, [0] * 9
+            for o in scene.objects:
+                k[o.cell] = 1 + sd.SHAPES.index(o.kind)
+                col[o.cell] = 1 + sd.COLOUR_NAMES.index(o.colour)
+            kinds.append(k)
+            colours.append(col)
+        targets = [torch.tensor(kinds), torch.tensor(colours), torch.arange(9).repeat(len(scenes), 1),
+                   torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes])]
+        logits = self(feats)
+        ce = torch.nn.functional.cross_entropy
+        loss = sum(ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets))
+        with torch.no_grad():
+            filled = targets[0] > 0
+            acc = (logits[0].argmax(-1) == targets[0])[filled].float().mean().item()
+        return loss, acc
+
+
+class WordProbe(torch.nn.Module):
+    """Training-only: a filled cell's picture token (as the language model sees it) should point
+    the way of the word embeddings of its colour and its shape kind (" red", " circle"). With tied
+    input/output embeddings, answering is then close to copying a word from the context, which a
+    small language model learns much sooner than an arbitrary read-out."""
+
+    def __init__(self, tokenizer, grid: int):
+        super().__init__()
+        self.grid = grid
+        ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids("\u0120" + w) for w in words])  # noqa: E731
+        self.register_buffer("colour_ids", ids(sd.COLOUR_NAMES), persistent=False)
+        self.register_buffer("kind_ids", ids(sd.SHAPES), persistent=False)
+        self.scale = torch.nn.Parameter(torch.tensor(5.0))
+
+    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene], embed: torch.Tensor) -> torch.Tensor:
+        colours = [sd.COLOUR_NAMES.index(o.colour) for sc in scenes for o in sc.objects]
+        kinds = [sd.SHAPES.index(o.kind) for sc in scenes for o in sc.objects]
+        idx = torch.tensor([i * feats.shape[1] + cell_token(o.cell, self.grid)
+                            for i, scene in enumerate(scenes) for o in scene.objects])
+        f = feats.reshape(-1, feats.shape[-1])[idx]
+        ce = torch.nn.functional.cross_entropy
+        scale = self.scale / f.shape[-1] ** 0.5
+        loss = torch.zeros(())
+        for ids, target in ((self.colour_ids, colours), (self.kind_ids, kinds)):
+            e = embed[ids]
+            e = e / (e.norm(dim=-1, keepdim=True) + 1e-6)
+            loss = loss + ce(f @ e.T * scale, torch.tensor(target))
+        return loss
+
+
+def cell_token(cell: int, grid: int) -> int:
+    """Index of the (first) picture token covering a cell of the 3x3 grid."""
+    k = grid // 3
+    r, c = divmod(cell, 3)
+    return (r * k) * grid + c * k
+
+
+def lm_view(feats: torch.Tensor) -> torch.Tensor:
+    """Picture tokens as the language model's first layer sees them (RMS-normalised); the probe
+    reads them here, so what it demands is there for the language model to read too."""
+    return feats * torch.rsqrt(feats.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class PictureOrderProbe(torch.nn.Module):
+    """Training-only: after a few language-model layers, each picture token should say which
+    picture of the conversation it belongs to (1st, 2nd, 3rd+), as a class and as a number that
+    grows with it. Picture tokens of different pictures look alike, and RoPE only tells distance;
+    with the order written into them, "the second picture" and "the latest picture" become a
+    lookup the language model's attention can make (without it, two-picture questions mixed the
+    pictures up)."""
+
+    MAX = 3
+
+    def __init__(self, dim: int, image_token_id: int, tokens_per_picture: int):
+        super().__init__()
+        self.image_token_id = image_token_id
+        self.per_picture = tokens_per_picture
+        self.proj = torch.nn.Linear(dim, self.MAX + 1)  # MAX classes + the number
+
+    def targets(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the picture tokens are, and each one's picture (0-based, the last class for 3+)."""
+        is_pic = input_ids == self.image_token_id
+        order = (torch.cumsum(is_pic.long(), 1) - 1) // self.per_picture  # counted per row
+        return is_pic, order[is_pic].clamp(max=self.MAX - 1)
+
+    def loss(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        is_pic, target = self.targets(input_ids)
+        if not is_pic.any():
+            return torch.zeros(())
+        out = self.proj(hidden[is_pic])
+        ce = torch.nn.functional.cross_entropy(out[:, :self.MAX], target)
+        mse = torch.nn.functional.mse_loss(out[:, self.MAX], target.float())
+        return ce + mse
+

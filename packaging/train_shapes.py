@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import sys
 import time
@@ -43,6 +42,7 @@ DEFAULT_OUT = ROOT / "resources" / "models" / "parley-shapes"
 
 IMAGE_SIZE = 96
 PATCH_SIZE = 32  # 3 x 3 = 9 picture tokens, one per cell of the world's grid (CLS is dropped)
+GRID = IMAGE_SIZE // PATCH_SIZE  # patches per side
 VOCAB_SIZE = 640
 
 
@@ -99,7 +99,7 @@ def build_model(processor):
     cfg = LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=processor.image_token_id,
         vision_feature_select_strategy="default", vision_feature_layer=-1,
-        projector_hidden_act="gelu", image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+        projector_hidden_act="gelu", image_seq_length=GRID ** 2,
         tie_word_embeddings=True)
     model = LlavaForConditionalGeneration(cfg)
     model.generation_config.bos_token_id = tok.bos_token_id
@@ -160,10 +160,6 @@ def check_rendering(processor, rng: random.Random) -> None:
         assert got == want
 
 
-def grid() -> int:
-    return IMAGE_SIZE // PATCH_SIZE  # patches per side
-
-
 def cosine_lr(base: float, warmup: int, total: int, step: int) -> float:
     if step < warmup:
         return base * (step + 1) / warmup
@@ -178,7 +174,6 @@ def fmt_time(seconds: float) -> str:
 # ---------------------------------------------------------------- training
 
 def main(argv=None) -> None:
-    global PATCH_SIZE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=1234)
@@ -196,10 +191,7 @@ def main(argv=None) -> None:
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--freeze-vision", type=int, default=200,
                     help="stage-2 steps with the vision tower frozen (projector and LM catch up first)")
-    ap.add_argument("--patch", type=int, default=PATCH_SIZE)
-    ap.add_argument("--vision-cache", type=Path, default=None, help=argparse.SUPPRESS)  # dev: reuse stage 1
     args = ap.parse_args(argv)
-    PATCH_SIZE = args.patch
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -211,10 +203,10 @@ def main(argv=None) -> None:
     model = build_model(processor)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
-          f"({n_params * 4 / 2**20:.1f} MiB fp32); {grid() ** 2} tokens per picture", flush=True)
-    head = CellHead(model.config.vision_config.hidden_size, grid())  # on the vision tower's output
-    head_lm = CellHead(model.config.text_config.hidden_size, grid())  # on the picture tokens the LM gets
-    words = WordProbe(tokenizer, grid())
+          f"({n_params * 4 / 2**20:.1f} MiB fp32); {GRID ** 2} tokens per picture", flush=True)
+    head = CellHead(model.config.vision_config.hidden_size, GRID)  # on the vision tower's output
+    head_lm = CellHead(model.config.text_config.hidden_size, GRID)  # on the picture tokens the LM gets
+    words = WordProbe(tokenizer, GRID)
     embed = model.get_input_embeddings().weight
     probes = [head, head_lm, words]
 
@@ -235,14 +227,7 @@ def main(argv=None) -> None:
     rng = random.Random(args.seed + 3)
     acc_ema = None
     t0 = time.time()
-    cached = args.vision_cache is not None and args.vision_cache.exists()
-    if cached:
-        state = torch.load(args.vision_cache)
-        vision.load_state_dict(state["vision"])
-        projector.load_state_dict(state["projector"])
-        for m, sd_ in zip(probes, state["probes"]):
-            m.load_state_dict(sd_)
-    for step in range(0 if cached else args.vision_steps):
+    for step in range(args.vision_steps):
         for g in opt.param_groups:
             g["lr"] = cosine_lr(args.vision_lr, 50, args.vision_steps, step)
         scenes = [sd.random_scene(rng) for _ in range(args.vision_batch)]
@@ -258,25 +243,18 @@ def main(argv=None) -> None:
                   f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
                   flush=True)
 
-    if args.vision_cache is not None and not cached:
-        torch.save({"vision": vision.state_dict(), "projector": projector.state_dict(),
-                    "probes": [m.state_dict() for m in probes]}, args.vision_cache)
-
     model.zero_grad(set_to_none=True)  # the word probe left gradients on the (not yet trained) embeddings
 
     # ---- stage 2: the whole model on conversations rendered as the app renders them
-    order = PictureOrderProbe(model.config.text_config.hidden_size, processor.image_token_id, grid() ** 2)
+    order = PictureOrderProbe(model.config.text_config.hidden_size, processor.image_token_id, GRID ** 2)
     probes.append(order)
     named = [(n, p) for n, p in model.named_parameters()] + [
         (f"aux{i}." + n, p) for i, m in enumerate(probes) for n, p in m.named_parameters()]
     groups = {}
     for n, p in named:
         wd = 0.05 if (p.ndim >= 2 and "embed" not in n) else 0.0
-        mult = 0.5 if ("vision_tower" in n or n.startswith("aux.")) else 1.0  # already trained: gentler
-        if "vision_tower" in n:
-            mult = -mult  # marks the vision tower's groups (frozen for the first steps)
-        groups.setdefault((wd, mult), []).append(p)
-    opt = torch.optim.AdamW([{"params": ps, "weight_decay": wd, "mult": mult} for (wd, mult), ps in groups.items()],
+        groups.setdefault((wd, "vision_tower" in n), []).append(p)
+    opt = torch.optim.AdamW([{"params": ps, "weight_decay": wd, "vision": v} for (wd, v), ps in groups.items()],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
     data_rng = random.Random(args.seed + 2)
     ema = None
@@ -296,7 +274,8 @@ def main(argv=None) -> None:
         t_data += time.time() - td
         lr = cosine_lr(args.lr, args.warmup, args.steps, step)
         for g in opt.param_groups:
-            g["lr"] = lr * abs(g["mult"]) if (g["mult"] > 0 or step >= args.freeze_vision) else 0.0
+            # the vision tower, trained in stage 1, waits for the rest to catch up, then learns gently
+            g["lr"] = (0.0 if step < args.freeze_vision else 0.5 * lr) if g["vision"] else lr
         out = model(**batch, output_hidden_states=args.order > 0)  # loss: mean cross-entropy over the answers
         answer_loss = out.loss
         total = answer_loss

@@ -2,7 +2,7 @@
 
 Drives the real MainWindow through its real widgets, with a real Engine running the given model
 (the built-in demo "Parley Shapes" by default), a throwaway data folder and throwaway settings
-(nothing of the user's is read or written). The pictures are drawn with packaging/shapes_data.py,
+(nothing of the user's is read or written). The pictures are drawn with packaging/shapes_world.py,
 so they are the kind the demo model knows; every reply in the screenshots is the model's own
 streamed output.
 
@@ -43,6 +43,7 @@ from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
 
 import shapes_data as sd  # noqa: E402
+import shapes_world as world  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
@@ -58,20 +59,20 @@ TURN_TIMEOUT_S = 180
 
 # ---------------------------------------------------------------- pictures (in the demo's world)
 
-def shape(kind: str, colour: str, cell: int, half: float, angle: float = 0.0) -> sd.Obj:
+def shape(kind: str, colour: str, cell: int, half: float, angle: float = 0.0) -> world.Obj:
     r, c = divmod(cell, 3)
-    return sd.Obj(kind, colour, cell, (c + 0.5) / 3, (r + 0.5) / 3, half, angle)
+    return world.Obj(kind, colour, cell, (c + 0.5) / 3, (r + 0.5) / 3, half, angle)
 
 
 SCENES = {
     # three shapes on white: "What is in the picture?"
-    "shapes.png": sd.Scene([shape("circle", "red", 0, 0.12), shape("square", "blue", 5, 0.12),
+    "shapes.png": world.Scene([shape("circle", "red", 0, 0.12), shape("square", "blue", 5, 0.12),
                             shape("triangle", "green", 7, 0.13)], ["white"]),
     # a second picture, two shapes on grey: "What about this one?"
-    "more-shapes.png": sd.Scene([shape("star", "yellow", 2, 0.14, 6), shape("heart", "purple", 3, 0.13)],
+    "more-shapes.png": world.Scene([shape("star", "yellow", 2, 0.14, 6), shape("heart", "purple", 3, 0.13)],
                                 ["grey"]),
     # the good picture kept next to the refused files
-    "star.png": sd.Scene([shape("star", "orange", 4, 0.3)], ["black"]),
+    "star.png": world.Scene([shape("star", "orange", 4, 0.3)], ["black"]),
 }
 
 
@@ -79,7 +80,7 @@ def draw_pictures(folder: Path) -> dict[str, Path]:
     out = {}
     for i, (name, scene) in enumerate(SCENES.items()):
         path = folder / name
-        sd.render(scene, random.Random(100 + i), size=(256, 256)).save(path)
+        world.render(scene, random.Random(100 + i), size=(256, 256)).save(path)
         out[name] = path
     return out
 
@@ -90,7 +91,7 @@ def not_pictures(folder: Path) -> list[Path]:
                     b"2 0 obj << /Type /Pages /Kids [] /Count 0 >> endobj\n"
                     b"trailer << /Root 1 0 R >>\n%%EOF\n")
     good = folder / "whole.png"
-    sd.render(SCENES["shapes.png"], random.Random(7), size=(256, 256)).save(good)
+    world.render(SCENES["shapes.png"], random.Random(7), size=(256, 256)).save(good)
     cut = folder / "cut.png"
     data = good.read_bytes()
     cut.write_bytes(data[: len(data) // 2])  # a download that stopped half way

@@ -1,14 +1,14 @@
-"""The little world of "Parley Shapes", the demo model that ships with Parley.
+"""The conversations of "Parley Shapes", the demo model that ships with Parley.
 
-Synthetic pictures with one to three flat shapes on a plain or two-tone background, and
-templated conversations about them, in the message format the app sends:
+Templated questions and answers about the synthetic pictures of packaging/shapes_world.py, in
+the message format the app sends:
 
     [{"role": "system", "content": "..."}?,
      {"role": "user", "content": [{"type": "image"}, ..., {"type": "text", "text": question}]},
      {"role": "assistant", "content": [{"type": "text", "text": answer}]}, ...]
 
 Used by packaging/train_shapes.py (training), packaging/eval_shapes.py (held-out evaluation)
-and tests/test_demo_model.py. Pure Python + Pillow; no torch here.
+and packaging/screenshots.py. Pure Python + Pillow; no torch here.
 
 Rules of the world (the answers are exact strings):
 - Pictures hold 1-3 shapes, each of a different kind and a different colour, each in its own
@@ -22,33 +22,17 @@ Rules of the world (the answers are exact strings):
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
-from PIL import Image, ImageDraw
+from PIL import Image
 
-# ---------------------------------------------------------------- the world
+from shapes_world import COLOUR_NAMES, SHAPES, Obj, Scene, random_scene, render
 
-SHAPES = ["circle", "square", "triangle", "star", "diamond", "heart"]
 
-# colour name -> reference RGB values (Pillow's named colours first); each draw adds jitter
-COLOURS: dict[str, list[tuple[int, int, int]]] = {
-    "red": [(255, 0, 0), (220, 30, 30), (200, 20, 40), (235, 50, 40)],
-    "orange": [(255, 165, 0), (255, 140, 0), (240, 120, 30), (250, 150, 50)],
-    "yellow": [(255, 255, 0), (250, 220, 30), (240, 230, 60), (255, 235, 0)],
-    "green": [(0, 128, 0), (0, 200, 0), (40, 170, 60), (0, 255, 0), (30, 140, 70)],
-    "blue": [(0, 0, 255), (30, 90, 220), (20, 60, 180), (30, 144, 255), (0, 0, 160)],
-    "purple": [(128, 0, 128), (150, 60, 200), (110, 40, 160), (160, 32, 240)],
-}
-COLOUR_NAMES = list(COLOURS)
 
-BACKGROUNDS: dict[str, list[tuple[int, int, int]]] = {
-    "white": [(255, 255, 255), (245, 245, 245), (250, 248, 240), (238, 238, 238)],
-    "grey": [(128, 128, 128), (150, 150, 150), (170, 170, 170), (110, 110, 110)],
-    "black": [(0, 0, 0), (20, 20, 20), (35, 35, 35)],
-}
-BACKGROUND_NAMES = list(BACKGROUNDS)
+# ---------------------------------------------------------------- answers
 
 # 3x3 grid cells, row-major; the phrase used in answers
 POSITIONS = [
@@ -58,124 +42,6 @@ POSITIONS = [
 ]
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three"}
 ORDINALS = {1: "first", 2: "second", 3: "third"}
-
-
-@dataclass
-class Obj:
-    kind: str
-    colour: str
-    cell: int  # 0..8, row-major in the 3x3 grid
-    cx: float  # centre, as a fraction of width / height
-    cy: float
-    half: float  # half-size, as a fraction of the picture side
-    angle: float = 0.0
-    outline: bool = False
-
-
-@dataclass
-class Scene:
-    objects: list[Obj]
-    background: list[str]  # one name, or two for a two-tone background
-    split: str = "none"  # "none" | "vertical" (left | right) | "horizontal" (top / bottom)
-
-    def sorted_objects(self) -> list[Obj]:
-        return sorted(self.objects, key=lambda o: o.cell)
-
-
-def random_scene(rng: random.Random, n: int | None = None) -> Scene:
-    if n is None:
-        n = rng.choices([1, 2, 3], weights=[0.45, 0.3, 0.25])[0]
-    kinds = rng.sample(SHAPES, n)
-    colours = rng.sample(COLOUR_NAMES, n)
-    if n == 1:
-        # lone shapes are often centred and big, like a picture a person draws
-        cells = [4] if rng.random() < 0.35 else [rng.randrange(9)]
-    else:
-        cells = rng.sample(range(9), n)
-    objects = []
-    for kind, colour, cell in zip(kinds, colours, cells):
-        r, c = divmod(cell, 3)
-        cx = (c + 0.5) / 3 + rng.uniform(-0.05, 0.05)
-        cy = (r + 0.5) / 3 + rng.uniform(-0.05, 0.05)
-        if n == 1:
-            room = min(cx, 1 - cx, cy, 1 - cy) - 0.02  # stay inside the picture
-            half = rng.uniform(0.085, max(0.09, min(0.40, room)))
-        else:
-            room = min(abs(cx - c / 3), abs((c + 1) / 3 - cx), abs(cy - r / 3), abs((r + 1) / 3 - cy))
-            half = rng.uniform(0.08, max(0.085, min(0.15, room - 0.005)))
-        angle = rng.uniform(-12, 12) if kind in ("triangle", "star", "heart") else rng.uniform(-4, 4)
-        objects.append(Obj(kind, colour, cell, cx, cy, half, angle, outline=rng.random() < 0.08))
-    u = rng.random()
-    if u < 0.5:
-        background, split = ["white"], "none"
-    elif u < 0.85:
-        background, split = [rng.choice(["grey", "black"])], "none"
-    else:
-        background = rng.sample(BACKGROUND_NAMES, 2)
-        split = rng.choice(["vertical", "horizontal"])
-    return Scene(objects, background, split)
-
-
-def _jitter(rng: random.Random, rgb: tuple[int, int, int], amount: int) -> tuple[int, int, int]:
-    return tuple(max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
-
-
-def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float) -> list[tuple[float, float]]:
-    if kind == "circle":
-        pts = [(math.cos(t), math.sin(t)) for t in (2 * math.pi * i / 48 for i in range(48))]
-    elif kind == "square":
-        k = 0.85
-        pts = [(-k, -k), (k, -k), (k, k), (-k, k)]
-    elif kind == "triangle":
-        pts = [(0.0, -1.0), (1.0, 0.8), (-1.0, 0.8)]
-    elif kind == "diamond":
-        pts = [(0.0, -1.0), (0.72, 0.0), (0.0, 1.0), (-0.72, 0.0)]
-    elif kind == "star":
-        pts = []
-        for i in range(10):
-            t = -math.pi / 2 + i * math.pi / 5
-            rad = 1.0 if i % 2 == 0 else 0.42
-            pts.append((rad * math.cos(t), rad * math.sin(t) + 0.08))
-    elif kind == "heart":
-        pts = []
-        for i in range(40):
-            t = 2 * math.pi * i / 40
-            x = 16 * math.sin(t) ** 3
-            y = 13 * math.cos(t) - 5 * math.cos(2 * t) - 2 * math.cos(3 * t) - math.cos(4 * t)
-            pts.append((x / 17.0, -y / 17.0 + 0.05))
-    else:
-        raise ValueError(kind)
-    a = math.radians(angle)
-    ca, sa = math.cos(a), math.sin(a)
-    return [(cx + (x * ca - y * sa) * rx, cy + (x * sa + y * ca) * ry) for x, y in pts]
-
-
-def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None) -> Image.Image:
-    """Draw the scene. Canvas size varies (the processor resizes to its own square size)."""
-    if size is None:
-        side = rng.choice([96, 96, 112, 128, 160, 200, 256, rng.randint(64, 320)])
-        aspect = rng.uniform(0.8, 1.25) if rng.random() < 0.3 else 1.0
-        size = (max(48, int(side * aspect)), side)
-    w, h = size
-    bg = [_jitter(rng, rng.choice(BACKGROUNDS[name]), 6) for name in scene.background]
-    img = Image.new("RGB", (w, h), bg[0])
-    draw = ImageDraw.Draw(img)
-    if scene.split == "vertical":
-        draw.rectangle([w // 2, 0, w, h], fill=bg[1])
-    elif scene.split == "horizontal":
-        draw.rectangle([0, h // 2, w, h], fill=bg[1])
-    side = min(w, h)
-    for o in scene.objects:
-        fill = _jitter(rng, rng.choice(COLOURS[o.colour]), 14)
-        pts = _shape_points(o.kind, o.cx * w, o.cy * h, o.half * side * w / side, o.half * side * h / side, o.angle)
-        if o.outline:
-            draw.polygon(pts, outline=fill, width=max(2, round(side * 0.03)))
-        else:
-            draw.polygon(pts, fill=fill)
-    return img
-
-
-# ---------------------------------------------------------------- answers
 
 def a_(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
@@ -350,6 +216,42 @@ def _fill(t: str, picref: int, n_pictures: int, rng: random.Random, **kw) -> str
     return _style(rng, q)
 
 
+@dataclass(frozen=True)
+class _Attribute:
+    """One attribute asked by the other: "What colour is the square?" (colour by kind) or
+    "What shape is the red one?" (kind by colour)."""
+    one_chance: float  # with a lone shape, how often the question doesn't name it ("What colour is it?")
+    one_t: list[str]
+    keyed_t: list[str]
+    slot: str  # the template slot the key fills
+    key: Callable[[Obj], str]  # what the question names
+    key_pool: list[str]  # keys to draw an absent one from
+    ref: Callable[[str], str]  # the key as the answer names it
+    value: Callable[[Obj], str]  # what the answer gives
+
+
+ATTRIBUTE_QUESTIONS = {
+    "colour": _Attribute(0.4, COLOUR_ONE_T, COLOUR_KIND_T, "K", lambda o: o.kind, SHAPES,
+                         lambda kind: kind, lambda o: o.colour),
+    "shape": _Attribute(0.6, SHAPE_ONE_T, SHAPE_COLOUR_T, "C", lambda o: o.colour, COLOUR_NAMES,
+                        lambda colour: f"{colour} shape", lambda o: f"{a_(o.kind)} {o.kind}"),
+}
+
+
+def _attribute_question(rng: random.Random, at: _Attribute, objs: list[Obj], picref: int, n_pictures: int,
+                        qtype: str) -> tuple[str | None, str, str]:
+    """(question, answer, type); the type becomes "absent" when it asks about a shape not there."""
+    if len(objs) == 1 and rng.random() < at.one_chance:
+        return _fill(rng.choice(at.one_t), picref, n_pictures, rng), f"It is {at.value(objs[0])}.", qtype
+    if rng.random() < 0.8:
+        o = rng.choice(objs)
+        q = _fill(rng.choice(at.keyed_t), picref, n_pictures, rng, **{at.slot: at.key(o)})
+        return q, f"The {at.ref(at.key(o))} is {at.value(o)}.", qtype
+    key = rng.choice([k for k in at.key_pool if k not in {at.key(o) for o in objs}])
+    q = _fill(rng.choice(at.keyed_t), picref, n_pictures, rng, **{at.slot: key})
+    return q, f"The {at.ref(key)} {NOT_THERE}", "absent"
+
+
 def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: int,
                     qtype: str | None = None) -> tuple[str, str, str]:
     """One (type, question, answer) about `scene`."""
@@ -369,30 +271,8 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
             q, a = _fill(rng.choice(pool), picref, n_pictures, rng), describe(scene)
         elif qtype == "count":
             q, a = _fill(rng.choice(COUNT_T), picref, n_pictures, rng), count_answer(scene)
-        elif qtype == "colour":
-            if n == 1 and rng.random() < 0.4:
-                q = _fill(rng.choice(COLOUR_ONE_T), picref, n_pictures, rng)
-                a = f"It is {objs[0].colour}."
-            elif rng.random() < 0.8:
-                o = rng.choice(objs)
-                q = _fill(rng.choice(COLOUR_KIND_T), picref, n_pictures, rng, K=o.kind)
-                a = f"The {o.kind} is {o.colour}."
-            else:
-                kind = rng.choice([k for k in SHAPES if k not in {o.kind for o in objs}])
-                q = _fill(rng.choice(COLOUR_KIND_T), picref, n_pictures, rng, K=kind)
-                a, qtype = f"The {kind} {NOT_THERE}", "absent"
-        elif qtype == "shape":
-            if n == 1 and rng.random() < 0.6:
-                q = _fill(rng.choice(SHAPE_ONE_T), picref, n_pictures, rng)
-                a = f"It is {a_(objs[0].kind)} {objs[0].kind}."
-            elif rng.random() < 0.8:
-                o = rng.choice(objs)
-                q = _fill(rng.choice(SHAPE_COLOUR_T), picref, n_pictures, rng, C=o.colour)
-                a = f"The {o.colour} shape is {a_(o.kind)} {o.kind}."
-            else:
-                colour = rng.choice([c for c in COLOUR_NAMES if c not in {o.colour for o in objs}])
-                q = _fill(rng.choice(SHAPE_COLOUR_T), picref, n_pictures, rng, C=colour)
-                a, qtype = f"The {colour} shape {NOT_THERE}", "absent"
+        elif qtype in ATTRIBUTE_QUESTIONS:
+            q, a, qtype = _attribute_question(rng, ATTRIBUTE_QUESTIONS[qtype], objs, picref, n_pictures, qtype)
         elif qtype == "where":
             o = rng.choice(objs)
             if n == 1 and rng.random() < 0.3:

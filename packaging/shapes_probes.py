@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-import shapes_data as sd
+import shapes_world as world
 
-BACKGROUND_CLASSES = [(a,) for a in sd.BACKGROUND_NAMES] + [
-    (a, b) for a in sd.BACKGROUND_NAMES for b in sd.BACKGROUND_NAMES if a != b]
+BACKGROUND_CLASSES = [(a,) for a in world.BACKGROUND_NAMES] + [
+    (a, b) for a in world.BACKGROUND_NAMES for b in world.BACKGROUND_NAMES if a != b]
 
 
 class CellHead(torch.nn.Module):
@@ -24,7 +24,7 @@ class CellHead(torch.nn.Module):
     def __init__(self, dim: int, grid: int):
         super().__init__()
         self.k = grid // 3  # grid = patches per side; the world's 3x3 cells are grid/3 wide
-        self.sizes = [len(sd.SHAPES) + 1, len(sd.COLOUR_NAMES) + 1, 9]
+        self.sizes = [len(world.SHAPES) + 1, len(world.COLOUR_NAMES) + 1, 9]
         self.proj = torch.nn.Linear(self.k * self.k * dim, sum(self.sizes))
         self.background = torch.nn.Linear(dim, len(BACKGROUND_CLASSES))  # from the mean token
 
@@ -34,14 +34,14 @@ class CellHead(torch.nn.Module):
         x = feats.reshape(n, 3, k, 3, k, d).permute(0, 1, 3, 2, 4, 5).reshape(n, 9, k * k * d)
         return list(self.proj(x).split(self.sizes, dim=-1)) + [self.background(feats.mean(1))]
 
-    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene]) -> tuple[torch.Tensor, float]:
+    def loss(self, feats: torch.Tensor, scenes: list[world.Scene]) -> tuple[torch.Tensor, float]:
         """Summed cross-entropy of the three probes; and the shape-kind accuracy on filled cells."""
         kinds, colours = [], []
         for scene in scenes:
             k, col = [0] * 9, [0] * 9
             for o in scene.objects:
-                k[o.cell] = 1 + sd.SHAPES.index(o.kind)
-                col[o.cell] = 1 + sd.COLOUR_NAMES.index(o.colour)
+                k[o.cell] = 1 + world.SHAPES.index(o.kind)
+                col[o.cell] = 1 + world.COLOUR_NAMES.index(o.colour)
             kinds.append(k)
             colours.append(col)
         targets = [torch.tensor(kinds), torch.tensor(colours), torch.arange(9).repeat(len(scenes), 1),
@@ -65,13 +65,13 @@ class WordProbe(torch.nn.Module):
         super().__init__()
         self.grid = grid
         ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids("\u0120" + w) for w in words])  # noqa: E731
-        self.register_buffer("colour_ids", ids(sd.COLOUR_NAMES), persistent=False)
-        self.register_buffer("kind_ids", ids(sd.SHAPES), persistent=False)
+        self.register_buffer("colour_ids", ids(world.COLOUR_NAMES), persistent=False)
+        self.register_buffer("kind_ids", ids(world.SHAPES), persistent=False)
         self.scale = torch.nn.Parameter(torch.tensor(5.0))
 
-    def loss(self, feats: torch.Tensor, scenes: list[sd.Scene], embed: torch.Tensor) -> torch.Tensor:
-        colours = [sd.COLOUR_NAMES.index(o.colour) for sc in scenes for o in sc.objects]
-        kinds = [sd.SHAPES.index(o.kind) for sc in scenes for o in sc.objects]
+    def loss(self, feats: torch.Tensor, scenes: list[world.Scene], embed: torch.Tensor) -> torch.Tensor:
+        colours = [world.COLOUR_NAMES.index(o.colour) for sc in scenes for o in sc.objects]
+        kinds = [world.SHAPES.index(o.kind) for sc in scenes for o in sc.objects]
         idx = torch.tensor([i * feats.shape[1] + cell_token(o.cell, self.grid)
                             for i, scene in enumerate(scenes) for o in scene.objects])
         f = feats.reshape(-1, feats.shape[-1])[idx]

@@ -2,7 +2,7 @@
 
 A LLaVA model (small CLIP vision tower + small Llama), a byte-level BPE tokenizer trained here,
 a LlavaProcessor and a chat template, trained from scratch on the synthetic world of
-packaging/shapes_data.py and written to resources/models/parley-shapes/ with save_pretrained.
+packaging/shapes_world.py + shapes_data.py and written to resources/models/parley-shapes/ with save_pretrained.
 Nothing is downloaded.
 
 Recipe:
@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes_data as sd  # noqa: E402
+import shapes_world as world  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,8 +231,8 @@ def main(argv=None) -> None:
     for step in range(args.vision_steps):
         for g in opt.param_groups:
             g["lr"] = cosine_lr(args.vision_lr, 50, args.vision_steps, step)
-        scenes = [sd.random_scene(rng) for _ in range(args.vision_batch)]
-        pixels = processor.image_processor([sd.render(sc, rng) for sc in scenes], return_tensors="pt")["pixel_values"]
+        scenes = [world.random_scene(rng) for _ in range(args.vision_batch)]
+        pixels = processor.image_processor([world.render(sc, rng) for sc in scenes], return_tensors="pt")["pixel_values"]
         loss, acc = probe_loss(model.model.get_image_features(pixel_values=pixels), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -339,8 +339,9 @@ class Engine:
         if limit and len(prompt.ids) >= limit:
             raise ValueError(f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of "
                              f"{limit} tokens. Start a new conversation (or send fewer pictures).")
-        if limit and len(prompt.ids) + turn.sampling.max_new_tokens > limit:
-            turn.sampling = replace(turn.sampling, max_new_tokens=limit - len(prompt.ids))
+        sampling = turn.sampling  # the caller's Turn is left as it was sent
+        if limit and len(prompt.ids) + sampling.max_new_tokens > limit:
+            sampling = replace(sampling, max_new_tokens=limit - len(prompt.ids))
         if not cid:  # a stateless client (the API): continue whichever of its sessions fits best
             cid = turn.conversation_id = self.sessions.match_stateless(prompt, self._release_session)
         session = self.sessions.open(cid)
@@ -355,7 +356,7 @@ class Engine:
             restore_s = time.perf_counter() - t0 if restored else 0.0
         spill_stats = self.spiller.take_turn_stats(cid) if self.spiller is not None else {}
         result = run_turn(
-            loaded, session, prompt, entries, turn.sampling,
+            loaded, session, prompt, entries, sampling,
             ensure_features=lambda es: gate.ensure_features(es, gstats),
             on_text=lambda text, tok: self._emit(Token(tid, cid, text, tok)),
             should_stop=lambda: self._should_stop(tid),

@@ -160,6 +160,7 @@ def run_turn(
         "reused_tokens": reuse,
         "prefill_tokens": L - reuse,
         "generated_tokens": n_gen,
+        "max_new_tokens": sampling.max_new_tokens,  # after the cut to the context, if any
         "prefill_s": round(prefill_s, 6),
         "decode_s": round(decode_s, 6),
         "first_token_s": round(first_token_s or 0.0, 6),

@@ -208,5 +208,7 @@ def test_a_conversation_longer_than_the_context_fails_clearly(llava, tmp_path):
         text = "hi " + "word " * int((limit - n - 12) / per_word)
         d = expect_done(ask(engine, "c2", [Message("user", text)], 500))
         assert d.stats["prompt_tokens"] + d.stats["generated_tokens"] <= limit
+        # the cut is reported, so the API can answer finish_reason "length"
+        assert d.stats["max_new_tokens"] == limit - d.stats["prompt_tokens"] < 500
     finally:
         engine.shutdown()

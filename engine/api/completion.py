@@ -92,7 +92,9 @@ class ChatTurn:
         eos = loaded.eos_ids if loaded is not None else set()
         if done.token_ids and done.token_ids[-1] in eos:
             return "stop"
-        return "length" if len(done.token_ids) >= self.req.sampling.max_new_tokens else "stop"
+        # the engine may have cut the limit to fit the context: that is a "length" finish too
+        limit = done.stats.get("max_new_tokens", self.req.sampling.max_new_tokens)
+        return "length" if len(done.token_ids) >= limit else "stop"
 
 
 def complete(turn: ChatTurn, send_json: Callable[[int, dict], None]) -> None:

@@ -14,7 +14,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
 from engine.history import History
-from engine.picture_file import MAX_PIXELS, PictureError, decode
+from engine.picture_file import MAX_PIXELS, PictureError, check
 
 from .thumbnails import read_scaled
 
@@ -49,7 +49,7 @@ def check_picture_bytes(data: bytes, name: str) -> None:
         raise PictureRejected(f"{name} is too big ({len(data) / 2**20:.0f} MB; the limit is "
                               f"{MAX_FILE_BYTES >> 20} MB)")
     try:
-        decode(data, name)  # the engine's own check: a full decode, size limit included
+        check(data, name)  # the engine's own check: a full decode, size limit included
     except PictureError as exc:
         raise PictureRejected(str(exc)) from None
 

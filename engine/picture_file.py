@@ -28,14 +28,23 @@ def read_bytes(path: str) -> bytes:
         raise PictureError(f"Cannot read picture {p}: {exc.strerror or exc}") from None
 
 
+def check(data: bytes, name: str) -> None:
+    """The full decode without keeping the pixels (for the window and the API's upload check)."""
+    _decode(data, name, rgb=False)
+
+
 def decode(data: bytes, name: str) -> Image.Image:
+    return _decode(data, name, rgb=True)
+
+
+def _decode(data: bytes, name: str, rgb: bool) -> Image.Image | None:
     try:
         with Image.open(io.BytesIO(data)) as probe:
             w, h = probe.size
             if w * h > MAX_PIXELS:
                 raise PictureError(f"{name} is too large ({w}×{h} pixels; the limit is {MAX_PIXELS // 1_000_000} megapixels)")
             probe.load()  # catches truncated files now, not inside the processor
-            return probe.convert("RGB")
+            return probe.convert("RGB") if rgb else None
     except PictureError:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError):

@@ -20,7 +20,7 @@ from pathlib import Path
 import blake3
 from PIL import Image
 
-from ..picture_file import PictureError, decode
+from ..picture_file import PictureError, check
 from .errors import bad
 
 _DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),", re.IGNORECASE)
@@ -87,7 +87,7 @@ class PictureStore:
         path = self.folder / f"{digest}.{ext}"
         if not self._touch(path):
             try:
-                decode(data, "The picture")  # a payload that is not a picture (or is damaged) -> 400
+                check(data, "The picture")  # a payload that is not a picture (or is damaged) -> 400
             except PictureError as exc:
                 raise bad(str(exc), param, "invalid_image") from None
             self._write(path, data)

@@ -47,7 +47,6 @@ TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encod
              ("image_cache_hits", "Picture cache hits", ""), ("image_cache_misses", "Picture cache misses", "")]
 REFRESH_MS = 250
 POLL_MS = 1000
-API_PREFIX = STATELESS_PREFIX  # sessions the engine keeps for API clients: "api:N"
 API_KEYS = [("requests", "Requests"), ("active", "Active"), ("errors", "Errors"), ("disconnects", "Disconnects")]
 
 
@@ -279,8 +278,8 @@ class VramPanel(QDockWidget):
 
     def title(self, conversation_id: str) -> str:
         """A window conversation's title, or "API conversation N" for an API client's session."""
-        if conversation_id.startswith(API_PREFIX):
-            return f"API conversation {conversation_id[len(API_PREFIX):]}"
+        if conversation_id.startswith(STATELESS_PREFIX):  # sessions the engine keeps for API clients
+            return f"API conversation {conversation_id[len(STATELESS_PREFIX):]}"
         return self.title_for(conversation_id)
 
     def _apply_api(self) -> None:

@@ -35,7 +35,6 @@ class ApiServer:
                  on_activity: Callable[[dict], None] | None = None):
         check_bind(host, token)
         self.engine = engine
-        self.token = token
         self.access = AccessCheck(token)
         self.max_body_bytes = max_body_bytes
         self.max_pictures = max_pictures

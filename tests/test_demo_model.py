@@ -1,8 +1,8 @@
 """The shipped demo model (resources/models/parley-shapes) loads the standard way and really sees.
 
-It goes through the same path the app uses: AutoProcessor + AutoModelForImageTextToText,
-processor.apply_chat_template(..., add_generation_prompt=True, tokenize=False),
-processor(text=..., images=[...]) and greedy decoding until the EOS token.
+Most tests use the folder the standard transformers way (AutoProcessor +
+AutoModelForImageTextToText, apply_chat_template, greedy decoding until EOS), as any other tool
+would; one goes through Parley's own engine, the path the window takes.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-MODEL_DIR = Path(__file__).resolve().parent.parent / "resources" / "models" / "parley-shapes"
+from app.model_catalog import DEMO_MODEL as MODEL_DIR
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,11 +21,13 @@ pytestmark = pytest.mark.timeout(120)
 def demo():
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, threads))
     processor = AutoProcessor.from_pretrained(MODEL_DIR)
     model = AutoModelForImageTextToText.from_pretrained(MODEL_DIR)
     model.eval()
-    return processor, model
+    yield processor, model
+    torch.set_num_threads(threads)  # leave the rest of the test run as it was
 
 
 def ask(demo, messages, images=()):
@@ -112,3 +114,22 @@ def test_second_picture_and_follow_up(demo):
 def test_hello_text_only(demo):
     reply = ask(demo, [user("hello")])
     assert reply == "Hello! Send me a picture of shapes and I'll describe it."
+
+
+def test_red_circle_through_the_engine(tmp_path):
+    """The window's path: a picture file in a user message, the engine's prompt, cache and decode."""
+    from engine.events import Message
+    from tests.engine_helpers import ask as engine_ask
+    from tests.engine_helpers import expect_done, open_engine
+
+    path = tmp_path / "circle.png"
+    picture("circle", "red").save(path)
+    engine = open_engine(MODEL_DIR, tmp_path / "data")
+    try:
+        first = [Message("user", "What is in the picture?", [str(path)])]
+        reply = expect_done(engine_ask(engine, "c", first, 40)).reply
+        assert "red circle" in reply.lower(), reply
+        follow_up = first + [Message("assistant", reply), Message("user", "What shape is it?")]
+        assert "circle" in expect_done(engine_ask(engine, "c", follow_up, 40)).reply.lower()
+    finally:
+        engine.shutdown()

@@ -72,7 +72,7 @@ class PictureIntake:
         except OSError as exc:
             raise PictureRejected(f"{name} cannot be read ({exc.strerror or exc})") from None
         check_picture_bytes(data, name)
-        ref = self.history.add_picture(p)
+        ref = self.history.add_picture_bytes(data, p.suffix)  # the bytes just checked; no second read
         return self._attachment(ref, name)
 
     def from_bytes(self, data: bytes, extension: str, name: str) -> Attachment:

@@ -316,7 +316,7 @@ class Engine:
                 self._emit(TurnFailed(tid, cid, "No model is loaded. Choose a model folder first."))
                 return
             self._run_turn(turn)
-        except (PictureError, ValueError) as exc:
+        except ValueError as exc:  # PictureError included: a bad turn fails alone
             self._emit(TurnFailed(tid, cid, str(exc)))
         except Exception as exc:
             log.exception("turn %s failed", tid)

@@ -126,6 +126,7 @@ class VramPanel(QDockWidget):
         self.encoder = QLabel("—")
         self.encoder.setObjectName("encoderLabel")
         self.unload = QPushButton("Unload encoder")
+        self.unload.setEnabled(False)  # until the engine reports a resident encoder
         self.unload.clicked.connect(self.unloadEncoderRequested)
         el.addWidget(self.encoder, 1)
         el.addWidget(self.unload)
@@ -324,6 +325,7 @@ class VramPanel(QDockWidget):
             left = max(0.0, self.encoder_idle_left - (time.monotonic() - self._idle_stamp))
             text += f" — unloads in {left:.0f} s if idle"
         self._set(self.encoder, text)
+        self.unload.setEnabled(self.encoder_state == "resident")  # nothing to unload otherwise
 
     def _legend(self, key: str, value: int) -> None:
         row = self._legend_rows.get(key)

@@ -63,12 +63,14 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     legend_widgets = list(w.vram._legend_rows.values())
     w.bridge.inject(EncoderState("unloaded"))
     qtbot.waitUntil(lambda: w.vram.encoder.text() == "unloaded", timeout=5000)
+    assert not w.vram.unload.isEnabled(), "an unloaded encoder offers no Unload button"
     w.bridge.inject(EncoderState("loading"))
     qtbot.waitUntil(lambda: w.vram.encoder.text() == "loading", timeout=5000)
     w.bridge.inject(SpillState(cid, "spilled", "12 blocks, 9 reused"))
     qtbot.waitUntil(lambda: "Holiday: spilled — 12 blocks, 9 reused" in w.vram.spill_label.text(), timeout=5000)
     w.bridge.inject(report)
     qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("resident"), timeout=5000)
+    assert w.vram.unload.isEnabled()
     assert list(w.vram._legend_rows.values()) == legend_widgets  # updated in place, not rebuilt
 
 
@@ -78,6 +80,7 @@ def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path)
     send(qtbot, w, "hi")
     wait_reply(qtbot, w)
     w.vram.show()
+    qtbot.waitUntil(w.vram.unload.isEnabled, timeout=5000)  # the dock has seen the encoder resident
     with qtbot.waitSignal(w.bridge.memoryReport, timeout=30000):
         qtbot.mouseClick(w.vram.unload, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("unloaded")

@@ -253,6 +253,7 @@ class VramPanel(QDockWidget):
             lines = [f"{self.title(cid)}: {exact_bytes(b)}"
                      for cid, b in sorted(r.sessions_kv.items(), key=lambda kv: -kv[1])]
             self._set(self.kv, "\n".join(lines) or "none")
+            self.store_rows.set("store_state", "State", r.store_status or "in use").setWordWrap(True)
             for key, title, is_bytes in STORE_KEYS:
                 if key in r.counters:
                     v = r.counters[key]

@@ -160,7 +160,7 @@ class Engine:
         """Timers that run between requests (encoder unload, session spill)."""
         changed = self.gate is not None and self.gate.unload_if_idle()
         sp = self.spiller
-        if sp is not None and sp.available:
+        if sp is not None and (sp.available or sp.unavailable):  # due() retries an unavailable store
             if sp.running is None:
                 due = sp.due(self.sessions, self._active_cid)
                 if due is not None:
@@ -274,8 +274,8 @@ class Engine:
     def _do_spill(self, conversation_id: str) -> None:
         session = self.sessions.get(conversation_id)
         sp = self.spiller
-        if sp is None or not sp.available:
-            why = (sp.refusal or sp.error) if sp is not None else "no model is loaded"
+        if sp is None or not sp.retry(now=True):  # the person asked: try a full disk again now
+            why = (sp.refusal or sp.error or sp.unavailable) if sp is not None else "no model is loaded"
             self._emit(SpillState(conversation_id, "refused", why or "the store is unavailable"))
         elif session is None or session.cache is None:
             self._emit(SpillState(conversation_id, "spilled", "nothing hot to spill"))
@@ -298,7 +298,9 @@ class Engine:
             store = self.spiller.counters()
             extra["kv_store_disk"] = int(store.get("bytes_on_disk", 0))
             counters.update({f"store_{k}": v for k, v in store.items()})
-        return build_report(self.loaded, self.sessions, extra, counters, state, left)
+        report = build_report(self.loaded, self.sessions, extra, counters, state, left)
+        report.store_status = self.spiller.status if self.spiller is not None else ""
+        return report
 
     def _should_stop(self, turn_id: int) -> bool:
         return turn_id in self._stop_requested

@@ -108,6 +108,7 @@ class MemoryReport(Event):
     counters: dict[str, int | float] = field(default_factory=dict)
     encoder_state: str = "resident"  # resident | unloaded | loading
     encoder_idle_left_s: float | None = None
+    store_status: str = ""  # why the SSD store is not in use (e.g. "paused: the disk ... is full"); "" when it is
 
 
 @dataclass

@@ -18,13 +18,14 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .events import Notice, SpillState
-from .kvstore import KVStore, KVStoreError, UnsupportedCache
+from .kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache
 from .session import Session
 
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 FORMAT = b"parley-kv-dynamic-v1"
+STORE_RETRY_S = 30.0  # how often an unavailable store (disk full) is tried again
 
 
 def cache_refusal(model) -> str | None:
@@ -60,23 +61,60 @@ class SessionSpiller:
         self.settings = settings
         self.store: KVStore | None = None
         self.refusal = cache_refusal(loaded.model)
-        self.error: str | None = None
+        self.error: str | None = None        # the store cannot be used at all (e.g. not a folder)
+        self.unavailable: str | None = None  # it cannot be used now (disk full): retried later
+        self._retry_at = 0.0
+        self._last_failure: str | None = None
         self.running: _Running | None = None
         self.last_spill: dict[str, dict] = {}  # conversation id -> its latest committed spill's stats
         self.failed_at: dict[str, float] = {}
         self.restore_stats: dict = {}
-        if self.refusal:
-            return
-        root = data_dir / "kv-store"
+        self.root = data_dir / "kv-store"
+        if not self.refusal:
+            self._open_store()
+
+    def _open_store(self) -> bool:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            cap = settings.store_cap_bytes or default_cap(root)
-            self.store = KVStore(str(root), FORMAT + loaded.fingerprint, block_tokens=settings.block_tokens,
-                                 unit_bytes=settings.unit_bytes, max_bytes=cap,
-                                 min_free_bytes=min(1 * GiB, cap // 4))
+            self.root.mkdir(parents=True, exist_ok=True)
+            cap = self.settings.store_cap_bytes or default_cap(self.root)
+            self.store = KVStore(str(self.root), FORMAT + self.loaded.fingerprint,
+                                 block_tokens=self.settings.block_tokens, unit_bytes=self.settings.unit_bytes,
+                                 max_bytes=cap, min_free_bytes=min(1 * GiB, cap // 4))
+        except StoreUnavailable as exc:
+            self._retry_at = time.monotonic() + STORE_RETRY_S
+            if self.unavailable is None:  # said once, not on every retry
+                log.warning("KV store unavailable: %s; conversations stay in memory until it is usable", exc.reason)
+                self.emit(Notice("warning", f"The KV store is unavailable ({exc.reason}); idle conversations "
+                                            "stay in memory and spilling resumes when space returns."))
+            self.unavailable = exc.reason
+            return False
         except (KVStoreError, OSError) as exc:
             self.error = str(exc)
-            self.store = None
+            return False
+        if self.unavailable is not None:
+            log.info("KV store usable again: %s", self.root)
+            self.emit(Notice("info", "The KV store is usable again; idle conversations spill to disk."))
+            self.unavailable = None
+        return True
+
+    def retry(self, now: bool = False) -> bool:
+        """Reopen a store that was unavailable (at most every STORE_RETRY_S unless `now`)."""
+        if self.store is not None:
+            return True
+        if self.unavailable is None or (not now and time.monotonic() < self._retry_at):
+            return False
+        return self._open_store()
+
+    @property
+    def status(self) -> str:
+        """One line for the memory dock: why the store is not in use, or empty when it is."""
+        if self.refusal:
+            return "off: " + self.refusal
+        if self.error:
+            return "unavailable: " + self.error
+        if self.unavailable:
+            return f"paused: {self.unavailable}; retried every {STORE_RETRY_S:.0f} s"
+        return ""
 
     @property
     def available(self) -> bool:
@@ -129,8 +167,12 @@ class SessionSpiller:
             self.failed_at[cid] = time.monotonic()
             msg = f"Could not spill conversation to disk ({result.error}); it stays in memory."
             self.emit(SpillState(cid, "failed", result.error or ""))
-            self.emit(Notice("warning", msg))
+            if result.error != self._last_failure:  # a full disk fails every spill: say it once
+                log.warning("spill of %s failed: %s", cid, result.error)
+                self.emit(Notice("warning", msg))
+            self._last_failure = result.error
             return
+        self._last_failure = None
         self.last_spill[cid] = {"blocks_written": result.blocks_written + result.tail_written,
                                 "blocks_reused": result.reused_blobs, "missing": result.missing_blobs}
         if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
@@ -154,7 +196,7 @@ class SessionSpiller:
 
     def due(self, sessions: dict, active: str | None) -> Session | None:
         """The longest-idle hot conversation past spill_idle_s (never the active one)."""
-        if self.store is None or self.running is not None:
+        if self.running is not None or not self.retry():
             return None
         now = time.monotonic()
         idle = self.settings.spill_idle_s

@@ -40,3 +40,15 @@ def tiny_model_dir(request, tiny_model):
     """A tiny model folder; a test using it runs once per family in FAMILIES
     (the family is in the folder's ``parley_tiny_model.json``)."""
     return tiny_model(request.param)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB tmpfs under tmp_path (skips where mounting is not allowed)."""
+    from tests.fixtures.full_disk import mount_small_disk, unmount
+
+    disk = mount_small_disk(tmp_path / "small-disk")
+    if disk is None:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    unmount(disk)

@@ -2,6 +2,7 @@
 greedy reply from a fresh full prefill with `model.generate`."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -9,7 +10,7 @@ from PIL import Image
 
 from engine.client import load_blocking, run_blocking
 from engine.engine import Engine
-from engine.events import Message, Notice, Sampling, Turn, TurnDone
+from engine.events import MemoryReport, Message, Notice, Sampling, Turn, TurnDone
 from engine.model import load_model
 from engine.prompt import render
 from engine.settings import EngineSettings
@@ -54,3 +55,21 @@ class Reference:
 def expect_done(result) -> TurnDone:
     assert isinstance(result, TurnDone), f"turn failed: {getattr(result, 'message', result)}"
     return result
+
+
+def wait_report(engine, predicate=lambda r: True, timeout=10.0) -> MemoryReport:
+    got: list[MemoryReport] = []
+    ev = threading.Event()
+
+    def listen(e):
+        if isinstance(e, MemoryReport) and predicate(e):
+            got.append(e)
+            ev.set()
+
+    engine.add_listener(listen)
+    try:
+        engine.request_memory_report()
+        assert ev.wait(timeout), "no memory report"
+    finally:
+        engine.remove_listener(listen)
+    return got[-1]

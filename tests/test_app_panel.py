@@ -2,6 +2,8 @@
 and from events delivered through the bridge's listener (the path engine threads use)."""
 from __future__ import annotations
 
+import dataclasses
+
 from PySide6.QtCore import Qt
 
 from engine.events import EncoderState, MemoryReport, SpillState
@@ -72,6 +74,10 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("resident"), timeout=5000)
     assert w.vram.unload.isEnabled()
     assert list(w.vram._legend_rows.values()) == legend_widgets  # updated in place, not rebuilt
+    assert w.vram.store_rows.labels["store_state"].text() == "in use"
+    full = "paused: the disk holding /data/kv-store is full (0 bytes free); retried every 30 s"
+    w.bridge.inject(dataclasses.replace(report, store_status=full))
+    qtbot.waitUntil(lambda: w.vram.store_rows.labels["store_state"].text() == full, timeout=5000)
 
 
 def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path):

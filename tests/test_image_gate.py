@@ -5,37 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from engine.events import EncoderState, MemoryReport, Message
-from tests.engine_helpers import Reference, ask, expect_done, open_engine
+from engine.events import EncoderState, Message
+from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture
 from tests.fixtures.tiny_models import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW = 6
 pytestmark = pytest.mark.slow
-
-
-def wait_report(engine, predicate=lambda r: True, timeout=10.0) -> MemoryReport:
-    got: list[MemoryReport] = []
-    ev = threading.Event()
-
-    def listen(e):
-        if isinstance(e, MemoryReport) and predicate(e):
-            got.append(e)
-            ev.set()
-
-    engine.add_listener(listen)
-    try:
-        engine.request_memory_report()
-        assert ev.wait(timeout), "no memory report"
-    finally:
-        engine.remove_listener(listen)
-    return got[-1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -3,6 +3,7 @@ restart), later spills write only new blocks, and damage or a bad disk never cos
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.events import Message, SpillState
-from tests.engine_helpers import Reference, ask, expect_done, open_engine
+from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture
 from tests.fixtures.tiny_models import FAMILIES
 
@@ -253,5 +254,47 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
         old += [Message("assistant", d_old.reply), Message("user", "Still there?")]
         back = expect_done(ask(engine, "old", old, NEW))
         assert back.stats["restored_tokens"] > 0 and back.token_ids == ref.reply_ids(old, NEW)
+    finally:
+        engine.shutdown()
+
+
+def test_a_full_disk_pauses_spilling_and_loses_nothing(tiny_model, small_disk):
+    model = tiny_model("llava")
+    ref = Reference(model)
+    data = small_disk.root / "data"
+    msgs = [Message("user", "Tell me about the weather today, please.")]
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    try:
+        d1 = expect_done(ask(engine, "c", msgs, NEW))
+        assert spill_now(engine, "c").state == "spilled"
+    finally:
+        engine.shutdown()
+    msgs += [Message("assistant", d1.reply), Message("user", "And tomorrow?")]
+
+    small_disk.fill()
+    notices: list[str] = []
+    engine = open_engine(model, data, notices, block_tokens=B, spill_idle_s=3600)
+    try:
+        assert [n for n in notices if "KV store is unavailable" in n and "full" in n] != []
+        d2 = expect_done(ask(engine, "c", msgs, NEW))  # the turn works: prefilled, not restored
+        assert d2.token_ids == ref.reply_ids(msgs, NEW)
+        refused = spill_now(engine, "c")
+        assert refused.state == "refused" and "full" in refused.detail
+        assert engine.sessions["c"].cache is not None  # stays hot
+        assert wait_report(engine).store_status.startswith("paused:")
+        small_disk.free()
+        assert spill_now(engine, "c").state == "spilled"  # asked again: the store is back
+        assert wait_report(engine).store_status == ""
+        assert [n for n in notices if "usable again" in n] != []
+    finally:
+        engine.shutdown()
+    assert not [n for n in os.listdir(data / "kv-store") if ".corrupt-" in n]
+
+    msgs += [Message("assistant", d2.reply), Message("user", "Thanks!")]
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    try:
+        d3 = expect_done(ask(engine, "c", msgs, NEW))
+        assert d3.stats["restored_tokens"] > 0
+        assert d3.token_ids == ref.reply_ids(msgs, NEW)
     finally:
         engine.shutdown()

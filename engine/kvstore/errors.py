@@ -6,6 +6,17 @@ class KVStoreError(Exception):
     """Base class: something about the store itself (directory, manifest, lock)."""
 
 
+class StoreUnavailable(KVStoreError):
+    """The store's files are intact but cannot be used now: the disk is full, read-only or failing.
+
+    Nothing was set aside or deleted; opening the store again once the cause is gone finds every
+    conversation it held. `reason` is one line for the log and the memory dock."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class UnsupportedCache(KVStoreError):
     """The cache holds state the store cannot spill exactly (sliding window, recurrent, quantized...).
 

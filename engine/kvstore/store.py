@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import errno
 import os
+import sqlite3
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,7 @@ from typing import Any, Iterable
 import torch
 
 from .blob import KIND_BLOCK, KIND_TAIL, blob_path, blob_size
-from .errors import KVStoreError
+from .errors import KVStoreError, StoreUnavailable
 from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, normalize_tokens, tail_key
 from .eviction import collect_garbage, free_bytes, precheck_space
 from .jobs import register_job
@@ -27,12 +29,15 @@ from .manifest import encode_state
 from .restore import RestoreResult
 from .restore import restore as restore_impl
 from .spill import BlobPlan, SpillJob, SpillResult
-from .sweep import open_manifest
+from .sweep import is_damage, open_manifest, unavailable_reason
 from .sweep import sweep as sweep_store
 from .sweep import verify as verify_store
 from .writer import BufferPool, WriterThread, fsync_dir, unlink_quiet
 
 log = logging.getLogger(__name__)
+
+# errors that say the disk (not the store) is the problem: full, over quota, read-only
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 GiB = 1 << 30
 DEFAULT_CAP = 20 * GiB
@@ -78,6 +83,8 @@ class KVStore:
             self._make_dirs()
             self._lock_file = open(os.path.join(self.root, "lock"), "a+")
         except OSError as e:
+            if e.errno in _DISK_ERRNOS:
+                raise StoreUnavailable(unavailable_reason(self.root, e)) from e
             raise KVStoreError(f"KV store directory {self.root} is not usable: {e}") from e
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,6 +93,9 @@ class KVStore:
             raise KVStoreError(f"KV store {self.root} is in use by another process") from e
         try:
             self._manifest, self._manifest_reset = open_manifest(self.root)
+        except StoreUnavailable:
+            self._lock_file.close()
+            raise
         except Exception as e:
             self._lock_file.close()
             raise KVStoreError(f"KV store manifest in {self.root} cannot be opened: {e}") from e
@@ -107,10 +117,14 @@ class KVStore:
         self._reader: ThreadPoolExecutor | None = None
         try:
             self.sweep_report = self.sweep()
-        except Exception:
+        except Exception as e:
             self._writer.stop()
             self._manifest.close()
             self._lock_file.close()
+            # the sweep's first write is the reconcile transaction: a full disk fails it before
+            # any file is deleted, and the store is whole when space returns
+            if isinstance(e, sqlite3.Error) and not is_damage(e):
+                raise StoreUnavailable(unavailable_reason(self.root, e)) from e
             raise
         if max_bytes is None:
             _, on_disk, _ = self._manifest.totals()

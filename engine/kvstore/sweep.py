@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 from .blob import SUFFIX, TMP_SUFFIX, parse_header
-from .errors import BadBlob, MissingBlob
-from .eviction import collect_garbage
+from .errors import BadBlob, MissingBlob, StoreUnavailable
+from .eviction import collect_garbage, free_bytes
 from .keys import KEY_BYTES
 from .manifest import Manifest
 from .writer import unlink_quiet
@@ -27,23 +27,65 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# SQLite primary result codes that mean the file itself is damaged (everything else, e.g. FULL,
+# IOERR, READONLY, CANTOPEN, BUSY, says the file is fine and the disk or the OS is not)
+_DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def is_damage(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # raised by our own code (schema check) or without a code: treat as damage
+        return not isinstance(exc, sqlite3.OperationalError)
+    return code & 0xFF in _DAMAGED
+
+
 def open_manifest(root: str) -> tuple[Manifest, bool]:
-    """Open the manifest; a corrupt one is set aside and replaced by an empty one (the store is a
-    cache: the sweep then removes the blobs nobody references any more). Returns (manifest, reset)."""
+    """Open the manifest. Returns (manifest, reset).
+
+    Only a manifest that is really damaged (SQLite says corrupt / not a database, or its
+    integrity check fails) is set aside and replaced by an empty one (the store is a cache: the
+    sweep then removes blobs nobody references). A disk that is full, read-only or failing
+    raises StoreUnavailable and changes nothing, so the store is whole when space returns."""
     path = os.path.join(root, "manifest.sqlite")
     try:
         m = Manifest(path)
-        if m.db.execute("PRAGMA quick_check").fetchone()[0] == "ok":
+    except sqlite3.Error as e:
+        if not is_damage(e):
+            raise StoreUnavailable(unavailable_reason(root, e)) from e
+    else:
+        try:
+            ok = m.db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        except sqlite3.Error as e:
+            m.close()
+            if not is_damage(e):
+                raise StoreUnavailable(unavailable_reason(root, e)) from e
+            ok = False
+        if ok:
             return m, False
         m.close()
-    except sqlite3.DatabaseError:
-        pass
+    set_aside(path)
+    log.warning("kvstore: manifest in %s failed its integrity check; set aside, starting empty", root)
+    return Manifest(path), True
+
+
+def unavailable_reason(root: str, exc: BaseException) -> str:
+    """One line: why the store cannot be used now, naming a full disk when it is one."""
+    free = free_bytes(root)
+    if free < (1 << 20):
+        return f"the disk holding {root} is full ({free:,} bytes free)"
+    return f"the store in {root} cannot be written ({exc})"
+
+
+def set_aside(path: str) -> None:
+    """Keep one damaged copy for diagnosis (older copies are removed), then clear the name."""
+    folder, name = os.path.split(path)
+    for old in os.listdir(folder):
+        if old.startswith(name + ".corrupt-"):
+            unlink_quiet(os.path.join(folder, old))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(path + suffix):
             os.replace(path + suffix, f"{path}.corrupt-{stamp}{suffix}")
-    log.warning("kvstore: manifest in %s was corrupt; set aside, starting empty", root)
-    return Manifest(path), True
 
 
 def list_blob_files(blobs_dir: str, report: dict) -> dict[bytes, int]:

@@ -42,7 +42,8 @@ STORE_KEYS = [("store_bytes_on_disk", "Bytes on disk", True), ("store_blobs_on_d
               ("store_sessions", "Conversations stored", False)]
 TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encode_s", "Encode", "s"),
              ("restore_s", "Restore", "s"), ("first_token_s", "First token", "s"),
-             ("tokens_per_s", "Speed", "tok/s"), ("prompt_tokens", "Prompt tokens", ""),
+             ("tokens_per_s", "Speed", "tok/s"), ("draft_acceptance", "Drafts taken", "%"),
+             ("prompt_tokens", "Prompt tokens", ""),
              ("reused_tokens", "Reused tokens", ""), ("generated_tokens", "Generated tokens", ""),
              ("image_cache_hits", "Picture cache hits", ""), ("image_cache_misses", "Picture cache misses", "")]
 REFRESH_MS = 250
@@ -274,7 +275,12 @@ class VramPanel(QDockWidget):
         for key, title, unit in TURN_KEYS:
             if key in st:
                 v = st[key]
-                text = f"{v * 1000:.1f} ms" if unit == "s" else (f"{v:,.1f} {unit}" if unit else _num(v))
+                if unit == "%":  # a share of draft tokens the model kept (prompt-lookup decoding)
+                    text = f"{v * 100:.0f} % of {_num(st.get('draft_tokens', 0))}"
+                elif unit == "s":
+                    text = f"{v * 1000:.1f} ms"
+                else:
+                    text = f"{v:,.1f} {unit}" if unit else _num(v)
                 self.turn_rows.set(key, title, text)
         self._apply_api()
 

@@ -362,7 +362,7 @@ class Engine:
             ensure_features=lambda es: gate.ensure_features(es, gstats),
             on_text=lambda text, tok: self._emit(Token(tid, cid, text, tok)),
             should_stop=lambda: self._should_stop(tid),
-            chunk_tokens=self.settings.prefill_chunk_tokens,
+            chunk_tokens=self.settings.prefill_chunk_tokens, lookup_decoding=self.settings.lookup_decoding,
         )
         self._active_cid = None
         session.last_used = time.monotonic()

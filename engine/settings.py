@@ -11,6 +11,7 @@ class EngineSettings:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     memory_budget_bytes: int | None = None  # cap on model + KV memory; None: the device's free memory
     prefill_chunk_tokens: int = 2048  # long prompts prefill in pieces: bounded attention memory
+    lookup_decoding: bool = True  # greedy turns draft repeated text from the conversation (exact)
     # image-cache gate
     elastic: bool = True
     elastic_idle_s: float = 60.0

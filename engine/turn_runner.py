@@ -11,10 +11,12 @@ from typing import Callable
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .detok import IncrementalDetokenizer
 from .events import Sampling
+from .lookup_decode import PICTURE, DraftStats, NgramDrafter, accepted_prefix
 from .prompt import Prompt, position_ids
 from .sampling import Sampler
 from .session import Session
@@ -50,9 +52,15 @@ def prefill_chunks(start: int, end: int, pictures, chunk: int) -> list[tuple[int
     return out
 
 
-def _decode_position(index: int, delta: int, mrope: bool, device) -> torch.Tensor:
-    pos = torch.tensor([[index + delta]], device=device)
-    return pos.unsqueeze(0).expand(3, 1, 1) if mrope else pos
+def _crop_to(cache, n_tokens: int) -> None:
+    extra = cache.get_seq_length() - n_tokens
+    if extra > 0:
+        cache.crop(-extra)  # this transformers takes only "remove N" here
+
+
+def _decode_positions(index: int, n: int, delta: int, mrope: bool, device) -> torch.Tensor:
+    pos = torch.arange(index + delta, index + delta + n, device=device).unsqueeze(0)
+    return pos.unsqueeze(0).expand(3, 1, n) if mrope else pos
 
 
 @torch.inference_mode()
@@ -66,6 +74,7 @@ def run_turn(
     on_text: Callable[[str, int], None],
     should_stop: Callable[[], bool],
     chunk_tokens: int = 2048,
+    lookup_decoding: bool = True,
 ) -> TurnResult:
     model, device = loaded.model, loaded.device
     mrope = loaded.adapter.mrope and bool(entries)
@@ -121,11 +130,20 @@ def run_turn(
     logits = out.logits[0, -1]
     t1 = time.perf_counter()
     first_token_s = None
+    drafter = None
+    if lookup_decoding and sampling.greedy and all(type(x) is DynamicLayer for x in session.cache.layers):
+        drafter = NgramDrafter([PICTURE if isinstance(t, tuple) else t for t in session.tags], eos=loaded.eos_ids)
+    drafts = DraftStats()
+    verified: list[int] = []  # accepted draft tokens: already in the cache, not yet sent out
     while len(generated) < sampling.max_new_tokens:
         if should_stop():
             stopped = True
+            if verified:  # the cache ran ahead of what was sent: crop it back
+                del session.tags[len(session.tags) - len(verified):]
+                _crop_to(session.cache, len(session.tags))
             break
-        tok = sampler(logits)
+        in_cache = bool(verified)
+        tok = verified.pop(0) if in_cache else sampler(logits)
         generated.append(tok)
         if first_token_s is None:
             first_token_s = time.perf_counter() - t0
@@ -137,18 +155,40 @@ def run_turn(
         on_text(piece, tok)
         if len(generated) >= sampling.max_new_tokens:
             break
+        if in_cache:
+            continue
+        draft = []
+        if drafter:
+            drafter.append(tok)
+            # room is left for the model's own last token, as plain decoding never feeds it
+            draft = drafter.draft(sampling.max_new_tokens - len(generated) - 1)
         index = len(session.tags)
+        ids = [tok] + draft
         try:
             out = model(
-                input_ids=torch.tensor([[tok]], device=device), cache=session.cache,
-                position_ids=_decode_position(index, delta if mrope else 0, mrope, device),
-                use_cache=True, logits_to_keep=1,
+                input_ids=torch.tensor([ids], device=device), cache=session.cache,
+                position_ids=_decode_positions(index, len(ids), delta if mrope else 0, mrope, device),
+                use_cache=True, logits_to_keep=len(ids),
             )
         except Exception:
             session.drop_kv()
             raise
         session.tags.append(tok)
-        logits = out.logits[0, -1]
+        if not draft:
+            logits = out.logits[0, -1]
+            continue
+        choices = out.logits[0].argmax(-1).tolist()  # choices[i]: greedy token after ids[:i + 1]
+        n_ok = accepted_prefix(draft, choices)
+        _crop_to(session.cache, index + 1 + n_ok)  # drop the KV of the rejected draft tokens
+        for t in draft[:n_ok]:
+            session.tags.append(t)
+            drafter.append(t)
+        verified = draft[:n_ok]
+        logits = out.logits[0, n_ok]
+        drafter.feedback(len(draft), n_ok)
+        drafts.drafted += len(draft)
+        drafts.accepted += n_ok
+        drafts.passes += 1
     tail = detok.flush()
     if tail:
         text_parts.append(tail)
@@ -165,5 +205,6 @@ def run_turn(
         "decode_s": round(decode_s, 6),
         "first_token_s": round(first_token_s or 0.0, 6),
         "tokens_per_s": round(n_gen / decode_s, 3) if decode_s > 0 and n_gen else 0.0,
+        **drafts.as_stats(),
     }
     return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, stats=stats)

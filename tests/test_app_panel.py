@@ -30,6 +30,9 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     assert w.vram.bar.total == report.total_bytes
     # last turn timings arrived with TurnDone
     assert "tok/s" in w.vram.turn_rows.labels["tokens_per_s"].text()
+    taken = w.vram.last_stats
+    assert w.vram.turn_rows.labels["draft_acceptance"].text() == (
+        f"{taken['draft_acceptance'] * 100:.0f} % of {taken['draft_tokens']}")
     assert "ms" in w.vram.turn_rows.labels["prefill_s"].text()
 
 

@@ -37,7 +37,7 @@ from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402
 
 GOAL_MS = 50.0
 HEARTBEAT_MS = 5
-# 600 messages are ~14K tokens: the tiny model's default context (4096) would refuse the turn
+# 600 messages are ~22K tokens: the tiny model's default context (4096) would refuse the turn
 CONTEXT_TOKENS = 32768
 
 

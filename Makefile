@@ -20,8 +20,16 @@ run: $(STAMP)
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests
 
+# Every benchmark at full size (minutes each), stopping at the first that fails; then every goal
+# line again, together. `make bench BENCH_ARGS=--quick`: all of them small, in seconds each.
+bench: SHELL := /bin/bash
 bench: $(STAMP)
-	@for b in tests/bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@set -o pipefail; log=$$(mktemp); \
+	for b in tests/bench/[!_]*.py; do \
+		echo "== $$b"; \
+		$(PY) -u $$b $(BENCH_ARGS) 2>&1 | tee -a $$log || { echo "== $$b failed"; rm -f $$log; exit 1; }; \
+	done; \
+	echo "== goals"; grep -E '\(goal .*: (yes|no)\)' $$log; rm -f $$log
 
 # Linux/BSD desktops: a menu entry + icons for this user, running this checkout's venv.
 install-desktop: $(STAMP)

@@ -1,6 +1,7 @@
-"""Shared bits for the benchmarks (run as scripts: `python tests/bench/NAME.py`)."""
+"""Shared bits for the benchmarks (run as scripts: `python tests/bench/NAME.py [--quick]`)."""
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -14,15 +15,55 @@ def workdir(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"parley-bench-{name}-"))
 
 
-def ratio_line(label: str, value: float, goal: str) -> str:
-    return f"{label}: {value:.3f}  (goal {goal})"
+def parse_args(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespace:
+    """Add `--quick` to the benchmark's parser and parse. Quick mode swaps in the small sizes in
+    `quick` (seconds, same code path; the test suite runs it) for every option left at its
+    default, so `--quick --reps 5` still takes the explicit 5."""
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, a few seconds: checks the benchmark runs, not the goal")
+    args = parser.parse_args()
+    if args.quick:
+        for name, value in quick.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+    return args
 
 
-def build_big_tower_model(folder: Path) -> Path:
+def ratio_line(label: str, value: float, *, at_most: float | None = None, at_least: float | None = None,
+               also: tuple[str, bool] | None = None, unit: str = "", note: str = "", digits: int = 3) -> str:
+    """`label: value  (goal ≤ X: yes)`; `also` adds a second condition the verdict needs
+    (e.g. ("0 encoder loads", loads == 0)). Without a bound the line carries `note` instead
+    and no verdict: a figure shown for comparison, not a goal."""
+    shown = f"{value:.{digits}f}{' ' + unit if unit else ''}"
+    if at_most is None and at_least is None:
+        return f"{label}: {shown}" + (f"  ({note})" if note else "")
+    bounds, met = [], True
+    if at_least is not None:
+        bounds.append(f"≥ {at_least:g}{' ' + unit if unit else ''}")
+        met = met and value >= at_least
+    if at_most is not None:
+        bounds.append(f"≤ {at_most:g}{' ' + unit if unit else ''}")
+        met = met and value <= at_most
+    goal = " and ".join(bounds)
+    if also is not None:
+        goal += f" and {also[0]}"
+        met = met and also[1]
+    return f"{label}: {shown}  (goal {goal}: {'yes' if met else 'no'})" + (f"  [{note}]" if note else "")
+
+
+def build_big_tower_model(folder: Path, quick: bool = False) -> Path:
     """LLaVA with an ~86M-parameter CLIP tower (224 px, 256 picture tokens) and a small
-    6-layer language model: loading and running the encoder is clearly visible."""
+    6-layer language model: loading and running the encoder is clearly visible.
+    `quick`: the same layout at a few million parameters (112 px, 64 picture tokens)."""
     from tests.fixtures.tiny_models import build_tiny_model
 
+    if quick:
+        return build_tiny_model(
+            "llava", folder, image_size=112, patch_size=14,
+            vision={"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4},
+            text={"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2},
+        )
     return build_tiny_model(
         "llava", folder, image_size=224, patch_size=14,
         vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},

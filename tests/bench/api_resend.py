@@ -11,9 +11,12 @@ the API client's session by prefix, so turn 3 should cost about the same either 
 Each repeat is a fresh conversation (its own opening words), the same through every path (the
 replies are checked equal, so all do the same work); the order of the three paths rotates, and
 the figure is the median of the per-conversation ratios (the machine may be shared).
+
+    python tests/bench/api_resend.py [--repeats 12] [--quick]
 """
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import statistics
@@ -21,14 +24,13 @@ import subprocess
 import sys
 import time
 
-from _common import build_big_tower_model, ratio_line, workdir
+from _common import build_big_tower_model, parse_args, ratio_line, workdir
 
 from engine.api import ApiServer
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
 
-REPEATS = 12
 NEW = 16
 FOLLOW_UPS = ["What colours do you see?", "Which shape is the largest?"]
 
@@ -64,8 +66,11 @@ for line in sys.stdin:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=12, help="conversations per path")
+    args = parse_args(ap, quick={"repeats": 3})
     d = workdir("api")
-    model_dir = build_big_tower_model(d / "model")
+    model_dir = build_big_tower_model(d / "model", quick=args.quick)
     pic = make_picture(d / "p.png", 1, size=(640, 480))
     url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
     engine = open_engine(model_dir, d / "data", elastic=True, elastic_idle_s=3600)
@@ -97,7 +102,7 @@ def main() -> None:
     try:
         window("warm up")
         api("warm up", False)
-        for r in range(REPEATS):
+        for r in range(args.repeats):
             opening = f"Conversation {r}: what is in this picture?"
             order = ["window", "api", "stream"]
             order = order[r % 3:] + order[:r % 3]  # rotate, so drift in machine load hits all three alike
@@ -121,12 +126,12 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = {k: statistics.median(a / w for a, w in zip(times[k], times["window"])) for k in ("api", "stream")}
     print(f"picture 640×480 PNG ({pic.stat().st_size // 1024} KiB, re-sent as base64 each turn); "
-          f"{NEW} new tokens; {REPEATS} conversations")
+          f"{NEW} new tokens; {args.repeats} conversations")
     print(f"turn 3 medians: window {med['window'] * 1000:.1f} ms | API {med['api'] * 1000:.1f} ms | "
           f"API streaming {med['stream'] * 1000:.1f} ms; API cached tokens {statistics.median(cached):.0f}, "
           f"prefilled {statistics.median(prefill):.0f}, encoder loads {loads}")
-    print(ratio_line("API turn 3 / window turn 3 (median of paired ratios)", paired["api"], "<= 1.1"))
-    print(ratio_line("API streaming turn 3 / window turn 3 (median of paired ratios)", paired["stream"], "<= 1.1"))
+    print(ratio_line("API turn 3 / window turn 3 (median of paired ratios)", paired["api"], at_most=1.1))
+    print(ratio_line("API streaming turn 3 / window turn 3 (median of paired ratios)", paired["stream"], at_most=1.1))
     print(f"best of each: API / window {min(times['api']) / min(times['window']):.3f}, "
           f"streaming / window {min(times['stream']) / min(times['window']):.3f}")
 

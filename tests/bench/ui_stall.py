@@ -5,7 +5,7 @@ reply from a tiny model (thousands of tokens a second on a CPU: the worst case f
 the UI). The conversation already holds 600 messages, so the view is as heavy as it gets.
 Goal: the longest stall stays under 50 ms.
 
-    .venv/bin/python tests/bench/ui_stall.py [--tokens 1500] [--strict]
+    .venv/bin/python tests/bench/ui_stall.py [--tokens 1500] [--messages 600] [--strict] [--quick]
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from _common import parse_args, ratio_line  # noqa: E402  (puts the project root on sys.path)
+
 if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,6 +37,8 @@ from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402
 
 GOAL_MS = 50.0
 HEARTBEAT_MS = 5
+# 600 messages are ~22K tokens: the tiny model's default context (4096) would refuse the turn
+CONTEXT_TOKENS = 32768
 
 
 class Heartbeat:
@@ -85,12 +87,12 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=1500)
     ap.add_argument("--messages", type=int, default=600)
     ap.add_argument("--strict", action="store_true", help="exit 1 when the goal is missed")
-    args = ap.parse_args()
+    args = parse_args(ap, quick={"tokens": 200, "messages": 60})
 
     qapp = make_application([])
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model = build_tiny_model("llava", tmp / "model")
+        model = build_tiny_model("llava", tmp / "model", text={"max_position_embeddings": CONTEXT_TOKENS})
         data = tmp / "data"
         history = History(data)
         conv = history.create_conversation("Long conversation")
@@ -126,13 +128,18 @@ def main() -> int:
             if with_picture:
                 w.composer.take_files([str(make_picture(tmp / "q.png", seed=2, size=(320, 240)))])
             w.composer.edit.setPlainText("Describe the picture in detail.")
-            done = []
+            done, failed = [], []
             w.bridge.turnDone.connect(done.append)
+            w.bridge.turnFailed.connect(failed.append)
             beat.start()
             w.composer.submit()
-            run_until(qapp, lambda: bool(done))
+            run_until(qapp, lambda: bool(done or failed))
             beat.stop()
             w.bridge.turnDone.disconnect(done.append)
+            w.bridge.turnFailed.disconnect(failed.append)
+            if not done:
+                raise SystemExit(f"ui_stall: the {label} did not finish: "
+                                 f"{failed[0].message if failed else 'no turnDone within 120 s'}")
             gaps = sorted(beat.gaps)
             ev = done[0]
             results.append((label, gaps[-1], gaps[int(len(gaps) * 0.99) - 1], statistics.median(gaps),
@@ -148,8 +155,7 @@ def main() -> int:
               f"most UI-thread CPU in one gap {cpu:.1f} ms")
     print(f"ui_stall: machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
           "(stalls beyond the UI thread's own CPU time are waits for a core or the GIL)")
-    verdict = "OK" if worst <= GOAL_MS else "OVER GOAL"
-    print(f"ui_stall: longest UI stall while generating = {worst:.1f} ms (goal <= {GOAL_MS:.0f} ms) {verdict}")
+    print(ratio_line("ui_stall: longest UI stall while generating", worst, at_most=GOAL_MS, unit="ms", digits=1))
     return 1 if (args.strict and worst > GOAL_MS) else 0
 
 

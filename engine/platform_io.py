@@ -44,7 +44,8 @@ try:
     import fcntl as _fcntl
 except ImportError:  # Windows
     _fcntl = None
-_F_FULLFSYNC = getattr(_fcntl, "F_FULLFSYNC", None) if SYSTEM == "darwin" else None
+# 51 is <sys/fcntl.h>'s value, for a Python whose fcntl module does not name it
+_F_FULLFSYNC = getattr(_fcntl, "F_FULLFSYNC", 51) if SYSTEM == "darwin" and _fcntl is not None else None
 
 
 def _load_move_file_ex():

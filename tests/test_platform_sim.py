@@ -21,8 +21,8 @@ SUITES = ["tests/test_kvstore.py", "tests/test_kvstore_faults.py", "tests/test_k
           "tests/test_history.py", "tests/test_platform_io.py"]
 KINDS = sorted(platform_sim.MISSING)
 
-pytestmark = pytest.mark.skipif(bool(os.environ.get(platform_sim.ENV)),
-                                reason="already inside a simulation")
+pytestmark = [pytest.mark.skipif(bool(os.environ.get(platform_sim.ENV)), reason="already inside a simulation"),
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="simulates other OSes on Linux")]
 
 
 def _env(kind: str | None) -> dict:
@@ -36,7 +36,8 @@ def _env(kind: str | None) -> dict:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_spill_and_history_suites_pass_as(kind):
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SUITES],
+    # default verbosity: the header says which simulation ran (-q would drop it)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", *SUITES],
                          cwd=REPO, env=_env(kind), capture_output=True, text=True, timeout=900)
     tail = out.stdout[-4000:] + out.stderr[-2000:]
     assert f"parley platform simulation: {kind}" in out.stdout, tail

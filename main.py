@@ -104,6 +104,12 @@ def cmd_serve(args) -> int:
 
 
 def cmd_window(args) -> int:
+    from app.display_check import problem
+
+    why = problem()  # before Qt: no display, or X11 libraries missing -> what to install
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     from app import run_app
 
     return run_app(args.model, _data_dir(args.data_dir))
@@ -150,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Apple GPU: an op MPS lacks runs on the CPU instead of failing the turn (read when torch loads)
+    os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
     if args.command is None:
         return cmd_window(args)
     return args.func(args)

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QtMsgType, QTimer, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
 from .icons import app_icon
@@ -36,7 +36,11 @@ def announce(status: str) -> None:
 def make_application(argv: list[str] | None = None) -> QApplication:
     argv = list(argv if argv is not None else sys.argv) or ["parley"]
     argv[0] = "parley"  # X11 WM_CLASS instance (the class is the application name, "Parley")
-    app = QApplication.instance() or QApplication(argv)
+    previous = qInstallMessageHandler(_hint_on_plugin_failure)  # Qt aborts without saying what to install
+    try:
+        app = QApplication.instance() or QApplication(argv)
+    finally:
+        qInstallMessageHandler(previous)
     app.setApplicationName("Parley")
     app.setOrganizationName("Parley")
     app.setApplicationDisplayName("Parley")
@@ -49,6 +53,14 @@ def make_application(argv: list[str] | None = None) -> QApplication:
         except (AttributeError, OSError):
             pass
     return app
+
+
+def _hint_on_plugin_failure(kind, _context, message: str) -> None:
+    sys.stderr.write(message + "\n")
+    if kind == QtMsgType.QtFatalMsg and "platform plugin" in message:
+        from .display_check import qt_failed_hint
+        sys.stderr.write(qt_failed_hint() + "\n")
+    sys.stderr.flush()
 
 
 def close_on_signals(window) -> dict:

@@ -234,6 +234,8 @@ class Engine:
                                 make_room=self._make_room, on_state=self._emit_encoder_state)
         self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
                               str(loaded.dtype).replace("torch.", ""), loaded.name))
+        for note in loaded.notes:  # a device or dtype other than the usual one, and why
+            self._emit(Notice("warning", note))
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
                                          "pictures are cached in memory only."))

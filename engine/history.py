@@ -14,7 +14,6 @@ No Qt here: the UI calls this from its own thread; a lock makes it safe from any
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import threading
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Iterable
 
 import blake3
+
+from .platform_io import atomic_write, is_temp_name
 
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
@@ -368,24 +369,14 @@ class History:
             used.update(json.loads(refs))
         removed = 0
         for p in self.pictures_dir.glob("*/*"):
-            if p.name not in used and (_REF_RE.match(p.name) or p.name.startswith(".tmp")):
+            if p.name not in used and (_REF_RE.match(p.name) or is_temp_name(p.name)
+                                         or p.name.startswith(".tmp")):  # ".tmp-*": older versions' temp files
                 p.unlink(missing_ok=True)
                 removed += 1
         return removed
 
     def _write_atomic(self, dest: Path, src) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".tmp-{uuid.uuid4().hex}"
-        try:
-            with open(tmp, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(dest.parent)
+        atomic_write(dest, src)  # bytes and name durable before the message row names the picture
 
     @staticmethod
     def _check_ref(ref: str) -> None:
@@ -419,14 +410,3 @@ def _snippet(text: str, query: str, width: int = 80) -> str:
     return ("…" if start else "") + s + ("…" if start + width < len(text) else "")
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

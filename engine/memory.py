@@ -1,11 +1,9 @@
 """The memory ledger: exact bytes per component, from tensor sizes, for the VRAM panel."""
 from __future__ import annotations
 
-import platform
-
-import psutil
 import torch
 
+from . import devices
 from .events import MemoryReport
 
 
@@ -33,14 +31,8 @@ def model_bytes(loaded) -> tuple[int, int]:
 
 
 def device_totals(device: torch.device) -> tuple[str, int, int]:
-    """(device name, total bytes, free bytes): VRAM on CUDA, system memory otherwise."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return torch.cuda.get_device_name(device), int(total), int(free)
-    vm = psutil.virtual_memory()
-    name = platform.processor() or platform.machine() or "CPU"
-    label = "Apple GPU (shared memory)" if device.type == "mps" else f"CPU ({name})"
-    return label, int(vm.total), int(vm.available)
+    """(device name, total bytes, free bytes): see devices.memory (CUDA, MPS, CPU)."""
+    return devices.memory(device)
 
 
 def free_for_model(loaded, kv_bytes: int, budget: int | None) -> tuple[int, int]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from . import devices
+
 log = logging.getLogger(__name__)
 
 
@@ -74,6 +76,7 @@ class LoadedModel:
     image_token_id: int
     merged_kwargs: dict = field(default_factory=dict)
     fingerprint: bytes = b""
+    notes: tuple[str, ...] = ()  # device / dtype fallbacks, told to the user
 
     @property
     def context_tokens(self) -> int | None:
@@ -97,25 +100,6 @@ class LoadedModel:
             mod = self.module(name)
             if mod is not None:
                 yield from mod.parameters()
-
-
-def pick_device(requested: str = "auto") -> torch.device:
-    if requested and requested != "auto":
-        return torch.device(requested)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
-    if requested and requested != "auto":
-        try:
-            return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
-        except KeyError:
-            raise ModelLoadError(f"unknown dtype {requested!r} (use float32, bfloat16 or float16)") from None
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def check_folder(path: Path) -> dict:
@@ -157,8 +141,12 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
 
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
-    dev = pick_device(device)
-    dt = pick_dtype(dev, dtype)
+    try:
+        place = devices.choose(device, dtype)
+    except devices.DeviceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    dev, dt = place.device, place.dtype
+    notes = [place.note] if place.note else []
     try:
         processor = AutoProcessor.from_pretrained(folder)
     except Exception as exc:  # transformers raises many kinds; the user needs one sentence
@@ -171,7 +159,26 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
         model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc}") from exc
-    model.to(dev).eval()
+    try:
+        model.to(dev)
+    except RuntimeError as exc:  # e.g. an op or dtype this Mac's GPU lacks, or too little memory
+        if dev.type != "mps":
+            raise ModelLoadError(f"Cannot move the model to {dev}: {exc}") from exc
+        notes.append(f"The model could not be placed on the Apple GPU ({str(exc).splitlines()[0]}): "
+                     "it runs on the CPU in float32, which is slower.")
+        dev, dt = torch.device("cpu"), torch.float32
+        del model
+        try:
+            devices.release_cached(torch.device("mps"))
+        except RuntimeError:
+            pass
+        try:  # from the files again: a cast back from float16 would have lost precision
+            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
+        except Exception as exc2:
+            raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc2}") from exc2
+    model.eval()
+    for note in notes:
+        log.warning("%s", note)
 
     eos: set[int] = set()
     gen_eos = getattr(model.generation_config, "eos_token_id", None)
@@ -204,5 +211,5 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     return LoadedModel(
         path=folder, name=name, model=model, processor=processor, adapter=ADAPTERS[config["model_type"]],
         device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
-        fingerprint=fp.digest(),
+        fingerprint=fp.digest(), notes=tuple(notes),
     )

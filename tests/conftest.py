@@ -13,6 +13,19 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# PARLEY_SIMULATE_PLATFORM=windows|macos: run as that OS would (tests/platform_sim.py); before
+# any engine module is imported
+from tests.platform_sim import MISSING, from_environment  # noqa: E402
+
+SIMULATED_PLATFORM = from_environment()
+
+
+def pytest_report_header(config):
+    if SIMULATED_PLATFORM:
+        return (f"parley platform simulation: {SIMULATED_PLATFORM} "
+                f"(absent: {', '.join(MISSING[SIMULATED_PLATFORM])})")
+    return "parley platform simulation: off"
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):

@@ -210,6 +210,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="SIGKILL is POSIX only")
 def test_sigkill_mid_reply_loses_nothing_completed(tmp_path):
     data = tmp_path / "data"
     code = _CHILD.format(root=str(ROOT), data=str(data))

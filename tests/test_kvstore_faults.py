@@ -16,6 +16,8 @@ import pytest
 import torch
 from engine.kvstore import KVStore
 
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the writers are forked (POSIX only)")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NS = b"crash-model"
 

@@ -21,6 +21,7 @@ import blake3
 from PIL import Image
 
 from ..picture_file import PictureError, check
+from ..platform_io import atomic_write
 from .errors import bad
 
 _DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),", re.IGNORECASE)
@@ -145,14 +146,4 @@ class PictureStore:
             self.pruned += 1
 
     def _write(self, path: Path, data: bytes) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # same bytes -> same name: a concurrent writer's copy is identical
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        atomic_write(path, data)  # same bytes -> same name: a concurrent writer's copy is identical

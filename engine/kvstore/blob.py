@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
+from .. import platform_io
 from .errors import BadBlob
 from .layout import CODE_DTYPES, DTYPE_CODES, KVLayout
 
@@ -27,7 +28,7 @@ BLOB_VERSION = 1
 KIND_BLOCK = 0
 KIND_TAIL = 1
 SUFFIX = ".kvb"
-TMP_SUFFIX = ".tmp"
+TMP_SUFFIX = platform_io.TMP_SUFFIX  # temp files AtomicFile leaves after a crash (the sweep removes them)
 _FIXED = struct.Struct("<8sHBBI32sIIQ32s")  # 96 bytes
 _ALIGN = 64
 
@@ -102,26 +103,3 @@ def parse_header(buf) -> BlobHeader:
     if payload_len != n * layout.token_bytes:
         raise BadBlob("payload length does not match shapes")
     return BlobHeader(kind, layout, bytes(key), tokens, hl, payload_len, bytes(pdigest))
-
-
-def read_full(fd: int, views: list[memoryview], offset: int = 0) -> int:
-    """preadv into `views` (in order) from `offset`, resuming after short reads and splitting at
-    IOV_MAX. Returns bytes read; less than requested only at end of file."""
-    iov_max = 1024
-    total = 0
-    pending = [v for v in views if len(v)]
-    while pending:
-        batch = pending[:iov_max]
-        got = os.preadv(fd, batch, offset + total)
-        if got <= 0:
-            return total
-        total += got
-        # drop fully read views, trim a partly read one
-        while got and pending:
-            if got >= len(pending[0]):
-                got -= len(pending[0])
-                pending.pop(0)
-            else:
-                pending[0] = pending[0][got:]
-                got = 0
-    return total

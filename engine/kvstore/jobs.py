@@ -12,7 +12,8 @@ from .blob import KIND_BLOCK, KIND_TAIL
 from .errors import KVStoreError
 from .eviction import collect_garbage, evict
 from .manifest import SessionRow
-from .writer import fsync_dir, unlink_quiet
+from ..platform_io import sync_dir
+from .writer import unlink_quiet
 
 if TYPE_CHECKING:
     from .spill import SpillJob
@@ -46,7 +47,7 @@ def finish_job(store: "KVStore", job: "SpillJob") -> None:
             try:
                 if store.durable:
                     for d in sorted(job.dirs):
-                        fsync_dir(d)  # the renames are durable before the row naming them
+                        sync_dir(d)  # the renames are durable before the row naming them
                 _install(store, job)
                 ok = True
             except Exception as e:

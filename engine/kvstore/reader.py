@@ -1,6 +1,6 @@
 """Reading blobs back: one read per blob, verified, straight into preallocated tensors.
 
-For a CPU restore in the stored dtype the file is read with one preadv whose buffers are the
+For a CPU restore in the stored dtype the file is read (one preadv where the OS has it) into the
 destination tensors' own memory (no staging copy); otherwise it lands in a staging buffer and is
 copied (and cast, or moved to the device) per tensor. A read-ahead thread fetches the next blob
 while this one is hashed. Nothing is handed out before its header checksum, payload checksum,
@@ -18,7 +18,8 @@ import blake3
 import numpy as np
 import torch
 
-from .blob import BlobHeader, blob_size, header_len, parse_fixed, parse_header, read_full
+from ..platform_io import open_read, pread, read_into
+from .blob import BlobHeader, blob_size, header_len, parse_fixed, parse_header
 from .errors import BadBlob, MissingBlob
 from .layout import KVLayout
 
@@ -38,13 +39,13 @@ class ReadItem:
 def read_layout(path: str) -> KVLayout:
     """The layout recorded in a blob's header (two small reads)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_read(path)
     except FileNotFoundError as e:
         raise MissingBlob(path) from e
     try:
-        fixed = os.pread(fd, 4096, 0)
+        fixed = pread(fd, 4096, 0)
         hl = parse_fixed(fixed)[4]
-        buf = os.pread(fd, hl, 0) if hl > len(fixed) else fixed
+        buf = pread(fd, hl, 0) if hl > len(fixed) else fixed
         return parse_header(bytearray(buf)).layout
     finally:
         os.close(fd)
@@ -82,7 +83,7 @@ class BlobReader:
     def _load(self, item: ReadItem, slot: int):
         size = blob_size(self.layout, item.n)
         try:
-            fd = os.open(item.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_read(item.path)
         except FileNotFoundError:
             return ("missing", None)
         except OSError as e:
@@ -95,12 +96,12 @@ class BlobReader:
             head = bytearray(hl)
             if self.direct_ok and item.use == item.n:
                 views = [memoryview(head)] + self._dest_views(item)
-                got = read_full(fd, views)
+                got = read_into(fd, views)
                 mode = ("direct", head, views[1:])
             else:
                 buf = self._stage(slot, size)
                 mv = memoryview(buf.numpy())[:size]
-                got = read_full(fd, [mv])
+                got = read_into(fd, [mv])
                 head = mv[:hl]
                 mode = ("staged", head, buf)
             if got != size:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 import torch
 
+from ..devices import synchronize
 from .blob import KIND_BLOCK, KIND_TAIL
 from .errors import BadBlob, MissingBlob
 from .keys import PictureSpan, block_keys, normalize_pictures, normalize_tokens
@@ -118,8 +119,7 @@ def restore(store: "KVStore", session_id: str | None, token_ids: Any, picture_sp
             return done()
         if n < n_plan:
             dest = [(_shrink(k, n), _shrink(v, n)) for k, v in dest]
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        synchronize(dev)  # CUDA / MPS copies may still be in flight
         stats["state_complete"] = bool(usable and n == row.n_tokens)
         with store._lock:
             store._counters["restores"] += 1

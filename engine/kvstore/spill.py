@@ -9,6 +9,7 @@ Only blocks that are not already on disk are copied off the device at all.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,7 @@ from .blob import KIND_TAIL, encode_header, header_len
 from .jobs import finish_job
 from .keys import PictureSpan
 from .layout import KVLayout
-from .writer import DurableFile
+from ..platform_io import AtomicFile
 
 if TYPE_CHECKING:
     from .store import KVStore
@@ -65,7 +66,7 @@ class BlobPlan:
 
 @dataclass
 class _Sink:
-    file: DurableFile
+    file: AtomicFile
     hasher: object = field(default_factory=blake3.blake3)
 
 
@@ -250,7 +251,7 @@ class SpillJob:
 
     def _open(self, wi: int) -> _Sink:
         plan = self._to_write[wi]
-        sink = _Sink(DurableFile(plan.path, self._store.durable))
+        sink = _Sink(AtomicFile(plan.path, self._store.durable))
         self._sinks[wi] = sink
         # placeholder header; the real one (with the payload checksum) is written at the end
         sink.file.write(bytes(header_len(plan.n, self.layout.n_layers)))
@@ -265,12 +266,12 @@ class SpillJob:
             sink.file.pwrite(header, 0)
             if sink.file.size != plan.size:
                 raise OSError(f"blob size {sink.file.size} != expected {plan.size}")
-            sink.file.commit()  # fsync + rename; the directory is fsynced before the commit
+            sink.file.commit()  # sync + publish; the directory is synced before the commit
         except BaseException:
             sink.file.discard()
             raise
         self.written.append(plan)
-        self.dirs.add(plan.path.rsplit("/", 1)[0])
+        self.dirs.add(os.path.dirname(plan.path))  # os.sep: "\\" on Windows
         if plan.kind == KIND_TAIL:
             self.stats.tail_written += 1
         else:

@@ -7,7 +7,6 @@ job's registration and commit: jobs.py.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import errno
 import os
@@ -32,7 +31,9 @@ from .spill import BlobPlan, SpillJob, SpillResult
 from .sweep import is_damage, open_manifest, unavailable_reason
 from .sweep import sweep as sweep_store
 from .sweep import verify as verify_store
-from .writer import BufferPool, WriterThread, fsync_dir, unlink_quiet
+from ..platform_io import FolderBusy, FolderLock
+from ..platform_io import sync_dir as fsync_dir
+from .writer import BufferPool, WriterThread, unlink_quiet
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,13 @@ class KVStore:
         self._closed = False
         try:
             self._make_dirs()
-            self._lock_file = open(os.path.join(self.root, "lock"), "a+")
+            self._lock_file = FolderLock(os.path.join(self.root, "lock"))  # released by the OS if we die
+        except FolderBusy as e:
+            raise KVStoreError(f"KV store {self.root} is in use by another process") from e
         except OSError as e:
             if e.errno in _DISK_ERRNOS:
                 raise StoreUnavailable(unavailable_reason(self.root, e)) from e
             raise KVStoreError(f"KV store directory {self.root} is not usable: {e}") from e
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            self._lock_file.close()
-            raise KVStoreError(f"KV store {self.root} is in use by another process") from e
         try:
             self._manifest, self._manifest_reset = open_manifest(self.root)
         except StoreUnavailable:

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..devices import release_cached
+
 log = logging.getLogger(__name__)
 
 
@@ -101,8 +103,7 @@ class EncoderResidency:
             sub._parameters[pname] = torch.nn.Parameter(
                 torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False
             )
-        if self.loaded.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_cached(self.loaded.device)  # CUDA / MPS: the freed weights go back to the device
         self.state = "unloaded"
         self.unloads += 1
         return True

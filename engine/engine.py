@@ -21,7 +21,7 @@ from .events import (
 from .conversations import Conversations
 from .memory import build_report, free_for_model
 from .model import ModelLoadError, load_model
-from .paths import default_data_dir
+from .paths import create_data_dir, default_data_dir
 from .prompt import build_prompt, render
 from .session import Session
 from .settings import EngineSettings
@@ -39,7 +39,7 @@ class Engine:
     def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        create_data_dir(self.data_dir)
         self._queue: queue.Queue = queue.Queue()
         self._listeners: list[Callable[[Event], None]] = []
         self._thread: threading.Thread | None = None

@@ -6,11 +6,13 @@ picture is preprocessed, and how positions are computed (Qwen2-VL's 3-D rope).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,24 @@ def weights_identity(path: Path) -> bytes:
     return h.digest()
 
 
+@contextlib.contextmanager
+def _progress_only_on_a_terminal():
+    """transformers draws a "Loading weights" bar on stderr; where stderr is a pipe or a log
+    (headless commands, the window app) it is noise between messages, so it is shown only on a
+    terminal."""
+    from transformers.utils import logging as hf_logging
+
+    show = sys.stderr is not None and sys.stderr.isatty()
+    was = hf_logging.is_progress_bar_enabled()
+    if show != was:
+        (hf_logging.enable_progress_bar if show else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        if show != was:
+            (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -168,7 +188,8 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     if getattr(processor, "image_token", None) is None:
         raise ModelLoadError(f"The processor in {folder} has no image token; it is not a vision-language model")
     try:
-        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
+        with _progress_only_on_a_terminal():
+            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc}") from exc
     model.to(dev).eval()

@@ -82,3 +82,11 @@ def test_replay_rejects_a_bad_script(tiny_model, tmp_path):
     path.write_text(json.dumps({"settings": {"max_new_tokenz": 3}, "turns": []}))
     res = run_main("replay", str(path), "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"))
     assert res.returncode == 1 and "unknown setting" in res.stderr
+
+
+def test_headless_stderr_keeps_only_messages(tiny_model, tmp_path):
+    """stderr is a pipe here (as in scripts and logs): no "Loading weights" progress bar."""
+    res = run_main("ask", "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"),
+                   "--max-new-tokens", "2", "hi")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""

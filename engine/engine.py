@@ -53,6 +53,7 @@ class Engine:
         self.sessions = Conversations()
         self.last_turn_stats: dict = {}
         self._active_cid: str | None = None
+        self._logged_notices: set[str] = set()
 
     # ------------------------------------------------------------ public API (any thread)
 
@@ -120,11 +121,21 @@ class Engine:
     # ------------------------------------------------------------ owner thread
 
     def _emit(self, event: Event) -> None:
+        if isinstance(event, Notice):
+            self._log_notice(event)
         for fn in list(self._listeners):
             try:
                 fn(event)
             except Exception:  # a broken listener must not take the engine down
                 log.exception("engine listener failed on %s", type(event).__name__)
+
+    def _log_notice(self, notice: Notice) -> None:
+        """Notices reach the log too, each distinct one once: headless commands have no window
+        to show them in, and a store failing every spill would otherwise flood the log."""
+        if notice.message in self._logged_notices:
+            return
+        self._logged_notices.add(notice.message)
+        log.log(logging.INFO if notice.level == "info" else logging.WARNING, "%s", notice.message)
 
     def _loop(self) -> None:
         while True:

@@ -20,7 +20,7 @@ from .events import (
 )
 from .conversations import Conversations
 from .memory import build_report, free_for_model
-from .model import ModelLoadError, load_model
+from .model import ModelLoadError, check_folder, free_device_cache, load_model
 from .paths import create_data_dir, default_data_dir
 from .prompt import build_prompt, render
 from .session import Session
@@ -184,11 +184,22 @@ class Engine:
             self._emit(self._report())
 
     def _on_shutdown(self) -> None:
+        self._release_model()
+
+    def _release_model(self) -> None:
+        """Let go of the model and all built on it (processor, gate and its cached features,
+        encoder residency, spiller, sessions' KV) and return the device memory now. The gate and
+        the spiller call back into the engine; dropping them here breaks the only cycles, so
+        the model is freed by reference counting at once, not whenever the collector runs."""
         if self.spiller is not None:
-            self.spiller.close(self.sessions)  # exit spills what is hot: nothing lost
+            self.spiller.close(self.sessions)  # exit and model switch spill what is hot: nothing lost
         if self.gate is not None:
             self.gate.close()
-        self.sessions.clear()
+        self.sessions.clear()  # KV of another model is meaningless
+        device = self.loaded.device if self.loaded is not None else None
+        self.loaded = self.gate = self.spiller = None
+        self._active_cid = None
+        free_device_cache(device)
 
     def _emit_encoder_state(self, state: str) -> None:
         left = self.gate.residency.idle_left() if self.gate is not None else None
@@ -220,6 +231,13 @@ class Engine:
     def _do_load(self, path: str) -> None:
         self._emit(ModelLoading(path))
         try:
+            check_folder(Path(path).expanduser().resolve())  # a folder that is no model keeps the old one
+        except ModelLoadError as exc:
+            self._emit(ModelFailed(path, str(exc)))
+            return
+        # the old model goes before the new one loads: two models never share the device
+        self._release_model()
+        try:
             loaded = load_model(path, self.settings.device, self.settings.dtype)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
@@ -228,12 +246,6 @@ class Engine:
             log.exception("model load failed")
             self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
             return
-        if self.spiller is not None:
-            self.spiller.close(self.sessions)
-        if self.gate is not None:
-            self.gate.close()
-        self.loaded = self.gate = self.spiller = None
-        self.sessions.clear()  # KV of another model is meaningless
         self.loaded = loaded
         self.spiller = SessionSpiller(loaded, self.settings, self.data_dir, self._emit)
         if self.spiller.refusal:

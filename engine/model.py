@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+# Imported here, not inside load_model: the first import of transformers pulls in torchvision,
+# whose torch.fx.wrap() calls leave frame reference cycles behind. Made under load_model's call
+# stack, those cycles would hold its frame -- and so the loaded model -- until the garbage
+# collector happened to run, long after the engine let the model go.
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +177,16 @@ def _progress_only_on_a_terminal():
             (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
-def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+def free_device_cache(device: torch.device | None = None) -> None:
+    """Hand memory the caching allocator keeps back to the device once tensors are gone."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available() and (device is None or device.type == "mps"):
+        torch.mps.empty_cache()
 
+
+def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
     dev = pick_device(device)

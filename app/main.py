@@ -10,6 +10,8 @@ from pathlib import Path
 from PySide6.QtCore import QtMsgType, QTimer, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
+from engine.paths import create_data_dir
+
 from .icons import app_icon
 from .model_catalog import DEMO_MODEL
 from .preferences import Preferences
@@ -116,7 +118,7 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     prefs = Preferences()
     prefs.session_overrides = dict(settings or {})
     data_dir = choose_data_dir(Path(data_dir), prefs)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    create_data_dir(data_dir)
     instance = SingleInstance.for_data_dir(data_dir)
     if not instance.claim():  # before anything heavy is imported or loaded
         print(f"Parley is already running with {data_dir}; brought its window forward.", file=sys.stderr)

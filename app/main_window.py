@@ -97,6 +97,12 @@ class MainWindow(QMainWindow):
         api = prefs.api_config()
         if api.enabled:
             self.apply_api(api)
+        self.history_problem: QMessageBox | None = None
+        if history.recovery is not None:  # said once the window is up; the window opens anyway
+            self.history_problem = QMessageBox(QMessageBox.Icon.Warning, "Chat history was damaged",
+                                               history.recovery.describe(), QMessageBox.StandardButton.Ok, self)
+            self.history_problem.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self.history_problem.open()  # window-modal, never blocks startup
 
     # ------------------------------------------------------------ building
 

@@ -20,8 +20,8 @@ from .events import (
 )
 from .conversations import Conversations
 from .memory import build_report, free_for_model
-from .model import ModelLoadError, load_model
-from .paths import default_data_dir
+from .model import ModelLoadError, check_folder, free_device_cache, load_model
+from .paths import create_data_dir, default_data_dir
 from .prompt import build_prompt, render
 from .session import Session
 from .settings import EngineSettings
@@ -39,7 +39,7 @@ class Engine:
     def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        create_data_dir(self.data_dir)
         self._queue: queue.Queue = queue.Queue()
         self._listeners: list[Callable[[Event], None]] = []
         self._thread: threading.Thread | None = None
@@ -53,6 +53,7 @@ class Engine:
         self.sessions = Conversations()
         self.last_turn_stats: dict = {}
         self._active_cid: str | None = None
+        self._logged_notices: set[str] = set()
 
     # ------------------------------------------------------------ public API (any thread)
 
@@ -120,11 +121,21 @@ class Engine:
     # ------------------------------------------------------------ owner thread
 
     def _emit(self, event: Event) -> None:
+        if isinstance(event, Notice):
+            self._log_notice(event)
         for fn in list(self._listeners):
             try:
                 fn(event)
             except Exception:  # a broken listener must not take the engine down
                 log.exception("engine listener failed on %s", type(event).__name__)
+
+    def _log_notice(self, notice: Notice) -> None:
+        """Notices reach the log too, each distinct one once: headless commands have no window
+        to show them in, and a store failing every spill would otherwise flood the log."""
+        if notice.message in self._logged_notices:
+            return
+        self._logged_notices.add(notice.message)
+        log.log(logging.INFO if notice.level == "info" else logging.WARNING, "%s", notice.message)
 
     def _loop(self) -> None:
         while True:
@@ -173,11 +184,22 @@ class Engine:
             self._emit(self._report())
 
     def _on_shutdown(self) -> None:
+        self._release_model()
+
+    def _release_model(self) -> None:
+        """Let go of the model and all built on it (processor, gate and its cached features,
+        encoder residency, spiller, sessions' KV) and return the device memory now. The gate and
+        the spiller call back into the engine; dropping them here breaks the only cycles, so
+        the model is freed by reference counting at once, not whenever the collector runs."""
         if self.spiller is not None:
-            self.spiller.close(self.sessions)  # exit spills what is hot: nothing lost
+            self.spiller.close(self.sessions)  # exit and model switch spill what is hot: nothing lost
         if self.gate is not None:
             self.gate.close()
-        self.sessions.clear()
+        self.sessions.clear()  # KV of another model is meaningless
+        device = self.loaded.device if self.loaded is not None else None
+        self.loaded = self.gate = self.spiller = None
+        self._active_cid = None
+        free_device_cache(device)
 
     def _emit_encoder_state(self, state: str) -> None:
         left = self.gate.residency.idle_left() if self.gate is not None else None
@@ -209,6 +231,13 @@ class Engine:
     def _do_load(self, path: str) -> None:
         self._emit(ModelLoading(path))
         try:
+            check_folder(Path(path).expanduser().resolve())  # a folder that is no model keeps the old one
+        except ModelLoadError as exc:
+            self._emit(ModelFailed(path, str(exc)))
+            return
+        # the old model goes before the new one loads: two models never share the device
+        self._release_model()
+        try:
             loaded = load_model(path, self.settings.device, self.settings.dtype)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
@@ -217,12 +246,6 @@ class Engine:
             log.exception("model load failed")
             self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
             return
-        if self.spiller is not None:
-            self.spiller.close(self.sessions)
-        if self.gate is not None:
-            self.gate.close()
-        self.loaded = self.gate = self.spiller = None
-        self.sessions.clear()  # KV of another model is meaningless
         self.loaded = loaded
         self.spiller = SessionSpiller(loaded, self.settings, self.data_dir, self._emit)
         if self.spiller.refusal:

@@ -25,6 +25,8 @@ from typing import Iterable
 
 import blake3
 
+from .history_db import open_database
+from .paths import create_data_dir, private_dir
 from .platform_io import atomic_write, is_temp_name
 
 COMPLETE = "complete"
@@ -109,49 +111,68 @@ END;
 class History:
     """The conversation store. Open one per data dir; close() when done."""
 
-    def __init__(self, data_dir: Path | str):
-        self.data_dir = Path(data_dir)
-        self.pictures_dir = self.data_dir / "pictures"
-        self.pictures_dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, data_dir: Path | str, busy_timeout_s: float = 5.0):
+        self.data_dir = create_data_dir(data_dir)
+        self.pictures_dir = private_dir(self.data_dir / "pictures")
         self.db_path = self.data_dir / "history.sqlite3"
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
         self._fts = True
+        # a damaged database is set aside and replaced; `recovery` says so (None when all was well)
+        self._db, self.recovery = open_database(self.db_path, int(busy_timeout_s * 1000), self._setup)
+
+    def _setup(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA foreign_keys=ON")
         # executescript manages its own transaction, so each script carries BEGIN/COMMIT.
-        self._db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+        db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
         try:
-            self._db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+            db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
         except sqlite3.OperationalError:  # SQLite built without FTS5 or its trigram tokenizer
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             self._fts = False
 
     # ------------------------------------------------------------ plumbing
 
     class _Tx:
+        """One write transaction under the lock. Whatever fails (BEGIN on a locked or full
+        database, the statements, COMMIT), the lock is released, no transaction stays open
+        and synchronous is back to NORMAL."""
+
         def __init__(self, history: "History", durable: bool):
             self.h, self.durable = history, durable
 
         def __enter__(self):
             self.h._lock.acquire()
-            if self.durable:
-                self.h._db.execute("PRAGMA synchronous=FULL")
-            self.h._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self.durable:
+                    self.h._db.execute("PRAGMA synchronous=FULL")
+                self.h._db.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self._end()
+                raise
             return self.h._db
 
         def __exit__(self, exc_type, exc, tb):
+            db = self.h._db
             try:
-                self.h._db.execute("ROLLBACK" if exc_type else "COMMIT")
+                if exc_type is None:
+                    db.execute("COMMIT")
             finally:
+                try:
+                    if db.in_transaction:  # after an error, or a COMMIT that failed
+                        db.execute("ROLLBACK")
+                finally:
+                    self._end()
+            return False
+
+        def _end(self) -> None:
+            try:
                 if self.durable:
                     self.h._db.execute("PRAGMA synchronous=NORMAL")
+            finally:
                 self.h._lock.release()
-            return False
 
     def _tx(self, durable: bool = False) -> "History._Tx":
         return History._Tx(self, durable)
@@ -376,6 +397,7 @@ class History:
         return removed
 
     def _write_atomic(self, dest: Path, src) -> None:
+        private_dir(dest.parent)
         atomic_write(dest, src)  # bytes and name durable before the message row names the picture
 
     @staticmethod

@@ -6,16 +6,23 @@ picture is preprocessed, and how positions are computed (Qwen2-VL's 3-D rope).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+# Imported here, not inside load_model: the first import of transformers pulls in torchvision,
+# whose torch.fx.wrap() calls leave frame reference cycles behind. Made under load_model's call
+# stack, those cycles would hold its frame -- and so the loaded model -- until the garbage
+# collector happened to run, long after the engine let the model go.
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import devices
 
@@ -136,9 +143,34 @@ def weights_identity(path: Path) -> bytes:
     return h.digest()
 
 
-def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+@contextlib.contextmanager
+def _progress_only_on_a_terminal():
+    """transformers draws a "Loading weights" bar on stderr; where stderr is a pipe or a log
+    (headless commands, the window app) it is noise between messages, so it is shown only on a
+    terminal."""
+    from transformers.utils import logging as hf_logging
 
+    show = sys.stderr is not None and sys.stderr.isatty()
+    was = hf_logging.is_progress_bar_enabled()
+    if show != was:
+        (hf_logging.enable_progress_bar if show else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        if show != was:
+            (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def free_device_cache(device: torch.device | None = None) -> None:
+    """Hand memory the caching allocator keeps back to the device once tensors are gone."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available() and (device is None or device.type == "mps"):
+        torch.mps.empty_cache()
+
+
+def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
     try:
@@ -156,7 +188,8 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     if getattr(processor, "image_token", None) is None:
         raise ModelLoadError(f"The processor in {folder} has no image token; it is not a vision-language model")
     try:
-        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
+        with _progress_only_on_a_terminal():
+            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc}") from exc
     try:

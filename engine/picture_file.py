@@ -1,15 +1,23 @@
 """Reading and checking a picture file: bytes and a full decode, with one sentence when it fails.
 
-Torch-free, so the window checks a dropped picture with exactly the engine's rules."""
+Torch-free, so the window checks a dropped picture with exactly the engine's rules. The model
+sees a picture the way a viewer shows it: its EXIF orientation is applied to the pixels (the
+cache key stays over the original bytes, computed elsewhere without a decode)."""
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 
 MAX_PIXELS = 64_000_000  # beyond this a "picture" is almost surely a decompression bomb
+
+# Our own limit is below PIL's warning threshold (~89 MP), so every picture PIL would warn about
+# is refused here with one sentence; its warning would only leak past that sentence.
+assert MAX_PIXELS < Image.MAX_IMAGE_PIXELS
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 class PictureError(ValueError):
@@ -34,7 +42,12 @@ def check(data: bytes, name: str) -> None:
 
 
 def decode(data: bytes, name: str) -> Image.Image:
+    """RGB pixels, upright as shown (EXIF orientation applied)."""
     return _decode(data, name, rgb=True)
+
+
+def _too_large(name: str, size: str) -> PictureError:
+    return PictureError(f"{name} is too large ({size}; the limit is {MAX_PIXELS // 1_000_000} megapixels)")
 
 
 def _decode(data: bytes, name: str, rgb: bool) -> Image.Image | None:
@@ -42,12 +55,17 @@ def _decode(data: bytes, name: str, rgb: bool) -> Image.Image | None:
         with Image.open(io.BytesIO(data)) as probe:
             w, h = probe.size
             if w * h > MAX_PIXELS:
-                raise PictureError(f"{name} is too large ({w}×{h} pixels; the limit is {MAX_PIXELS // 1_000_000} megapixels)")
+                raise _too_large(name, f"{w}×{h} pixels")
             probe.load()  # catches truncated files now, not inside the processor
-            return probe.convert("RGB") if rgb else None
+            if not rgb:
+                return None
+            ImageOps.exif_transpose(probe, in_place=True)
+            return probe.convert("RGB")
     except PictureError:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError):
+    except Image.DecompressionBombError:  # PIL refuses over ~178 MP before we can read the size
+        raise _too_large(name, f"over {2 * Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels") from None
+    except UnidentifiedImageError:
         raise PictureError(f"{name} is not a picture (PNG, JPEG, WebP, GIF or BMP)") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise PictureError(f"{name} is a damaged picture ({exc})") from None

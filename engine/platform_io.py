@@ -101,7 +101,8 @@ def open_read(path: str | os.PathLike) -> int:
 
 
 def _create_new(path: str | os.PathLike) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, 0o644)
+    # 0600: everything Parley writes (history, pictures, KV blocks) is the user's private data
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, 0o600)
 
 
 def pread(fd: int, nbytes: int, offset: int) -> bytes:

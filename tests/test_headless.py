@@ -1,7 +1,9 @@
 """`main.py ask` and `main.py replay` as a user scripts them (real subprocesses)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +84,49 @@ def test_replay_rejects_a_bad_script(tiny_model, tmp_path):
     path.write_text(json.dumps({"settings": {"max_new_tokenz": 3}, "turns": []}))
     res = run_main("replay", str(path), "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"))
     assert res.returncode == 1 and "unknown setting" in res.stderr
+
+
+def test_headless_stderr_keeps_only_messages(tiny_model, tmp_path):
+    """stderr is a pipe here (as in scripts and logs): no "Loading weights" progress bar."""
+    res = run_main("ask", "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"),
+                   "--max-new-tokens", "2", "hi")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+
+
+@contextlib.contextmanager
+def read_only_folder(path: Path):
+    """A folder nothing can be written into: by mode for a normal user; for root (whom modes do
+    not stop) a read-only tmpfs mounted there."""
+    path.mkdir(parents=True)
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot make a read-only folder as root here (mount refused)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes / mounts")
+def test_replay_with_a_read_only_store_logs_it_once(tiny_model, tmp_path):
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"settings": {"max_new_tokens": 2, "spill_idle_s": 0.05},
+                                  "turns": [{"user": "hi"}, {"user": "again", "wait_s": 0.3},
+                                            {"user": "and again", "wait_s": 0.3}]}))
+    data = tmp_path / "d"
+    with read_only_folder(data / "kv-store"):
+        res = run_main("-v", "replay", "--model", str(tiny_model("llava")), "--data-dir", str(data), str(script))
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 3  # every turn answered: the store is not needed for that
+    store_lines = [line for line in res.stderr.splitlines() if "KV store" in line]
+    assert len(store_lines) == 1, res.stderr
+    assert "WARNING" in store_lines[0]
+    assert "Read-only file system" in store_lines[0] or "Permission denied" in store_lines[0]

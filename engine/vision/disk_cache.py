@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load as st_load, save as st_save
 
 from .entry import PictureEntry
+from ..paths import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class DiskImageCache:
             self.error = "disabled"
             return
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder)  # features reveal the pictures: the user's alone
             self._cache = diskcache.Cache(str(folder), size_limit=size_limit, eviction_policy="least-recently-used")
             probe = b"parley-probe"
             self._cache.set(probe, b"ok")

@@ -1,0 +1,151 @@
+"""Opening the history database: a private file, and a damaged one set aside instead of a crash.
+
+A database SQLite calls corrupt or "not a database" (or that fails its quick check) is moved to
+`history.sqlite3.damaged` (one copy: a later damage replaces the earlier copy), whatever rows
+can still be read from it are copied into a fresh database, and the caller gets a
+`HistoryRecovery` to tell the person. Errors that are not damage (locked, disk full, read-only)
+are raised as they are: treating those as damage would throw a good history away.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .paths import private_file
+
+log = logging.getLogger(__name__)
+
+DAMAGED_SUFFIX = ".damaged"
+_DAMAGE_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
+
+
+@dataclass(frozen=True)
+class HistoryRecovery:
+    reason: str  # what SQLite said about the damaged file
+    kept_at: Path  # the damaged file, set aside
+    conversations: int  # salvaged into the new database
+    messages: int
+
+    def describe(self) -> str:
+        if self.conversations:
+            got = (f"{self.conversations} conversation(s) with {self.messages} message(s) were recovered "
+                   "from it; anything else is lost")
+        else:
+            got = "nothing could be recovered from it, so history starts empty"
+        return (f"The chat history was damaged and could not be opened ({self.reason}); {got}. "
+                f"The damaged file is kept at {self.kept_at}.")
+
+
+class _Damaged(Exception):
+    pass
+
+
+def is_damage(exc: sqlite3.DatabaseError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _DAMAGE_CODES
+    text = str(exc).lower()
+    return "malformed" in text or "not a database" in text
+
+
+def open_database(path: Path, busy_timeout_ms: int,
+                  setup: Callable[[sqlite3.Connection], None]) -> tuple[sqlite3.Connection, HistoryRecovery | None]:
+    """A connection with `setup` (pragmas, schema) applied; a damaged file is replaced first."""
+    try:
+        return _open_checked(path, busy_timeout_ms, setup), None
+    except (_Damaged, sqlite3.DatabaseError) as exc:
+        if isinstance(exc, sqlite3.DatabaseError) and not is_damage(exc):
+            raise
+        reason = str(exc)
+    kept = _set_aside(path)
+    log.warning("history database %s is damaged (%s); kept at %s, starting afresh", path, reason, kept)
+    db = _connect(path, busy_timeout_ms)
+    setup(db)
+    conversations, messages = _salvage(kept, db)
+    return db, HistoryRecovery(reason, kept, conversations, messages)
+
+
+def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    private_file(path)
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    return db
+
+
+def _open_checked(path: Path, busy_timeout_ms: int, setup) -> sqlite3.Connection:
+    db = _connect(path, busy_timeout_ms)
+    try:
+        problems = [r[0] for r in db.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            raise _Damaged("; ".join(problems))
+        setup(db)
+        return db
+    except BaseException:
+        db.close()
+        raise
+
+
+def _set_aside(path: Path) -> Path:
+    """Move the damaged file (and its WAL, which must never be replayed into a new database)
+    to one `.damaged` copy, replacing an older copy."""
+    kept = path.with_name(path.name + DAMAGED_SUFFIX)
+    os.replace(path, kept)
+    wal, kept_wal = Path(f"{path}-wal"), Path(f"{kept}-wal")
+    if wal.exists():
+        os.replace(wal, kept_wal)
+    else:
+        kept_wal.unlink(missing_ok=True)  # an older copy's WAL does not belong to this one
+    Path(f"{path}-shm").unlink(missing_ok=True)
+    Path(f"{kept}-shm").unlink(missing_ok=True)
+    return kept
+
+
+def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
+    """Copy the conversations and messages rows that still read back; stop a table at its first
+    unreadable row."""
+    try:
+        src = sqlite3.connect(f"file:{kept}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return 0, 0
+    try:
+        convs = _readable_rows(src, "SELECT id, title, created, updated, system_prompt, deleted FROM conversations")
+        ids = {r[0] for r in convs}
+        msgs = [r for r in _readable_rows(
+            src, "SELECT id, conversation, role, text, pictures, status, created, edited FROM messages ORDER BY id")
+            if r[1] in ids]
+    finally:
+        src.close()
+    if not convs:
+        return 0, 0
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.executemany("INSERT OR IGNORE INTO conversations(id, title, created, updated, system_prompt, deleted)"
+                       " VALUES (?, ?, ?, ?, ?, ?)", convs)
+        kept_msgs = 0
+        for r in msgs:
+            try:
+                db.execute("INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", r)
+                kept_msgs += 1
+            except sqlite3.IntegrityError:  # a row the damage garbled past the schema's checks
+                pass
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return len(convs), kept_msgs
+
+
+def _readable_rows(src: sqlite3.Connection, sql: str) -> list[tuple]:
+    rows: list[tuple] = []
+    try:
+        for row in src.execute(sql):
+            rows.append(tuple(row))
+    except sqlite3.Error:
+        pass
+    return rows

@@ -17,18 +17,17 @@ from .streaming import sse_events
 
 log = logging.getLogger(__name__)
 
-DRAIN_S = 2.0  # how long a refused body is read (and dropped) so the client sees the answer, not a reset
-
 
 class ErrorResponse(JSONResponse):
     """An error in OpenAI's shape. A request body the app did not read is read and dropped
     first (bounded), so the client, still sending it, gets this answer rather than a reset."""
 
-    def __init__(self, err: ApiError, body_left: int, max_body: int):
+    def __init__(self, err: ApiError, body_left: int, max_body: int, idle_s: float, total_s: float):
         headers = dict(err.headers)
         if err.status == 401:
             headers["WWW-Authenticate"] = 'Bearer realm="parley"'
         self.body_left, self.drain_limit = body_left, 4 * max_body
+        self.idle_s, self.total_s = idle_s, total_s
         if body_left > max_body:
             headers["Connection"] = "close"  # a body this big is not read to keep the connection
         super().__init__(err.body(), err.status, headers)
@@ -38,10 +37,13 @@ class ErrorResponse(JSONResponse):
             return await super().__call__(scope, receive, send)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self.body, "more_body": True})
-        left = self.drain_limit
-        with anyio.move_on_after(DRAIN_S):
+        left = self.drain_limit  # read while the client keeps sending, as a body is read
+        with anyio.move_on_after(self.total_s):
             while left > 0:
-                message = await receive()
+                with anyio.move_on_after(self.idle_s) as idle:
+                    message = await receive()
+                if idle.cancelled_caught:
+                    break
                 if message["type"] != "http.request":
                     break
                 left -= len(message.get("body", b""))
@@ -66,14 +68,16 @@ class ApiApp:
             response = await self._route(request, state, send)
         except ApiError as err:
             api.activity.count("errors")
-            response = ErrorResponse(err, state["body_left"], api.max_body_bytes)
+            response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
+                                     api.body_timeout_s)
         except ClientGone:
             return
         except Exception as exc:
             log.exception("API request failed")
             api.activity.count("errors")
             err = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", None, "internal_error")
-            response = ErrorResponse(err, state["body_left"], api.max_body_bytes)
+            response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
+                                     api.body_timeout_s)
         if response is not None:
             await response(scope, receive, send)
 

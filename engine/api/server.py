@@ -96,6 +96,7 @@ class ApiServer:
             self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},
                                             name="parley-api", daemon=True)
             self._thread.start()
+            self.pictures.sweep()  # aged-out pictures go before the first request
             self._sweeper = threading.Thread(target=self._sweep_pictures, name="parley-api-sweep", daemon=True)
             self._sweeper.start()
         return self
@@ -117,10 +118,8 @@ class ApiServer:
         self.engine.remove_listener(self._on_event)
 
     def _sweep_pictures(self) -> None:
-        while True:
+        while not self._stopped.wait(SWEEP_EVERY_S):
             self.pictures.sweep()
-            if self._stopped.wait(SWEEP_EVERY_S):
-                return
 
     # ------------------------------------------------------------ requests
 

@@ -15,6 +15,7 @@ import pytest
 
 from engine.api import ApiServer
 from engine.api.pictures import PictureStore
+from engine.api.prompt_size import CHEAP_CHARS_PER_TOKEN
 from engine.events import TurnStarted
 from tests.engine_helpers import open_engine
 from tests.fixtures.pictures import picture_bytes
@@ -241,6 +242,7 @@ def test_text_that_cannot_fit_never_reaches_the_model_thread(engine, serve, turn
     assert bound is not None and bound >= context
     over_bound = "word " * (bound // 5 + 1)  # refused on its length alone
     counted = "word " * (context * 2)  # short enough to count (off the model thread), too many tokens
+    assert CHEAP_CHARS_PER_TOKEN * context < len(counted) <= bound  # the count is what refuses it
     for text in (over_bound, counted):
         status, _, data = post(server, chat_body(engine, text))
         assert status == 400 and error_code(data) == "context_length_exceeded", data[:200]

@@ -5,11 +5,16 @@ one header byte now and then keeps its connection (and a place under the connect
 forever. Here every connection must deliver a whole request head within `header_timeout_s` of
 connecting, or of its previous response; otherwise it is closed. Slow bodies are the app's
 business (it reads them under its own timeouts).
+
+It also offers the app `scope["extensions"]["parley.discard_body"](limit)`: after refusing a big
+body, the rest of it is dropped as it arrives, without HTTP parsing or copies into the app,
+so that a client still sending gets the answer (not a reset) at little cost to everyone else.
 """
 from __future__ import annotations
 
 import asyncio
 
+from h11._readers import ContentLengthReader  # h11 is pinned by uvicorn; only read, never changed
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
@@ -18,16 +23,46 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
+        _discard_left: int | None = None  # body bytes still to drop unparsed
+        _discard_done: asyncio.Future | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm_head_timer()
 
         def data_received(self, data: bytes) -> None:
+            if self._discard_left is not None:
+                self._discard_left -= len(data)
+                if self._discard_left <= 0:
+                    self._end_discard()
+                return
             cycle = self.cycle
             super().data_received(data)
             if self.cycle is not cycle:  # a whole request head arrived
                 self._cancel_head_timer()
+                self.scope.setdefault("extensions", {})["parley.discard_body"] = self._discard_body
+
+        def _discard_body(self, limit: int) -> asyncio.Future | None:
+            """Drop the rest of the request body (a Content-Length one, at most `limit` bytes more)
+            as it arrives; the future is done once it all has. None: not possible here (the app
+            reads and drops it itself)."""
+            reader = self.conn._reader
+            if not isinstance(reader, ContentLengthReader):
+                return None
+            left = reader._remaining - len(self.conn._receive_buffer)  # not yet read from the socket
+            if left > limit:
+                return None
+            self._discard_done = self.loop.create_future()
+            self._discard_left = left
+            if left <= 0:
+                self._end_discard()
+            self.flow.resume_reading()
+            return self._discard_done
+
+        def _end_discard(self) -> None:
+            self._discard_left = None
+            if self._discard_done is not None and not self._discard_done.done():
+                self._discard_done.set_result(None)
 
         def on_response_complete(self) -> None:
             cycle = self.cycle
@@ -37,6 +72,7 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
         def connection_lost(self, exc) -> None:
             self._cancel_head_timer()
+            self._end_discard()
             super().connection_lost(exc)
 
         def _arm_head_timer(self) -> None:

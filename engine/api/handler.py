@@ -26,7 +26,7 @@ class ErrorResponse(JSONResponse):
         headers = dict(err.headers)
         if err.status == 401:
             headers["WWW-Authenticate"] = 'Bearer realm="parley"'
-        self.body_left, self.drain_limit = body_left, 4 * max_body
+        self.body_left, self.max_body, self.drain_limit = body_left, max_body, 4 * max_body
         self.idle_s, self.total_s = idle_s, total_s
         if body_left > max_body:
             headers["Connection"] = "close"  # a body this big is not read to keep the connection
@@ -37,6 +37,13 @@ class ErrorResponse(JSONResponse):
             return await super().__call__(scope, receive, send)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        discard = scope.get("extensions", {}).get("parley.discard_body")
+        dropping = discard(self.drain_limit) if discard is not None and self.body_left > self.max_body else None
+        if dropping is not None:  # the connection closes after this answer: drop the body unparsed
+            with anyio.move_on_after(self.total_s):
+                await dropping
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         left = self.drain_limit  # read while the client keeps sending, as a body is read
         with anyio.move_on_after(self.total_s):
             while left > 0:

@@ -187,10 +187,8 @@ class ApiApp:
                 first = await anext(events)  # a failure before any text is a plain error status
             except StopAsyncIteration:
                 raise ClientGone() from None
-        except BaseException:
-            watcher.cancel()
-            raise
-        watcher.cancel()  # from here the streaming response watches for the client itself
+        finally:
+            watcher.cancel()  # a streaming response watches for the client itself
 
         async def body():
             try:

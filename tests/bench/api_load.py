@@ -82,7 +82,8 @@ def small_clients(job, stop_big):
 
 def big_sender(job, stop, out):
     host, port = job["address"]
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % BIG
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % BIG)
     block = b"x" * (1 << 20)
     while not stop.is_set():
         try:

@@ -8,7 +8,9 @@ business (it reads them under its own timeouts).
 
 It also offers the app `scope["extensions"]["parley.discard_body"](limit)`: after refusing a big
 body, the rest of it is dropped as it arrives, without HTTP parsing or copies into the app,
-so that a client still sending gets the answer (not a reset) at little cost to everyone else.
+so that a client still sending gets the answer (not a reset) at little cost to everyone else:
+it is read at most DROP_BYTES_PER_S, so a client re-sending huge bodies cannot take the
+machine's memory bandwidth from the requests being served.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import asyncio
 
 from h11._readers import ContentLengthReader  # h11 is pinned by uvicorn; only read, never changed
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+DROP_BYTES_PER_S = 128 << 20  # 30 MB refused in about 0.25 s
 
 
 def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
@@ -25,6 +29,8 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
         _head_timer: asyncio.TimerHandle | None = None
         _discard_left: int | None = None  # body bytes still to drop unparsed
         _discard_done: asyncio.Future | None = None
+        _discard_start = 0.0
+        _discarded = 0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -33,8 +39,14 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
         def data_received(self, data: bytes) -> None:
             if self._discard_left is not None:
                 self._discard_left -= len(data)
+                self._discarded += len(data)
                 if self._discard_left <= 0:
                     self._end_discard()
+                    return
+                ahead = self._discarded / DROP_BYTES_PER_S - (self.loop.time() - self._discard_start)
+                if ahead > 0.005:  # faster than the drop rate: wait before reading more
+                    self.flow.pause_reading()
+                    self.loop.call_later(ahead, self.flow.resume_reading)
                 return
             cycle = self.cycle
             super().data_received(data)
@@ -54,6 +66,7 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
                 return None
             self._discard_done = self.loop.create_future()
             self._discard_left = left
+            self._discard_start, self._discarded = self.loop.time(), 0
             if left <= 0:
                 self._end_discard()
             self.flow.resume_reading()

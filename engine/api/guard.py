@@ -19,7 +19,7 @@ import asyncio
 from h11._readers import ContentLengthReader  # h11 is pinned by uvicorn; only read, never changed
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-DROP_BYTES_PER_S = 128 << 20  # 30 MB refused in about 0.25 s
+DROP_BYTES_PER_S = 64 << 20  # 30 MB refused in about 0.5 s
 
 
 def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:

@@ -65,7 +65,11 @@ class Served:
     def chat(self, messages, **kw):
         kw.setdefault("max_tokens", 6)
         kw.setdefault("temperature", 0)
-        return self.client.chat.completions.create(model="tiny", messages=messages, **kw)
+        return self.client.chat.completions.create(model=self.model, messages=messages, **kw)
+
+    @property
+    def model(self) -> str:
+        return self.engine.loaded.name  # the served model's id (another name is a 404)
 
     def raw(self, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,
             server: ApiServer | None = None):
@@ -80,7 +84,7 @@ class Served:
             conn.request(method, path, body=body, headers=hdrs, encode_chunked=chunked)
             resp = conn.getresponse()
             data = resp.read()
-            return resp.status, dict(resp.getheaders()), data
+            return resp.status, resp.headers, data  # header names are case-insensitive
         finally:
             conn.close()
 
@@ -250,19 +254,19 @@ def test_resent_picture_conversation_reuses_prefix_and_image_cache(served, tmp_p
 
 # ---------------------------------------------------------------- bad requests
 
-def _big_picture_count(pic: Path, n: int) -> dict:
-    return {"model": "m", "messages": [
+def _big_picture_count(pic: Path, n: int, model: str) -> dict:
+    return {"model": model, "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(pic)}}] * n}]}
 
 
-def _bad_cases(tmp: Path):
+def _bad_cases(tmp: Path, model: str):
     good = make_picture(tmp / "good.png", 3)
     pdf = make_not_a_picture(tmp / "doc.pdf")
     broken = make_broken_picture(tmp / "broken.png")
     ok_msgs = [{"role": "user", "content": "hi"}]
 
     def chat(**body):
-        body.setdefault("model", "m")
+        body.setdefault("model", model)
         return ("POST", "/v1/chat/completions", json.dumps(body))
 
     def img(url):
@@ -290,7 +294,7 @@ def _bad_cases(tmp: Path):
         ("pdf data url", img(data_url(pdf, "application/pdf")), 400, "invalid_image"),
         ("remote image", img("https://example.com/cat.png"), 400, "remote_image_refused"),
         ("file url", img("file:///etc/passwd"), 400, "invalid_image_url"),
-        ("too many pictures", ("POST", "/v1/chat/completions", json.dumps(_big_picture_count(good, 17))), 400,
+        ("too many pictures", ("POST", "/v1/chat/completions", json.dumps(_big_picture_count(good, 17, model))), 400,
          "too_many_pictures"),
         ("max_tokens a string", chat(messages=ok_msgs, max_tokens="ten"), 400, "invalid_value"),
         ("max_tokens zero", chat(messages=ok_msgs, max_tokens=0), 400, "invalid_value"),
@@ -320,7 +324,7 @@ def test_bad_requests_get_clean_4xx_and_leave_the_engine_serving(served, tmp_pat
             started.append(ev)
 
     served.engine.add_listener(listen)
-    for name, (method, path, body), status, code in _bad_cases(tmp_path):
+    for name, (method, path, body), status, code in _bad_cases(tmp_path, served.model):
         got, headers, data = served.raw(method, path, body)
         assert got == status, (name, data[:300])
         err = json.loads(data)["error"]
@@ -373,7 +377,7 @@ def test_token_is_required_when_set(served):
         with pytest.raises(openai.AuthenticationError):
             bad_client.models.list()
         good = openai.OpenAI(base_url=secured.url, api_key="s3cret-token", max_retries=0)
-        r = good.chat.completions.create(model="m", messages=[user("hi")], max_tokens=2, temperature=0)
+        r = good.chat.completions.create(model=served.model, messages=[user("hi")], max_tokens=2, temperature=0)
         assert r.usage.completion_tokens == 2
     finally:
         secured.stop()
@@ -409,7 +413,7 @@ def _listen_for_done(engine) -> tuple[list, callable]:
 def test_client_disconnect_stops_the_generation(served, stream):
     engine = served.engine
     done, listen = _listen_for_done(engine)
-    body = json.dumps({"model": "m", "messages": [user(f"Tell me a very long story ({stream}).")],
+    body = json.dumps({"model": served.model, "messages": [user(f"Tell me a very long story ({stream}).")],
                        "max_tokens": 30000, "temperature": 0, "stream": stream}).encode()
     host, port = served.server.address
     sock = socket.create_connection((host, port), timeout=30)
@@ -498,8 +502,8 @@ def test_serve_command(tiny_model, tmp_path):
         assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
         url = line[line.index("http://"):].split()[0]
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-        assert client.models.list().data[0].id
-        r = client.chat.completions.create(model="m", messages=[user("hi")], max_tokens=2, temperature=0)
+        model = client.models.list().data[0].id
+        r = client.chat.completions.create(model=model, messages=[user("hi")], max_tokens=2, temperature=0)
         assert r.usage.completion_tokens == 2
     finally:
         proc.send_signal(signal.SIGINT)

@@ -226,7 +226,7 @@ def test_closing_the_window_mid_request_ends_the_request_and_the_engine(make_win
     def client():
         try:
             reply = post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                         {"model": "m", "max_tokens": 32768, "temperature": 0,
+                         {"model": w.bridge.engine.loaded.name, "max_tokens": 32768, "temperature": 0,
                           "messages": [{"role": "user", "content": "Describe the picture in detail."}]})
             outcome["result"] = reply["usage"]["completion_tokens"]  # cut short by the stop
         except Exception as exc:  # or the connection closed under it

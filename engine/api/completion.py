@@ -2,17 +2,17 @@
 it when the client goes away, and the plain (non-streamed) JSON reply."""
 from __future__ import annotations
 
-import queue
+import asyncio
 import time
 import uuid
 from typing import Callable
 
 from ..events import Token, TurnDone, TurnFailed
-from .errors import ApiError, ClientGone
+from .errors import ApiError
 from .request import ChatRequest
 from .stops import StopScanner
 
-POLL_S = 0.2  # how often a waiting request checks that its client is still there
+GONE = object()  # put in a turn's queue when its client went away or the server is stopping
 
 
 def failure_status(message: str) -> ApiError:
@@ -20,6 +20,8 @@ def failure_status(message: str) -> ApiError:
         return ApiError(503, message, None, "model_not_loaded")
     if message.startswith("The model failed"):
         return ApiError(500, message, None, "model_error")
+    if "more than the model's context" in message:
+        return ApiError(400, message, "messages", "context_length_exceeded")
     return ApiError(400, message, "messages", "invalid_request")
 
 
@@ -33,49 +35,60 @@ def usage(done: TurnDone) -> dict:
 
 
 class ChatTurn:
-    """The submitted turn `tid` of request `req`, whose events arrive in `q`."""
+    """The submitted turn `tid` of request `req`, whose engine events arrive in `q` (an asyncio
+    queue filled from the model thread by the server)."""
 
-    def __init__(self, api, tid: int, q: queue.Queue, req: ChatRequest, client_gone: Callable[[], bool]):
+    def __init__(self, api, tid: int, q: asyncio.Queue, req: ChatRequest):
         self.api = api
         self.tid = tid
         self.q = q
         self.req = req
-        self.client_gone = client_gone
         self.scanner = StopScanner(req.stops)
-        self.over = False  # the last batch held the turn's end
+        self.over = False  # the turn's end (TurnDone / TurnFailed) has arrived
+        self.gone = False  # its client went away: the turn was stopped, nothing more is sent
 
-    def events(self, due: Callable[[], float | None] = lambda: None):
-        """Batches of this turn's events until it is done; a vanished client stops the turn.
-        `due()` may name a moment (monotonic) by which the caller wants a batch, even an empty one."""
-        self.over = False
-        checked = time.monotonic()
+    async def watch_client(self, receive) -> None:
+        """Runs beside the reply: the client hanging up stops the generation at once."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        if not self.over:
+            self.client_gone()
+
+    def client_gone(self) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        self.api.engine.stop(self.tid)
+        self.api.activity.count("disconnects")
+        self.q.put_nowait(GONE)
+
+    async def events(self, due: Callable[[], float | None] = lambda: None):
+        """Batches of this turn's events until it is done (or its client is gone). `due()` may
+        name a moment (loop time) by which the caller wants a batch, even an empty one."""
+        loop = asyncio.get_running_loop()
         while True:
             wake = due()
-            timeout = POLL_S if wake is None else min(POLL_S, max(0.0, wake - time.monotonic()))
             try:
-                batch = [self.q.get(timeout=timeout)]
-                try:
-                    while True:
-                        batch.append(self.q.get_nowait())
-                except queue.Empty:
-                    pass
-            except queue.Empty:
+                if wake is None:
+                    first = await self.q.get()
+                else:
+                    first = await asyncio.wait_for(self.q.get(), max(0.0, wake - loop.time()))
+                batch = [first]
+                while not self.q.empty():
+                    batch.append(self.q.get_nowait())
+            except asyncio.TimeoutError:
                 batch = []
+            if self.gone or any(e is GONE for e in batch):
+                if not self.gone and not self.over:  # the server is stopping
+                    self.api.engine.stop(self.tid)
+                self.gone = True
+                return
             self.over = any(isinstance(e, (TurnDone, TurnFailed)) for e in batch)
-            if time.monotonic() - checked >= POLL_S:
-                checked = time.monotonic()
-                if not self.over and self.client_gone():
-                    self.abandon()
             yield batch
             if self.over:
                 return
-
-    def abandon(self):
-        """The client went away: stop its generation (unless it is already over)."""
-        if not self.over:
-            self.api.engine.stop(self.tid)
-        self.api.activity.count("disconnects")
-        raise ClientGone()
 
     def feed(self, ev: Token) -> str:
         """The part of this token's text that is safe to send; a stop sequence stops the turn."""
@@ -97,10 +110,10 @@ class ChatTurn:
         return "length" if len(done.token_ids) >= limit else "stop"
 
 
-def complete(turn: ChatTurn, send_json: Callable[[int, dict], None]) -> None:
-    """Wait for the whole reply and send it as one `chat.completion` object."""
+async def complete(turn: ChatTurn) -> dict | None:
+    """The whole reply as one `chat.completion` object (None when the client went away)."""
     scanner = turn.scanner
-    for batch in turn.events():
+    async for batch in turn.events():
         for ev in batch:
             if isinstance(ev, Token):
                 turn.feed(ev)
@@ -110,11 +123,12 @@ def complete(turn: ChatTurn, send_json: Callable[[int, dict], None]) -> None:
                 if not turn.req.stops:
                     scanner.push(ev.reply)  # tokens were not sent here: the reply is the text
                 scanner.flush()
-                return send_json(200, {
+                return {
                     "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                     "created": int(time.time()), "model": turn.api.model_name() or "",
                     "system_fingerprint": None,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": scanner.text},
                                  "logprobs": None, "finish_reason": turn.finish_reason(ev)}],
                     "usage": usage(ev),
-                })
+                }
+    return None

@@ -1,257 +1,222 @@
-"""The HTTP side of the API: the listening server, and the per-connection handler that checks
-access, routes /v1/models and /v1/chat/completions, reads bodies and sends JSON and errors."""
+"""The API as an ASGI application (Starlette requests and responses, served by uvicorn): checks
+access, routes /v1/models and /v1/chat/completions, reads bodies under size and time limits,
+and answers errors in OpenAI's shape."""
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-import select
-import socket
-import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
 
 from ..events import Turn
 from .completion import ChatTurn, complete
 from .errors import ApiError, ClientGone
-from .request import parse_chat_request
-from .streaming import stream
+from .streaming import sse_events
 
 log = logging.getLogger(__name__)
 
 
-class HttpServer(ThreadingHTTPServer):
-    """Serves `api` (an ApiServer); remembers open connections so stopping can close them."""
+class ErrorResponse(JSONResponse):
+    """An error in OpenAI's shape. A request body the app did not read is read and dropped
+    first (bounded), so the client, still sending it, gets this answer rather than a reset."""
 
-    daemon_threads = True
-    block_on_close = False
+    def __init__(self, err: ApiError, body_left: int, max_body: int, idle_s: float, total_s: float):
+        headers = dict(err.headers)
+        if err.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="parley"'
+        self.body_left, self.max_body, self.drain_limit = body_left, max_body, 4 * max_body
+        self.idle_s, self.total_s = idle_s, total_s
+        if body_left > max_body:
+            headers["Connection"] = "close"  # a body this big is not read to keep the connection
+        super().__init__(err.body(), err.status, headers)
 
-    def __init__(self, address, family, api):
-        self.address_family = family
+    async def __call__(self, scope, receive, send) -> None:
+        if not self.body_left:
+            return await super().__call__(scope, receive, send)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        discard = scope.get("extensions", {}).get("parley.discard_body")
+        dropping = discard(self.drain_limit) if discard is not None and self.body_left > self.max_body else None
+        if dropping is not None:  # the connection closes after this answer: drop the body unparsed
+            with anyio.move_on_after(self.total_s):
+                await dropping
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        left = self.drain_limit  # read while the client keeps sending, as a body is read
+        with anyio.move_on_after(self.total_s):
+            while left > 0:
+                with anyio.move_on_after(self.idle_s) as idle:
+                    message = await receive()
+                if idle.cancelled_caught:
+                    break
+                if message["type"] != "http.request":
+                    break
+                left -= len(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class ApiApp:
+    """`ApiApp(api)`: the ASGI callable for an ApiServer `api`."""
+
+    def __init__(self, api):
         self.api = api
-        self.open_sockets: set = set()
-        self.sockets_lock = threading.Lock()
-        super().__init__(address, RequestHandler)
 
-    def handle_error(self, request, client_address):
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            return  # a client that hung up or idled out: nothing to report
-        log.exception("API connection from %s failed", client_address)
-
-    def server_bind(self):
-        if self.address_family == socket.AF_INET6:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        super().server_bind()
-
-    def get_request(self):
-        sock, addr = super().get_request()
-        with self.sockets_lock:
-            self.open_sockets.add(sock)
-        return sock, addr
-
-    def shutdown_request(self, request):
-        with self.sockets_lock:
-            self.open_sockets.discard(request)
-        super().shutdown_request(request)
-
-
-class RequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "Parley"
-    sys_version = ""
-    disable_nagle_algorithm = True  # tokens go out as they come
-    timeout = 120  # an idle keep-alive connection is closed after this
-
-    server: HttpServer
-
-    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def do_GET(self):
-        self._handle("GET")
-
-    def do_POST(self):
-        self._handle("POST")
-
-    def do_PUT(self):
-        self._handle("PUT")
-
-    def do_DELETE(self):
-        self._handle("DELETE")
-
-    def do_PATCH(self):
-        self._handle("PATCH")
-
-    def do_OPTIONS(self):
-        self._handle("OPTIONS")
-
-    def do_HEAD(self):
-        self._handle("HEAD")
-
-    # ------------------------------------------------------------ plumbing
-
-    def _handle(self, method: str) -> None:
-        api = self.server.api
-        self.headers_sent = False
-        self._extra_headers: list[tuple[str, str]] = []
-        self._is_head = method == "HEAD"
-        te = self.headers.get("Transfer-Encoding")
-        if te and te.lower() != "identity":
-            self.close_connection = True  # a body we do not read must not be taken for the next request
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return  # no lifespan events are needed (uvicorn runs with lifespan off)
+        api = self.api
+        request = Request(scope, receive)
+        state = {"body_left": _declared_body(request)}
         try:
-            self._body_left = int(self.headers.get("Content-Length") or 0)
-            if self._body_left < 0:
-                raise ValueError
-        except ValueError:
-            self._body_left = 0
-            self.close_connection = True
-            return self._send_error(ApiError(400, "Bad Content-Length header.", None, "invalid_request"))
-        try:
-            api.access.check(self.headers, api.address[0])
-            path = urlsplit(self.path).path.rstrip("/") or "/"
-            if path == "/v1/chat/completions":
-                self._allow(method, "POST")
-                return self._chat()
-            if path == "/v1/models":
-                self._allow(method, "GET")
-                return self._models(None)
-            if path.startswith("/v1/models/"):
-                self._allow(method, "GET")
-                return self._models(path[len("/v1/models/"):])
-            raise ApiError(404, f"Unknown path {path!r} (Parley serves /v1/models and /v1/chat/completions).",
-                           None, "not_found")
+            response = await self._route(request, state, send)
         except ApiError as err:
-            self._send_error(err)
+            api.activity.count("errors")
+            response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
+                                     api.body_timeout_s)
         except ClientGone:
-            self.close_connection = True
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
+            return
         except Exception as exc:
             log.exception("API request failed")
-            self._send_error(ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", None, "internal_error"))
+            api.activity.count("errors")
+            err = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", None, "internal_error")
+            response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
+                                     api.body_timeout_s)
+        if response is not None:
+            await response(scope, receive, send)
 
-    def _allow(self, method: str, allowed: str) -> None:
-        if method != allowed:
-            self._extra_headers.append(("Allow", allowed))
-            raise ApiError(405, f"Method {method} is not allowed here (use {allowed}).", None, "method_not_allowed")
+    async def _route(self, request: Request, state: dict, send):
+        """-> the response to send, or None when it has been sent (a chat completion)."""
+        api, method = self.api, request.method
+        api.access.check(request.headers, api.address[0])
+        path = request.url.path.rstrip("/") or "/"
+        if path == "/v1/chat/completions":
+            _allow(method, "POST")
+            return await self._chat(request, state, send)
+        if path == "/v1/models":
+            _allow(method, "GET")
+            return self._models(None)
+        if path.startswith("/v1/models/"):
+            _allow(method, "GET")
+            return self._models(path[len("/v1/models/"):])
+        raise ApiError(404, f"Unknown path {path!r} (Parley serves /v1/models and /v1/chat/completions).",
+                       None, "not_found")
 
-    def _read_body(self) -> bytes:
-        api = self.server.api
-        te = self.headers.get("Transfer-Encoding")
+    def _models(self, wanted: str | None):
+        name = self.api.model_name()
+        models = [] if name is None else [{"id": name, "object": "model", "created": 0, "owned_by": "parley"}]
+        if wanted is None:
+            return JSONResponse({"object": "list", "data": models})
+        for m in models:
+            if m["id"] == wanted:
+                return JSONResponse(m)
+        raise ApiError(404, f"The model {wanted!r} is not loaded.", "model", "model_not_found")
+
+    async def _read_body(self, request: Request, state: dict) -> bytes:
+        """The whole body, under the size limit, each part within `client_timeout_s` and the whole
+        within `body_timeout_s` (a client that trickles its body is answered 408 and dropped)."""
+        api = self.api
+        te = request.headers.get("transfer-encoding")
         if te and te.lower() != "identity":
-            self.close_connection = True
             raise ApiError(411, "Send the body with a Content-Length (chunked uploads are not supported).", None,
                            "length_required")
-        if self.headers.get("Content-Length") is None:
+        if request.headers.get("content-length") is None:
             raise ApiError(411, "A Content-Length header is required.", None, "length_required")
-        n = self._body_left
+        n = state["body_left"]
         if n > api.max_body_bytes:
             raise ApiError(413, f"The request body is too large ({n} bytes; the limit is {api.max_body_bytes}).",
                            None, "body_too_large")
-        data = self.rfile.read(n)
-        self._body_left = 0
-        if len(data) < n:
-            raise ClientGone()
-        return data
-
-    def _discard_body(self) -> None:
-        """After an error: keep the connection usable, or close it when the body is too big."""
-        n, self._body_left = self._body_left, 0
-        if n <= 0:
-            return
-        if n <= self.server.api.max_body_bytes:
-            self.rfile.read(n)
-            return
-        self.close_connection = True
-
-    def _drain_after_close(self, n: int) -> None:
-        """Read (a bounded part of) a refused body so the client sees our answer, not a reset."""
-        deadline = time.monotonic() + 2.0
-        try:
-            self.connection.settimeout(0.5)
-            left = min(n, 4 * self.server.api.max_body_bytes)
-            while left > 0 and time.monotonic() < deadline:
-                chunk = self.rfile.read1(min(left, 1 << 20))
-                if not chunk:
-                    break
-                left -= len(chunk)
-        except OSError:
-            pass
-
-    def _send_error(self, err: ApiError) -> None:
-        self.server.api.activity.count("errors")
-        if self.headers_sent:
-            return
-        big = self._body_left
-        try:
-            self._discard_body()
-        except OSError:
-            self.close_connection = True
-        if err.status == 401:
-            self._extra_headers.append(("WWW-Authenticate", 'Bearer realm="parley"'))
-        try:
-            self.send_json(err.status, err.body())
-            if self.close_connection and big > 0:
-                self._drain_after_close(big)
-        except OSError:
-            self.close_connection = True
-
-    def send_json(self, status: int, obj: dict) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in self._extra_headers:
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers_with(b"" if self._is_head else data)
-
-    def end_headers_with(self, body: bytes) -> None:
-        """Headers and the first bytes of the body in one write: no small-packet (Nagle) stall."""
-        self._headers_buffer.append(b"\r\n" + body)
-        self.flush_headers()
-        self.headers_sent = True
-
-    def client_gone(self) -> bool:
-        if self.server.api.closing:
-            return True
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            if not readable:
-                return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-
-    # ------------------------------------------------------------ endpoints
-
-    def _models(self, wanted: str | None) -> None:
-        api = self.server.api
-        name = api.model_name()
-        models = [] if name is None else [{"id": name, "object": "model", "created": 0, "owned_by": "parley"}]
-        if wanted is None:
-            return self.send_json(200, {"object": "list", "data": models})
-        for m in models:
-            if m["id"] == wanted:
-                return self.send_json(200, m)
-        raise ApiError(404, f"The model {wanted!r} is not loaded.", "model", "model_not_found")
-
-    def _chat(self) -> None:
-        api = self.server.api
-        raw = self._read_body()
-        if api.engine.loaded is None:
-            raise ApiError(503, "No model is loaded yet.", None, "model_not_loaded")
-        req = parse_chat_request(raw, api.pictures, api.max_pictures)
-        with api.open_turn(tokens=req.stream or bool(req.stops)) as (tid, q):
-            api.activity.begin(self.client_address[0])
+        parts, got = [], 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + api.body_timeout_s
+        while True:
+            wait = min(api.client_timeout_s, deadline - loop.time())
             try:
-                api.engine.submit(Turn("", req.messages, req.sampling, None, tid))
-                turn = ChatTurn(api, tid, q, req, self.client_gone)
-                if req.stream:
-                    stream(turn, self)
-                else:
-                    complete(turn, self.send_json)
-            finally:
-                api.activity.end()
+                message = await asyncio.wait_for(request.receive(), max(wait, 0.0))
+            except asyncio.TimeoutError:
+                state["body_left"] = 0  # nothing more is read from this client: answer, then close
+                raise ApiError(408, f"The request body did not arrive in time (each part within "
+                                    f"{api.client_timeout_s:g} s, the whole within {api.body_timeout_s:g} s).",
+                               None, "request_timeout", {"Connection": "close"}) from None
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            part = message.get("body", b"")
+            got += len(part)
+            state["body_left"] = max(0, n - got)
+            parts.append(part)
+            if not message.get("more_body"):
+                return b"".join(parts)
+
+    async def _chat(self, request: Request, state: dict, send) -> None:
+        api = self.api
+        with api.admit():  # 429 (with Retry-After) when the queue is full, before the body is read
+            raw = await self._read_body(request, state)
+            loaded = api.engine.loaded
+            if loaded is None:
+                raise ApiError(503, "No model is loaded yet.", None, "model_not_loaded")
+            # parsing, storing pictures and measuring the text run on a worker thread, never on the
+            # event loop (other clients) or the model thread (every turn)
+            req = await anyio.to_thread.run_sync(api.prepare, raw, loaded, limiter=api.prepare_limiter)
+            del raw
+            with api.open_turn(tokens=req.stream or bool(req.stops)) as (tid, q):
+                api.activity.begin(request.client.host if request.client else "")
+                try:
+                    response = await self._answer(request, req, tid, q)
+                    await response(request.scope, request.receive, send)  # the turn stays open meanwhile
+                finally:
+                    api.activity.end()
+
+    async def _answer(self, request: Request, req, tid: int, q):
+        api = self.api
+        api.engine.submit(Turn("", req.messages, req.sampling, None, tid))
+        turn = ChatTurn(api, tid, q, req)
+        watcher = asyncio.create_task(turn.watch_client(request.receive))
+        try:
+            if not req.stream:
+                reply = await complete(turn)
+                if reply is None:
+                    if api.closing:
+                        raise ApiError(503, "The API server is stopping.", None, "server_stopping")
+                    raise ClientGone()
+                return JSONResponse(reply)
+            events = sse_events(turn)
+            try:
+                first = await anext(events)  # a failure before any text is a plain error status
+            except StopAsyncIteration:
+                raise ClientGone() from None
+        finally:
+            watcher.cancel()  # a streaming response watches for the client itself
+
+        async def body():
+            try:
+                yield first
+                async for data in events:
+                    yield data
+            except BaseException:
+                if not turn.over:
+                    turn.client_gone()  # cancelled: the client hung up mid-stream
+                raise
+
+        return StreamingResponse(body(), media_type="text/event-stream; charset=utf-8",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise ApiError(405, f"Method {method} is not allowed here (use {allowed}).", None, "method_not_allowed",
+                       {"Allow": allowed})
+
+
+def _declared_body(request: Request) -> int:
+    """Bytes of body the client said it will send (h11 has already refused a bad Content-Length);
+    a chunked body counts as unknown but present."""
+    te = request.headers.get("transfer-encoding")
+    if te and te.lower() != "identity":
+        return 1 << 62
+    try:
+        return max(0, int(request.headers.get("content-length") or 0))
+    except ValueError:
+        return 0

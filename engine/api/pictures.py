@@ -20,6 +20,7 @@ from pathlib import Path
 import blake3
 from PIL import Image
 
+from ..paths import private_dir
 from ..picture_file import PictureError, check
 from ..platform_io import atomic_write
 from .errors import bad
@@ -58,14 +59,17 @@ class PictureStore:
     """Content-addressed picture files, size-capped: past `max_bytes` the least recently used
     files go, but never one used within `keep_s` (a queued turn may still need it)."""
 
-    def __init__(self, folder: Path, max_bytes: int = 2 << 30, keep_s: float = 3600.0):
+    def __init__(self, folder: Path, max_bytes: int = 2 << 30, keep_s: float = 3600.0,
+                 max_age_s: float = 7 * 86400.0):
         self.folder = Path(folder)
         self.max_bytes = max_bytes
         self.keep_s = keep_s
+        self.max_age_s = max(max_age_s, keep_s)  # never expire what a queued turn may still read
         self._lock = threading.Lock()
         self._known: dict[str, Path] = {}  # content hex -> file, for pictures seen by this process
         self._sizes: dict[Path, int] | None = None  # the folder's files, scanned on first write
-        self.pruned = 0
+        self.pruned = 0  # deleted to stay under max_bytes
+        self.expired = 0  # deleted by sweep() for age
 
     @property
     def nbytes(self) -> int:
@@ -145,5 +149,35 @@ class PictureStore:
             self._known = {k: v for k, v in self._known.items() if v != path}
             self.pruned += 1
 
+    def sweep(self) -> int:
+        """Delete pictures unused for `max_age_s` and temp files left by a crash; make what stays
+        private (0600 in a 0700 folder, whatever an older version left). -> files deleted."""
+        now, gone = time.time(), 0
+        try:
+            os.chmod(self.folder, 0o700)
+            entries = list(os.scandir(self.folder))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                tmp = entry.name.startswith(".")
+                if now - st.st_mtime > (self.keep_s if tmp else self.max_age_s):
+                    os.unlink(entry.path)
+                    gone += 1
+                    with self._lock:
+                        if self._sizes is not None:
+                            self._sizes.pop(Path(entry.path), None)
+                        self._known = {k: v for k, v in self._known.items() if v != Path(entry.path)}
+                elif st.st_mode & 0o077:
+                    os.chmod(entry.path, 0o600)
+            except FileNotFoundError:
+                continue
+        self.expired += gone
+        return gone
+
     def _write(self, path: Path, data: bytes) -> None:
+        private_dir(self.folder)
         atomic_write(path, data)  # same bytes -> same name: a concurrent writer's copy is identical

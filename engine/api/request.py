@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..events import Message, Sampling
-from .errors import bad
+from .errors import ApiError, bad
 from .pictures import PictureStore, decode_data_url
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -83,11 +83,16 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[str]]:
     return "\n".join(texts), urls
 
 
-def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 16) -> ChatRequest:
+def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 16, *,
+                       served_model: str | None = None, max_text_chars: int | None = None) -> ChatRequest:
+    """`served_model`: the loaded model's name (another name is a 404, as OpenAI answers);
+    `max_text_chars`: more text than this cannot fit the context (refused before any tokenizing)."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise bad(f"The request body is not valid JSON ({exc}).", None, "invalid_json") from None
+    except RecursionError:  # e.g. [[[[...]]]] nested 100,000 deep
+        raise bad("The request body is nested too deeply to be a chat request.", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None, "invalid_type")
 
@@ -171,6 +176,14 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
     else:
         raise bad("'stop' must be a string or a list of strings.", "stop", "invalid_type")
     stops = [s for s in stops if s]
+
+    if served_model is not None and model is not None and model != served_model:
+        raise ApiError(404, f"The model {model!r} does not exist here; this server runs {served_model!r}.",
+                       "model", "model_not_found")
+    n_chars = sum(len(text) for _, text, _ in parsed)
+    if max_text_chars is not None and n_chars > max_text_chars:
+        raise bad(f"The messages hold {n_chars} characters of text, more than can fit the model's context "
+                  f"(at most {max_text_chars}).", "messages", "context_length_exceeded")
 
     # only now, with the request well formed, pay for decoding and storing pictures
     messages = []

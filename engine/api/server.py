@@ -1,26 +1,40 @@
-"""An OpenAI-compatible HTTP API over the running Engine (standard library only, no Qt).
+"""An OpenAI-compatible HTTP API over the running Engine, served by uvicorn (no Qt here).
 
 Requests become ordinary engine turns with an empty conversation id, so they wait in the same
 FIFO queue as the window's turns and run on the same model-owner thread with the same caches.
 The engine continues whichever stateless session shares the longest token prefix, so a client
 that re-sends its whole conversation each turn only pays for the new part, and re-sent pictures
 are image-cache hits that never wake the encoder.
+
+Under load: the listening socket has a real backlog; at most `max_connections` connections are
+served (more get 503 from uvicorn) and at most `max_pending` chat requests are in progress (more
+get 429 with Retry-After before their body is read); bodies are capped (413 at once); a client
+gets `client_timeout_s` to send each request head and each part of its body (slow-loris).
 """
 from __future__ import annotations
 
-import queue
+import asyncio
 import socket
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
+import anyio
+import uvicorn
+
 from ..events import Token
 from .access import AccessCheck, check_bind
 from .activity import ApiActivity
+from .completion import GONE
 from .errors import ApiConfigError, ApiError
-from .handler import HttpServer
+from .guard import guarded_protocol
+from .handler import ApiApp
 from .pictures import PictureStore
+from .prompt_size import PromptMeter
+from .request import ChatRequest, parse_chat_request
+
+SWEEP_EVERY_S = 3600.0  # how often expired API pictures are looked for
 
 
 class ApiServer:
@@ -30,8 +44,10 @@ class ApiServer:
     in use or a refused bind fails before the model loads."""
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 8011, token: str | None = None,
-                 data_dir: str | Path | None = None, *, max_body_bytes: int = 32 << 20, max_pictures: int = 16,
-                 max_pending: int = 32, max_picture_bytes: int = 2 << 30,
+                 data_dir: str | Path | None = None, *, max_body_bytes: int = 20 << 20, max_pictures: int = 16,
+                 max_pending: int = 32, max_connections: int = 512, backlog: int = 2048,
+                 client_timeout_s: float = 30.0, body_timeout_s: float = 120.0, prepare_workers: int = 4,
+                 max_picture_bytes: int = 2 << 30, picture_max_age_s: float = 7 * 86400.0,
                  on_activity: Callable[[dict], None] | None = None):
         check_bind(host, token)
         self.engine = engine
@@ -39,28 +55,35 @@ class ApiServer:
         self.max_body_bytes = max_body_bytes
         self.max_pictures = max_pictures
         self.max_pending = max_pending
-        self.pictures = PictureStore(Path(data_dir or engine.data_dir) / "api-pictures", max_picture_bytes)
+        self.client_timeout_s = client_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.pictures = PictureStore(Path(data_dir or engine.data_dir) / "api-pictures", max_picture_bytes,
+                                     max_age_s=picture_max_age_s)
+        self.meter = PromptMeter()
         self.activity = ApiActivity(on_activity)
-        self._turns: dict[int, tuple[queue.Queue, bool]] = {}  # turn id -> (its events, wants tokens)
+        self.prepare_limiter = anyio.CapacityLimiter(prepare_workers)  # bodies parsed at once
+        # turn id -> (the loop its request waits on, its event queue, wants tokens)
+        self._turns: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, bool]] = {}
         self._turns_lock = threading.Lock()
+        self._admitted = 0  # chat requests in progress (reading, parsing, queued or generating)
         self.closing = False
         self._thread: threading.Thread | None = None
-        try:
-            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except OSError as exc:
-            raise ApiConfigError(f"Cannot resolve {host!r}: {exc}") from None
-        family, _, _, _, sockaddr = infos[0]
-        try:
-            self._httpd = HttpServer(sockaddr[:2], family, self)
-        except OSError as exc:
-            raise ApiConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        self._stopped = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        self._sock = _bind(host, port, backlog)
+        self._address = self._sock.getsockname()[:2]
+        config = uvicorn.Config(ApiApp(self), http=guarded_protocol(client_timeout_s), lifespan="off",
+                                log_config=None, access_log=False, backlog=backlog, server_header=False,
+                                headers=[("Server", "Parley")],
+                                limit_concurrency=max_connections, timeout_keep_alive=max(1, int(client_timeout_s)),
+                                timeout_graceful_shutdown=3, h11_max_incomplete_event_size=64 << 10)
+        self._uvicorn = uvicorn.Server(config)
 
     # ------------------------------------------------------------ lifecycle
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
-        return host, port
+        return self._address
 
     @property
     def url(self) -> str:
@@ -70,59 +93,107 @@ class ApiServer:
     def start(self) -> "ApiServer":
         if self._thread is None:
             self.engine.add_listener(self._on_event)
-            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+            self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},
                                             name="parley-api", daemon=True)
             self._thread.start()
+            self.pictures.sweep()  # aged-out pictures go before the first request
+            self._sweeper = threading.Thread(target=self._sweep_pictures, name="parley-api-sweep", daemon=True)
+            self._sweeper.start()
         return self
 
     def stop(self) -> None:
         """Stop serving: turns of requests still in flight are stopped, connections closed."""
         self.closing = True
+        self._stopped.set()
         with self._turns_lock:
-            pending = list(self._turns)
-        for tid in pending:
+            pending = list(self._turns.items())
+        for tid, (loop, q, _) in pending:
             self.engine.stop(tid)
+            _put(loop, q, GONE)
         if self._thread is not None:
-            self._httpd.shutdown()
+            self._uvicorn.should_exit = True
             self._thread.join(10)
             self._thread = None
-        self._httpd.server_close()
-        with self._httpd.sockets_lock:
-            socks = list(self._httpd.open_sockets)
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._sock.close()
         self.engine.remove_listener(self._on_event)
 
-    # ------------------------------------------------------------ engine events -> requests
+    def _sweep_pictures(self) -> None:
+        while not self._stopped.wait(SWEEP_EVERY_S):
+            self.pictures.sweep()
 
-    def _on_event(self, ev) -> None:  # owner thread: must be quick
-        tid = getattr(ev, "turn_id", None)
-        if tid is None:
-            return
-        entry = self._turns.get(tid)
-        if entry is not None and (entry[1] or not isinstance(ev, Token)):
-            entry[0].put(ev)
+    # ------------------------------------------------------------ requests
+
+    @contextmanager
+    def admit(self):
+        """A place among the `max_pending` chat requests in progress, or a 429 with Retry-After."""
+        with self._turns_lock:
+            if self._admitted >= self.max_pending:
+                raise ApiError(429, f"Too many requests in progress (at most {self.max_pending}); retry later.",
+                               None, "too_many_requests", {"Retry-After": "1"})
+            self._admitted += 1
+        try:
+            yield
+        finally:
+            with self._turns_lock:
+                self._admitted -= 1
+
+    def prepare(self, raw: bytes, loaded) -> ChatRequest:
+        """Parse a chat request's body, store its pictures and make sure its text can fit the
+        context (worker thread: neither the event loop nor the model thread)."""
+        req = parse_chat_request(raw, self.pictures, self.max_pictures, served_model=loaded.name,
+                                 max_text_chars=self.meter.max_chars(loaded))
+        self.meter.check(req.messages, loaded)
+        return req
 
     @contextmanager
     def open_turn(self, tokens: bool = True):
-        """A turn id and the queue its events arrive in; without `tokens` only the end arrives
-        (a plain reply needs no per-token wake-ups)."""
+        """A turn id and the asyncio queue its events arrive in; without `tokens` only the end
+        arrives (a plain reply needs no per-token wake-ups)."""
+        q: asyncio.Queue = asyncio.Queue()
         with self._turns_lock:
-            if len(self._turns) >= self.max_pending:
-                raise ApiError(429, f"Too many requests in progress (at most {self.max_pending}); retry later.",
-                               None, "too_many_requests")
             tid = self.engine.new_turn_id()
-            q = queue.Queue()
-            self._turns[tid] = (q, tokens)
+            self._turns[tid] = (asyncio.get_running_loop(), q, tokens)
         try:
             yield tid, q
         finally:
             with self._turns_lock:
                 self._turns.pop(tid, None)
 
+    def _on_event(self, ev) -> None:  # owner thread: must be quick
+        tid = getattr(ev, "turn_id", None)
+        if tid is None:
+            return
+        entry = self._turns.get(tid)
+        if entry is not None and (entry[2] or not isinstance(ev, Token)):
+            _put(entry[0], entry[1], ev)
+
     def model_name(self) -> str | None:
         loaded = self.engine.loaded
         return loaded.name if loaded is not None else None
+
+
+def _put(loop: asyncio.AbstractEventLoop, q: asyncio.Queue, item) -> None:
+    try:
+        loop.call_soon_threadsafe(q.put_nowait, item)
+    except RuntimeError:
+        pass  # the loop has closed: nobody waits for this turn any more
+
+
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ApiConfigError(f"Cannot resolve {host!r}: {exc}") from None
+    family, _, _, _, sockaddr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr[:2] if family == socket.AF_INET else sockaddr)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ApiConfigError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock

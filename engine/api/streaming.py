@@ -1,6 +1,7 @@
 """A streamed chat completion: server-sent `chat.completion.chunk` events as the turn generates."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -11,11 +12,12 @@ from .completion import ChatTurn, failure_status, usage
 FLUSH_S = 0.05  # streamed text goes out at most this often (tokens in between share one chunk)
 
 
-def stream(turn: ChatTurn, handler) -> None:
-    """Send the reply on `handler` (the request's RequestHandler) as an event stream, chunked
-    unless the client speaks HTTP/1.0."""
+async def sse_events(turn: ChatTurn):
+    """The reply as event-stream bytes. A failure before the first bytes raises its ApiError (the
+    client gets a plain error status); after them it is sent as an error event."""
     req, scanner = turn.req, turn.scanner
     cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), turn.api.model_name() or ""
+    loop = asyncio.get_running_loop()
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
         obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -25,9 +27,10 @@ def stream(turn: ChatTurn, handler) -> None:
             obj["usage"] = None
         return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
+    started = False
     pending: list[str] = []  # text not sent yet: tokens go out at most every FLUSH_S, joined
-    last_write = [0.0]
-    for batch in turn.events(lambda: last_write[0] + FLUSH_S if pending else None):
+    last_write = 0.0
+    async for batch in turn.events(lambda: last_write + FLUSH_S if pending else None):
         out: list[bytes] = []
         for ev in batch:
             if isinstance(ev, Token):
@@ -36,7 +39,7 @@ def stream(turn: ChatTurn, handler) -> None:
                     pending.append(piece)
             elif isinstance(ev, TurnFailed):
                 err = failure_status(ev.message)
-                if not handler.headers_sent:
+                if not started:
                     raise err
                 out.append(b"data: " + json.dumps(err.body()).encode() + b"\n\n")
                 out.append(b"data: [DONE]\n\n")
@@ -50,34 +53,14 @@ def stream(turn: ChatTurn, handler) -> None:
                            "system_fingerprint": None, "choices": [], "usage": usage(ev)}
                     out.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
                 out.append(b"data: [DONE]\n\n")
-        now = time.monotonic()
-        if pending and (turn.over or now - last_write[0] >= FLUSH_S):
+        now = loop.time()
+        if pending and (turn.over or now - last_write >= FLUSH_S):
             out.insert(0, chunk({"content": "".join(pending)}))
             pending.clear()
         if not out:
             continue
-        last_write[0] = now
-        if not handler.headers_sent:
+        last_write = now
+        if not started:
             out.insert(0, chunk({"role": "assistant", "content": ""}))
-        body = data = b"".join(out)
-        chunked = handler.request_version != "HTTP/1.0"  # an HTTP/1.0 client reads until we close
-        if chunked:
-            body = b"%x\r\n%s\r\n" % (len(data), data)
-            if turn.over:
-                body += b"0\r\n\r\n"  # the chunked body's end
-        try:
-            if not handler.headers_sent:
-                handler.send_response(200)
-                handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
-                handler.send_header("Cache-Control", "no-cache")
-                if chunked:
-                    handler.send_header("Transfer-Encoding", "chunked")
-                else:
-                    handler.close_connection = True
-                    handler.send_header("Connection", "close")
-                handler.send_header("X-Accel-Buffering", "no")
-                handler.end_headers_with(body)
-            else:
-                handler.wfile.write(body)
-        except OSError:
-            turn.abandon()
+            started = True
+        yield b"".join(out)

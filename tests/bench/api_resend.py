@@ -46,7 +46,7 @@ for line in sys.stdin:
                                           {"type": "image_url", "image_url": {"url": job["url"]}}]}]
     for q in job["follow_ups"] + [None]:
         t0 = time.perf_counter()
-        kw = dict(model="m", messages=convo, max_tokens=job["new"], temperature=0)
+        kw = dict(model=job["model"], messages=convo, max_tokens=job["new"], temperature=0)
         if job["stream"]:
             parts, usage = [], None
             for ch in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
@@ -92,7 +92,7 @@ def main() -> None:
 
     def api(opening: str, stream: bool):
         """An API client's way: the whole conversation, picture included, every turn."""
-        child.stdin.write(json.dumps({"base_url": server.url, "url": url, "opening": opening, "stream": stream,
+        child.stdin.write(json.dumps({"base_url": server.url, "model": engine.loaded.name, "url": url, "opening": opening, "stream": stream,
                                       "follow_ups": FOLLOW_UPS, "new": NEW}) + "\n")
         out = json.loads(child.stdout.readline())
         return out["t"], out["reply"], out["usage"], dict(engine.last_turn_stats)

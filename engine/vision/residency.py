@@ -129,7 +129,15 @@ class EncoderResidency:
                 want = tuple(self._shapes.get(full, p.shape))
                 if tuple(t.shape) != want:
                     raise ResidencyError(f"{full}: checkpoint shape {tuple(t.shape)} != model {want}")
-                sub._parameters[pname] = torch.nn.Parameter(t.to(device=dev, dtype=p.dtype), requires_grad=False)
+                value = t.to(device=dev, dtype=p.dtype)
+                if value is t and value.device.type == "cpu":
+                    # still a lazy view of the file mapping: read it now, so the disk reads are
+                    # counted in this load (not in the first encode) and the file is let go
+                    value = t.clone()
+                sub._parameters[pname] = torch.nn.Parameter(value, requires_grad=False)
+            tensors.clear()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)  # the copies are done when the clock stops
         except Exception:
             self.state = "unloaded"
             raise

@@ -82,17 +82,15 @@ class SessionSpiller:
                                  max_bytes=cap, min_free_bytes=min(1 * GiB, cap // 4))
         except StoreUnavailable as exc:
             self._retry_at = time.monotonic() + STORE_RETRY_S
-            if self.unavailable is None:  # said once, not on every retry
-                log.warning("KV store unavailable: %s; conversations stay in memory until it is usable", exc.reason)
+            if self.unavailable is None:  # said once (the engine logs notices), not on every retry
                 self.emit(Notice("warning", f"The KV store is unavailable ({exc.reason}); idle conversations "
-                                            "stay in memory and spilling resumes when space returns."))
+                                            f"stay in memory, and it is tried again every {STORE_RETRY_S:.0f} s."))
             self.unavailable = exc.reason
             return False
         except (KVStoreError, OSError) as exc:
             self.error = str(exc)
             return False
         if self.unavailable is not None:
-            log.info("KV store usable again: %s", self.root)
             self.emit(Notice("info", "The KV store is usable again; idle conversations spill to disk."))
             self.unavailable = None
         return True
@@ -168,7 +166,6 @@ class SessionSpiller:
             msg = f"Could not spill conversation to disk ({result.error}); it stays in memory."
             self.emit(SpillState(cid, "failed", result.error or ""))
             if result.error != self._last_failure:  # a full disk fails every spill: say it once
-                log.warning("spill of %s failed: %s", cid, result.error)
                 self.emit(Notice("warning", msg))
             self._last_failure = result.error
             return

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import io
-import logging
 import os
 import secrets
 import sys
@@ -27,9 +26,7 @@ from typing import BinaryIO, Iterable
 
 import filelock
 
-log = logging.getLogger(__name__)
-
-SYSTEM = "win32" if sys.platform == "win32" else "darwin" if sys.platform == "darwin" else sys.platform
+SYSTEM = sys.platform  # "linux", "darwin", "win32", ...: read once, so a test can simulate another OS
 TMP_SUFFIX = ".tmp"
 _CHUNK = 1 << 20
 

@@ -15,7 +15,6 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 

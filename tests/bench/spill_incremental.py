@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 

@@ -13,7 +13,6 @@ import argparse
 import gc
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time

@@ -1,0 +1,73 @@
+"""A Turn as the OpenAI chat-completions API wants it: the whole conversation each request (as
+every OpenAI client sends it), pictures inline as data: URLs of their original file bytes (no
+decode or re-encode, so a server that keys its picture cache by content finds a re-sent one)."""
+from __future__ import annotations
+
+import base64
+import io
+from functools import lru_cache
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from ..events import Sampling, Turn
+from ..picture_file import PictureError, read_bytes
+
+_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp",
+         "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}
+
+
+def picture_mime(data: bytes, name: str) -> str:
+    """The picture's type from its header (files in Parley's history have no extension)."""
+    try:
+        with Image.open(io.BytesIO(data)) as probe:  # reads the header only
+            fmt = probe.format or ""
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        raise PictureError(f"{name} is not a picture (PNG, JPEG, WebP, GIF or BMP)") from None
+    if fmt not in _MIME:
+        raise PictureError(f"{name} is a {fmt} picture; servers take PNG, JPEG, WebP, GIF or BMP")
+    return _MIME[fmt]
+
+
+@lru_cache(maxsize=64)
+def _data_url_of(path: str, size: int, mtime_ns: int) -> str:
+    # keyed by size and mtime too: a conversation re-sends every picture each turn, and a
+    # picture file that changed on disk must not be served from here
+    data = read_bytes(path)
+    return f"data:{picture_mime(data, Path(path).name)};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def picture_data_url(path: str) -> str:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        read_bytes(path)  # raises the one-sentence PictureError
+        raise
+    return _data_url_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+def chat_messages(turn: Turn) -> list[dict]:
+    out: list[dict] = []
+    if turn.system_prompt:
+        out.append({"role": "system", "content": turn.system_prompt})
+    for m in turn.messages:
+        if not m.images:
+            out.append({"role": m.role, "content": m.text})
+            continue
+        parts: list[dict] = [{"type": "image_url", "image_url": {"url": picture_data_url(p)}} for p in m.images]
+        if m.text:
+            parts.append({"type": "text", "text": m.text})
+        out.append({"role": m.role, "content": parts})
+    return out
+
+
+def sampling_params(s: Sampling) -> dict:
+    params: dict = {"max_tokens": s.max_new_tokens}
+    if s.greedy:
+        params["temperature"] = 0.0
+    else:
+        params["temperature"] = s.temperature
+        params["top_p"] = s.top_p
+    if s.seed is not None:
+        params["seed"] = s.seed
+    return params

@@ -174,3 +174,44 @@ class NeverAnswers(_Base):
     def do_POST(self):
         self._body()
         self.server.release.wait(30)
+
+
+class TransformersServe:
+    """`transformers serve MODEL` (FastAPI + uvicorn, from transformers[serving]) in its own
+    process, offline; ready once its /health answers."""
+
+    def __init__(self, model_dir: Path, start_timeout: float = 240.0):
+        import shutil
+        import time
+        import urllib.request
+
+        exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or "transformers"
+        self.port = free_port()
+        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.model = str(model_dir)
+        deadline = time.monotonic() + start_timeout
+        while True:  # the server says nothing on stdout when it is up: ask it
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"transformers serve exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("transformers serve did not answer /health in time")
+            time.sleep(0.25)  # poll interval while it starts (not a wait for an outcome)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)

@@ -182,28 +182,33 @@ class RemoteEngine:
     def _do_load(self, name: str) -> None:
         cfg = self.config
         self._emit(ModelLoading(cfg.server))
+        error = self._connect(name)
+        if error:
+            self._emit(ModelFailed(cfg.server, error))
+        else:
+            self._emit(ModelReady(cfg.base_url, "remote", cfg.server, "", self.model_name))
+
+    def _connect(self, name: str) -> str:
+        """Ask the server for its models and choose one; "" when done, else why not."""
+        cfg = self.config
         try:
             names = list_models(cfg, self._client)
         except ServerError as exc:
-            self.model_name = None
-            self._set_report(state="failed", last_error=str(exc))
-            self._emit(ModelFailed(cfg.server, str(exc)))
-            return
-        wanted = (name or cfg.model).strip()
-        if wanted and wanted not in names:
-            offered = ", ".join(names[:8]) or "none"
-            msg = f"The server at {cfg.server} has no model named {wanted!r} (it offers: {offered})."
-            self._set_report(state="failed", last_error=msg)
-            self._emit(ModelFailed(cfg.server, msg))
-            return
-        if not wanted and not names:
-            msg = f"The server at {cfg.server} offers no model."
-            self._set_report(state="failed", last_error=msg)
-            self._emit(ModelFailed(cfg.server, msg))
-            return
-        self.model_name = wanted or names[0]
-        self._set_report(model=self.model_name, state="ready", last_error="")
-        self._emit(ModelReady(cfg.base_url, "remote", cfg.server, "", self.model_name))
+            error = str(exc)
+        else:
+            wanted = (name or cfg.model).strip()
+            if wanted and wanted not in names:
+                offered = ", ".join(names[:8]) or "none"
+                error = f"The server at {cfg.server} has no model named {wanted!r} (it offers: {offered})."
+            elif not names and not wanted:
+                error = f"The server at {cfg.server} offers no model."
+            else:
+                self.model_name = wanted or names[0]
+                self._set_report(model=self.model_name, state="ready", last_error="")
+                return ""
+        self.model_name = None
+        self._set_report(state="failed", last_error=error)
+        return error
 
     def _should_stop(self, turn_id: int) -> bool:
         return turn_id in self._stop_requested
@@ -219,10 +224,11 @@ class RemoteEngine:
                 return
             if not turn.messages or turn.messages[-1].role != "user":
                 raise ValueError("A turn must end with a user message.")
-            if self.model_name is None:
-                self._fail(turn, f"The server at {self.config.server} is not connected "
-                                 f"({self._report.last_error or 'no model chosen yet'}).")
-                return
+            if self.model_name is None:  # not connected yet, or the server was away: try now
+                error = self._connect("")
+                if error:
+                    self._fail(turn, error)
+                    return
             request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
                                   lambda: self._should_stop(tid))
             outcome = request.run(chat_messages(turn))

@@ -55,9 +55,9 @@ def connection_failure(exc: BaseException, cfg: RemoteConfig) -> str:
     return f"Cannot reach the server at {where} ({detail})."
 
 
-def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request") -> str:
+def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", model: str | None = None) -> str:
     """One line for a failed request (`during`: 'request' before any reply text, 'stream' once
-    reply text has arrived)."""
+    reply text has arrived; `model`: the name the request asked for)."""
     where = cfg.server
     if isinstance(exc, openai.APITimeoutError):
         if during == "stream":
@@ -79,7 +79,7 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request") -> 
         if code == 403:
             return f"The server at {where} denied access (403){tail}."
         if code == 404:
-            return f"The server at {where} has no model named {cfg.model!r} (404){tail}."
+            return f"The server at {where} has no model named {model or cfg.model!r} (404){tail}."
         if code == 413:
             return f"The server at {where} refused the request as too large (413){tail}. Send fewer or smaller pictures."
         if code == 429:

@@ -46,7 +46,7 @@ class TurnRequest:
             else:
                 error, stopped = self._whole(params), False
         except openai.APIError as exc:  # before any reply text: the request itself failed
-            error, stopped = describe(exc, self.cfg), False
+            error, stopped = describe(exc, self.cfg, model=self.model), False
         self.t_end = time.perf_counter()
         reply = "".join(self.parts)
         if error:
@@ -82,7 +82,7 @@ class TurnRequest:
                 return "", True
             if isinstance(exc, (AttributeError, TypeError, ValueError)):  # chunks of another shape
                 return _not_an_api(self.cfg, "its stream holds no chat-completion chunks"), False
-            return describe(exc, self.cfg, "stream" if self.parts else "request"), False
+            return describe(exc, self.cfg, "stream" if self.parts else "request", self.model), False
         if self.should_stop():
             return "", True
         if chunks == 0:

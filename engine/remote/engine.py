@@ -140,8 +140,9 @@ class RemoteEngine:
         self.stop()
         self._queue.put(("shutdown", None))
         self._thread.join(timeout)
+        if not self._thread.is_alive():  # else the worker still reads with it; it is a daemon
+            self._client.close()
         self._thread = None
-        self._client.close()
 
     @property
     def running(self) -> bool:

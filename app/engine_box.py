@@ -2,8 +2,6 @@
 chosen from the server's /v1/models). Several servers are kept; the chosen one is used."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QApplication, QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QRadioButton,
@@ -170,7 +168,7 @@ class EngineBox(QGroupBox):
         picked = self.servers[current] if 0 <= current < len(self.servers) else None
         index = servers.index(picked) if picked in servers else 0
         kind = REMOTE if self.remote.isChecked() else BUILTIN
-        return replace(EngineChoice(), kind=kind, servers=servers, current=index)
+        return EngineChoice(kind, servers, index)
 
     def problem(self) -> str | None:
         """Why OK cannot take this choice (shown in the box), or None."""

@@ -344,3 +344,34 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
         assert all(t.stats["generated_tokens"] == N and t.stats["prompt_tokens"] > 0 for t in turns)
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_stop_ends_the_request_on_the_server(tiny_model, tmp_path):
+    """Parley's server in this process (a real socket still) so its engine can be watched: the
+    stopped stream ends the server's turn early, it does not run on to max_tokens."""
+    from engine.api import ApiServer
+    from tests.engine_helpers import open_engine
+
+    server_engine = open_engine(tiny_model("llava"), tmp_path / "server")
+    ended = threading.Event()
+    server_turns: list[TurnDone] = []
+
+    def watch(ev):
+        if isinstance(ev, TurnDone):
+            server_turns.append(ev)
+            ended.set()
+
+    server_engine.add_listener(watch)
+    api = ApiServer(server_engine, "127.0.0.1", 0).start()
+    engine = remote(api.url)
+    try:
+        r = run_blocking(engine, Turn("c", [Message("user", "Tell me everything.")], Sampling(max_new_tokens=400)),
+                         on_token=lambda ev: engine.stop(ev.turn_id), timeout=300)
+        assert isinstance(r, TurnDone) and r.stopped
+        assert ended.wait(60)
+        assert server_turns[0].stopped and len(server_turns[0].token_ids) < 400
+    finally:
+        engine.shutdown()
+        api.stop()
+        server_engine.shutdown()

@@ -11,6 +11,8 @@ import itertools
 import logging
 import queue
 import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -80,6 +82,7 @@ class RemoteEngine:
         self._stop_lock = threading.Lock()
         self._stop_requested: set[int] = set()
         self._current_turn: int | None = None
+        self._submitted: dict[int, float] = {}  # turn id -> when submit() queued it (for queue_s)
         self._report = ServerReport(config.server, config.model, "connecting")
 
     # ------------------------------------------------------------ public API (any thread)
@@ -108,6 +111,7 @@ class RemoteEngine:
     def submit(self, turn: Turn) -> int:
         if not turn.turn_id:
             turn.turn_id = next(self._ids)
+        self._submitted[turn.turn_id] = time.perf_counter()
         self._queue.put(("turn", turn))
         return turn.turn_id
 
@@ -176,7 +180,6 @@ class RemoteEngine:
         self._emit(self._report)
 
     def _set_report(self, **changes) -> None:
-        from dataclasses import replace
         self._report = replace(self._report, **changes)
         self._emit(self._report)
 
@@ -236,6 +239,9 @@ class RemoteEngine:
             if outcome.error:
                 self._fail(turn, outcome.error, outcome.reply)
                 return
+            queued = self._submitted.get(tid)
+            if queued is not None and outcome.stats:  # waiting for the worker thread (and turns ahead)
+                outcome.stats["queue_s"] = round(request.t0 - queued, 6)
             self.last_turn_stats = outcome.stats
             self._record(outcome.stats)
             self._emit(TurnDone(tid, cid, outcome.reply, [], outcome.stats, stopped=outcome.stopped))
@@ -245,6 +251,7 @@ class RemoteEngine:
             log.exception("remote turn %s failed", tid)
             self._fail(turn, f"The request to {self.config.server} failed ({type(exc).__name__}: {exc})")
         finally:
+            self._submitted.pop(tid, None)
             with self._stop_lock:
                 self._current_turn = None
                 self._stop_requested.discard(tid)

@@ -30,7 +30,6 @@ def _remote_config(args):
 
 
 def cmd_ask(args) -> int:
-    from engine.engine import Engine
     from engine.client import EngineError, load_blocking, run_blocking
     from engine.events import Message, Sampling, Turn, TurnFailed
     from engine.remote import RemoteConfigError, RemoteEngine
@@ -43,6 +42,8 @@ def cmd_ask(args) -> int:
     if remote is not None:
         engine = RemoteEngine(remote, data_dir=_data_dir(args.data_dir)).start()
     else:
+        from engine.engine import Engine  # torch: only the built-in engine needs it
+
         engine = Engine(data_dir=_data_dir(args.data_dir)).start()
     try:
         load_blocking(engine, remote.model if remote else _model_dir(args.model))

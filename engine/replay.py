@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TextIO
 
 from .client import EngineError, load_blocking, run_blocking
-from .engine import Engine
 from .events import Message, Sampling, Turn, TurnFailed
 from .settings import EngineSettings
 
@@ -60,11 +59,12 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, remote
     sampling, engine_settings, turns = parse_script(script)
     settings = EngineSettings().with_changes(engine_settings)
 
-    def open_engine() -> Engine:
+    def open_engine():
         if remote is not None:
             from .remote import RemoteEngine
             eng = RemoteEngine(remote, settings, data_dir).start()
         else:
+            from .engine import Engine  # torch: only the built-in engine needs it
             eng = Engine(settings, data_dir).start()
         try:
             load_blocking(eng, model_dir)

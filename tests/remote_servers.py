@@ -109,6 +109,17 @@ class Unauthorized(_Base):
         self._error(401, "Invalid API key.", "authentication_error")
 
 
+class Forbidden(_Base):
+    """A key the server knows but that may not use this model."""
+
+    def do_GET(self):
+        self._models()
+
+    def do_POST(self):
+        self._body()
+        self._error(403, "This key may not use big-vlm.", "permission_error")
+
+
 class Strict(_Base):
     """vLLM's answers: 404 for a model it does not serve, 413 past its body limit."""
     LIMIT = 4096

@@ -123,3 +123,41 @@ def test_fetch_models_from_nothing_says_why(make_window, qtbot):
     qtbot.keyClicks(box.url, f"127.0.0.1:{free_port()}")
     assert box.fetch_models() == []
     assert "connection refused" in box.error.text() and not box.error.isHidden()
+
+
+def test_several_saved_servers_and_the_chosen_one(make_window, qtbot):
+    w = make_window(load=False)
+    dlg = SettingsDialog(w.prefs, w.data_dir, w)
+    box = dlg.engine_box
+    for url, model in (("http://gpu-a:8000/v1", "big"), ("gpu-b:8000", "bigger")):
+        box.add_server()
+        qtbot.keyClicks(box.url, url)
+        box.model.setEditText(model)
+    box.server_list.setCurrentIndex(0)
+    assert (box.url.text(), box.model.currentText()) == ("http://gpu-a:8000/v1", "big")
+    choice = box.choice()
+    assert choice.kind == REMOTE and choice.current == 0 and len(choice.servers) == 2
+    assert choice.server.config().base_url == "http://gpu-a:8000/v1" and choice.server.model == "big"
+    box.server_list.setCurrentIndex(1)
+    box.remove_server()
+    assert [s.url for s in box.choice().servers] == ["http://gpu-a:8000/v1"]
+
+
+def test_a_stream_cut_mid_reply_is_kept_interrupted(make_window, qtbot):
+    from engine.history import INTERRUPTED
+    from tests.remote_servers import DropsMidStream, StubServer
+
+    server = StubServer(DropsMidStream)
+    try:
+        w = make_window(load=False)
+        choose_engine(w, qtbot, server.root)
+        qtbot.waitUntil(lambda: w.model_ready, timeout=TIMEOUT_MS)
+        send(qtbot, w, "Tell me")
+        wait_reply(qtbot, w)
+        reply = w.messages.items()[-1]
+        assert (reply.role, reply.text, reply.status) == ("assistant", "Half a reply", INTERRUPTED)
+        stored = w.history.messages(w.controller.current_id)[-1]
+        assert (stored.text, stored.status) == ("Half a reply", INTERRUPTED)
+        assert "dropped mid-reply" in w.notice.text() and w.retry.isVisible()
+    finally:
+        server.close()

@@ -17,7 +17,7 @@ from engine.events import Message, ModelReady, Sampling, Token, Turn, TurnDone, 
 from engine.remote import RemoteConfig, RemoteConfigError, RemoteEngine, normalize_base_url
 from tests.fixtures.pictures import make_picture
 from tests.remote_servers import (
-    ROOT, DropsMidStream, NeverAnswers, ParleyServe, PlainWebsite, Strict, StubServer, Unauthorized, free_port,
+    ROOT, DropsMidStream, Forbidden, NeverAnswers, ParleyServe, PlainWebsite, Strict, StubServer, Unauthorized, free_port,
 )
 
 openai = pytest.importorskip("openai")
@@ -126,6 +126,18 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
             assert s["cached_tokens"] > 0
             assert s["server_encoder_loads"] == 0 and s["server_image_cache_hits"] >= 1
     assert turns[0].stats["server_pictures_encoded"] == 1
+
+
+@pytest.mark.slow
+def test_400_too_many_pictures_from_parley_serve(parley, pictures):
+    engine = remote(parley.url)
+    try:
+        r = fail_turn(engine, [Message("user", "Compare them all.", [str(pictures[0])] * 17)])
+        assert "rejected the request (400): Too many pictures: at most 16 per request" in r.message
+        ok = run_blocking(engine, Turn("c", [Message("user", "hi")], Sampling(max_new_tokens=2)), timeout=300)
+        assert isinstance(ok, TurnDone)  # the next turn is fine
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.slow
@@ -246,6 +258,10 @@ def test_tls_to_a_plain_http_server(stub):
 
 def test_401(stub):
     check(stub(Unauthorized).root, "refused the API key (401): Invalid API key. Check the key in Settings.")
+
+
+def test_403(stub):
+    check(stub(Forbidden).root, "denied access (403): This key may not use big-vlm.")
 
 
 def test_404_model_is_named_with_what_the_server_offers(stub):

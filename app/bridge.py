@@ -82,7 +82,11 @@ class EngineBridge(QObject):
     # ------------------------------------------------------------ calls into the engine
 
     def _listen(self, engine) -> None:
-        fn = self._listeners[id(engine)] = lambda ev, src=engine: self._on_engine_event(ev, src)
+        def fn(ev, src=engine):
+            self._on_engine_event(ev, src)
+
+        with self._lock:
+            self._listeners[id(engine)] = fn
         engine.add_listener(fn)
 
     def use_engine(self, engine) -> None:
@@ -91,7 +95,9 @@ class EngineBridge(QObject):
         if it had one, else the engine is asked to connect."""
         if engine is self.engine:
             return
-        if id(engine) not in self._listeners:
+        with self._lock:
+            known = id(engine) in self._listeners
+        if not known:
             self._listen(engine)
         with self._lock:
             self.engine = engine
@@ -103,15 +109,24 @@ class EngineBridge(QObject):
             engine.load_model("")
         self.engine.request_memory_report()
 
-    def drop_engine(self, engine, timeout: float = 30.0) -> None:
-        """Shut down a remote engine no longer in use (never the built-in one)."""
+    def drop_engine(self, engine, timeout: float = 30.0, wait: bool = True) -> None:
+        """Shut down a remote engine no longer in use (never the built-in one); `wait=False`
+        does it on a helper thread, so a hung server never freezes the window."""
         if engine is self.builtin or engine is self.engine:
             return
-        engine.shutdown(timeout)  # first: a reply it was streaming ends (stopped) and is heard
-        fn = self._listeners.pop(id(engine), None)
-        if fn is not None:
-            engine.remove_listener(fn)
-        self._model_events.pop(id(engine), None)
+
+        def finish():
+            engine.shutdown(timeout)  # first: a reply it was streaming ends (stopped) and is heard
+            with self._lock:
+                fn = self._listeners.pop(id(engine), None)
+                self._model_events.pop(id(engine), None)
+            if fn is not None:
+                engine.remove_listener(fn)
+
+        if wait:
+            finish()
+        else:
+            threading.Thread(target=finish, name="parley-remote-close", daemon=True).start()
 
     def load_model(self, path: str) -> None:
         self.builtin.load_model(str(path))

@@ -10,6 +10,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QSettings, Qt
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow
 
+from engine.events import Notice
 from engine.remote import RemoteEngine
 
 from .bridge import EngineBridge
@@ -43,6 +44,8 @@ class EngineSwitch(QObject):
             self.bridge.load_model(path)
         else:
             self._pending_model = path
+            self.bridge.inject(Notice("info", f"{Path(path).name} will load when the built-in engine is chosen "
+                                              "(Settings ▸ Engine); replies now come from the server."))
 
     def apply(self, choice: EngineChoice | None = None) -> None:
         """Use the engine chosen in Settings (read from preferences unless given)."""
@@ -51,7 +54,7 @@ class EngineSwitch(QObject):
         if server is None:
             if old is not None:
                 self.bridge.use_engine(self.bridge.builtin)
-                self.bridge.drop_engine(old, timeout=5.0)
+                self.bridge.drop_engine(old, wait=False)
             if self._pending_model:
                 path, self._pending_model = self._pending_model, None
                 self.bridge.load_model(path)
@@ -61,7 +64,7 @@ class EngineSwitch(QObject):
             return
         self.bridge.use_engine(RemoteEngine(config, data_dir=self.data_dir).start())
         if old is not None:
-            self.bridge.drop_engine(old, timeout=5.0)
+            self.bridge.drop_engine(old, wait=False)
 
     def _on_engine_changed(self, engine) -> None:
         if engine is self.bridge.builtin:

@@ -226,7 +226,7 @@ class MainWindow(QMainWindow):
         self.model_path, self.model_name = ev.path, ev.name
         self.progress.hide()
         self.model_label.setText(f"{ev.name} ({ev.family})")
-        self.device_label.setText(f"{ev.device} · {ev.dtype}")
+        self.device_label.setText(" · ".join(x for x in (ev.device, ev.dtype) if x))  # a server has no dtype
         self.composer.set_ready(True)
         self.vram.on_model(ev.device, ev.name)
         if ev.family != "remote":  # a server's address is not a model folder

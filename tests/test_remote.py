@@ -391,3 +391,23 @@ def test_stop_ends_the_request_on_the_server(tiny_model, tmp_path):
         engine.shutdown()
         api.stop()
         server_engine.shutdown()
+
+
+def test_picture_data_urls_are_the_original_bytes_and_follow_the_file(tmp_path):
+    from engine.picture_file import PictureError
+    from engine.remote.messages import DataUrlCache, chat_messages
+
+    pic = make_picture(tmp_path / "p", 1, fmt="JPEG")  # no extension, as in Parley's history
+    turn = Turn("c", [Message("user", "look", [str(pic)])], system_prompt="Be brief.")
+    msgs = chat_messages(turn)
+    assert msgs[0] == {"role": "system", "content": "Be brief."}
+    url = msgs[1]["content"][0]["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,") and base64.b64decode(url.split(",", 1)[1]) == pic.read_bytes()
+    assert msgs[1]["content"][1] == {"type": "text", "text": "look"}
+    cache = DataUrlCache(max_bytes=1)
+    first = cache.get(str(pic))
+    make_picture(pic, 2, size=(80, 60), fmt="PNG")  # the file changed: never the old bytes
+    assert cache.get(str(pic)) != first and cache.get(str(pic)).startswith("data:image/png;base64,")
+    (tmp_path / "notes.txt").write_text("not a picture")
+    with pytest.raises(PictureError, match="notes.txt is not a picture"):
+        cache.get(str(tmp_path / "notes.txt"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import io
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
@@ -29,21 +30,46 @@ def picture_mime(data: bytes, name: str) -> str:
     return _MIME[fmt]
 
 
-@lru_cache(maxsize=64)
-def _data_url_of(path: str, size: int, mtime_ns: int) -> str:
-    # keyed by size and mtime too: a conversation re-sends every picture each turn, and a
-    # picture file that changed on disk must not be served from here
-    data = read_bytes(path)
-    return f"data:{picture_mime(data, Path(path).name)};base64,{base64.b64encode(data).decode('ascii')}"
+class DataUrlCache:
+    """Recent pictures' data URLs, least recently used dropped past `max_bytes`: a conversation
+    re-sends every picture each turn, so each file is read and encoded once, not once a turn.
+    Keyed by path, size and mtime: a file changed on disk is read again."""
+
+    def __init__(self, max_bytes: int = 128 << 20):
+        self.max_bytes = max_bytes
+        self._urls: OrderedDict[tuple, str] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> str:
+        try:
+            st = Path(path).stat()
+        except OSError:
+            read_bytes(path)  # raises the one-sentence PictureError
+            raise
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            url = self._urls.get(key)
+            if url is not None:
+                self._urls.move_to_end(key)
+                return url
+        data = read_bytes(path)
+        url = f"data:{picture_mime(data, Path(path).name)};base64,{base64.b64encode(data).decode('ascii')}"
+        with self._lock:
+            if key not in self._urls:
+                self._urls[key] = url
+                self._bytes += len(url)
+            while self._bytes > self.max_bytes and len(self._urls) > 1:
+                _, old = self._urls.popitem(last=False)
+                self._bytes -= len(old)
+        return url
+
+
+_data_urls = DataUrlCache()
 
 
 def picture_data_url(path: str) -> str:
-    try:
-        st = Path(path).stat()
-    except OSError:
-        read_bytes(path)  # raises the one-sentence PictureError
-        raise
-    return _data_url_of(str(path), st.st_size, st.st_mtime_ns)
+    return _data_urls.get(path)
 
 
 def chat_messages(turn: Turn) -> list[dict]:

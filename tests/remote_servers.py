@@ -164,6 +164,23 @@ class DropsMidStream(_Base):
         self.connection.shutdown(socket.SHUT_RDWR)
 
 
+class Instant(_Base):
+    """Answers every chat request at once with a two-piece streamed reply: what is left of a
+    turn's time against it is the client's own work."""
+
+    def do_GET(self):
+        self._models()
+
+    def do_POST(self):
+        self._body()
+        body = _chunk("Hello") + _chunk(" there", "stop") + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 class PlainWebsite(_Base):
     """A web server that is not an API: HTML for GET; POST is not supported (501)."""
 

@@ -262,7 +262,7 @@ class RemoteEngine:
 
     def _record(self, stats: dict) -> None:
         prompt = stats.get("prompt_tokens") or 0
-        cached = stats.get("cached_tokens")
+        cached = stats.get("cached_tokens") if stats.get("cached_reported") else None  # unknown is not 0%
         self._set_report(
             ttft_s=stats.get("ttft_s"), tokens_per_s=stats.get("tokens_per_s"),
             cached_share=(cached / prompt) if (cached is not None and prompt) else None,

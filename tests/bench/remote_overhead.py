@@ -9,6 +9,9 @@ path, in the order A B B A (B A A B on odd repeats):
   window and `main.py ask --remote` get it), and
 - the bare client (`client.chat.completions.create(stream=True)`, chunks read in a loop).
 
+Also the remote engine's own cost in milliseconds, against an in-process stub server that
+answers at once (so nothing else is left in the time): median time to first token, both paths.
+
 Figures: median over repeats of (remote ÷ bare) for the whole turn and for the time to first
 token; goal ≤ 1.05 each. `--quick`: fewer repeats and tokens.
 """
@@ -28,7 +31,7 @@ from engine.events import Message, Sampling, Token, Turn, TurnDone, TurnFailed
 from engine.remote import RemoteConfig, RemoteEngine
 from engine.remote.messages import chat_messages
 from tests.fixtures.pictures import make_picture
-from tests.remote_servers import ParleyServe
+from tests.remote_servers import Instant, ParleyServe, StubServer
 
 GOAL = 1.05
 
@@ -62,8 +65,10 @@ def through_engine(engine: RemoteEngine, turn: Turn) -> tuple[float, float, str,
     return box["end"] - t0, box["first"] - t0, ev.reply, ev.stats.get("queue_s", 0.0)
 
 
-def bare_messages(text: str, picture) -> list[dict]:
+def bare_messages(text: str | None, picture) -> list[dict]:
     """What a bare client sends: the picture file's bytes as a data URL, then the text."""
+    if picture is None:
+        return [{"role": "user", "content": "hi"}]
     url = "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                          {"type": "text", "text": text}]}]
@@ -81,6 +86,29 @@ def through_client(client, model: str, text: str, picture, n: int) -> tuple[floa
                 parts.append(choice.delta.content)
     end = time.perf_counter()
     return end - t0, (first or end) - t0, "".join(parts)
+
+
+def own_cost_ms(runs: int) -> tuple[float, float]:
+    """Median time to first token (ms) through the remote engine and the bare client against a
+    server that answers at once."""
+    import openai
+
+    stub = StubServer(Instant)
+    engine = RemoteEngine(RemoteConfig.make(stub.root, "big-vlm")).start()
+    client = openai.OpenAI(base_url=stub.root + "/v1", api_key="x", max_retries=0)
+    turn = Turn("stub", [Message("user", "hi")], Sampling(max_new_tokens=4))
+    e_ttft, c_ttft = [], []
+    try:
+        for i in range(runs):
+            pair = [lambda: e_ttft.append(through_engine(engine, Turn("stub", turn.messages, turn.sampling))[1]),
+                    lambda: c_ttft.append(through_client(client, "big-vlm", None, None, 4)[1])]
+            for run in (pair if i % 2 == 0 else pair[::-1]):
+                run()
+    finally:
+        engine.shutdown()
+        client.close()
+        stub.close()
+    return statistics.median(e_ttft) * 1000, statistics.median(c_ttft) * 1000
 
 
 def main() -> int:
@@ -134,10 +162,13 @@ def main() -> int:
         client.close()
         warmer.close()
         server.close()
+    own_e, own_c = own_cost_ms(40 if args.quick else 200)
     turn_ratio, ttft_ratio = statistics.median(turn_ratios), statistics.median(ttft_ratios)
     print(f"{repeats} repeats of paired runs (A B B A), {n} tokens per reply, Parley serve on a tiny LLaVA in a second process")
     print(f"remote engine: submit -> its worker thread sends the request, median {statistics.median(handoffs) * 1000:.2f} ms "
           f"(part of its time to first token)")
+    print(f"against a server that answers at once: first token {own_e:.2f} ms through the remote engine, "
+          f"{own_c:.2f} ms bare (the engine's own cost: {own_e - own_c:+.2f} ms)")
     print(ratio_line("turn latency, remote engine ÷ bare openai client (median)", turn_ratio, f"≤ {GOAL}"))
     print(ratio_line("time to first token, remote engine ÷ bare openai client (median)", ttft_ratio, f"≤ {GOAL}"))
     print(f"goal turn latency ≤ {GOAL}: {'yes' if turn_ratio <= GOAL else 'no'}")

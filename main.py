@@ -21,14 +21,32 @@ def _model_dir(arg: str | None) -> str:
     return str(Path(arg).expanduser()) if arg else str(DEMO_MODEL)
 
 
+def _remote_config(args):
+    """--remote URL [--api-key K] --model NAME: the server to use instead of the built-in engine."""
+    from engine.remote import RemoteConfig
+
+    key = args.api_key or os.environ.get("PARLEY_REMOTE_API_KEY") or ""
+    return RemoteConfig.make(args.remote, getattr(args, "model", None) or "", key)
+
+
 def cmd_ask(args) -> int:
-    from engine.engine import Engine
     from engine.client import EngineError, load_blocking, run_blocking
     from engine.events import Message, Sampling, Turn, TurnFailed
+    from engine.remote import RemoteConfigError, RemoteEngine
 
-    engine = Engine(data_dir=_data_dir(args.data_dir)).start()
     try:
-        load_blocking(engine, _model_dir(args.model))
+        remote = _remote_config(args) if args.remote else None
+    except RemoteConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if remote is not None:
+        engine = RemoteEngine(remote, data_dir=_data_dir(args.data_dir)).start()
+    else:
+        from engine.engine import Engine  # torch: only the built-in engine needs it
+
+        engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+    try:
+        load_blocking(engine, remote.model if remote else _model_dir(args.model))
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
         turn = Turn("ask", [Message("user", args.prompt, list(args.image or []))], sampling, args.system)
@@ -53,11 +71,14 @@ def cmd_ask(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from engine.remote import RemoteConfigError
     from engine.replay import ReplayError, run_replay
 
     try:
-        return run_replay(Path(args.script), _model_dir(args.model), _data_dir(args.data_dir), sys.stdout)
-    except ReplayError as exc:
+        remote = _remote_config(args) if args.remote else None
+        model = remote.model if remote else _model_dir(args.model)
+        return run_replay(Path(args.script), model, _data_dir(args.data_dir), sys.stdout, remote=remote)
+    except (ReplayError, RemoteConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
@@ -115,6 +136,13 @@ def cmd_window(args) -> int:
     return run_app(args.model, _data_dir(args.data_dir))
 
 
+def _add_remote_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", metavar="URL", help="use an OpenAI-compatible server (vLLM, transformers serve, another "
+                                                   "Parley) instead of the built-in engine; with or without /v1. "
+                                                   "--model then names the server's model")
+    p.add_argument("--api-key", help="the server's API key (or set PARLEY_REMOTE_API_KEY)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description="Chat with a local vision-language model about pictures.")
     parser.add_argument("--model", help="model folder (default: the built-in Parley Shapes demo model)")
@@ -132,12 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--top-p", type=float, default=0.9)
     ask.add_argument("--seed", type=int)
     ask.add_argument("prompt")
+    _add_remote_options(ask)
     ask.set_defaults(func=cmd_ask)
 
     rep = sub.add_parser("replay", help="run a scripted conversation; one JSON line per turn")
     rep.add_argument("--model", default=argparse.SUPPRESS)
     rep.add_argument("--data-dir", default=argparse.SUPPRESS)
     rep.add_argument("script")
+    _add_remote_options(rep)
     rep.set_defaults(func=cmd_replay)
 
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible API (/v1/chat/completions) on this machine")

@@ -5,6 +5,10 @@ lock and, at most once per batch, posts a queued wake-up to the UI thread. Token
 merged while they wait and delivered at most every `flush_ms`, so a model producing thousands
 of tokens a second costs the UI thread ~30 deliveries a second. Any other event is delivered
 at once, after the tokens queued before it, so order is kept.
+
+Two engines may sit behind it: the built-in one (always there: the API server uses it too) and
+a remote one (a server). Turn events of either reach the window (a reply started before a
+switch still finishes); model, memory and notice events only from the engine in use.
 """
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from engine.engine import Engine
 from engine.events import (
-    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState,
-    Token, Turn, TurnDone, TurnFailed, TurnStarted,
+    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, ServerReport,
+    SpillState, Token, Turn, TurnDone, TurnFailed, TurnStarted,
 )
 from engine.settings import EngineSettings
 
@@ -44,11 +48,17 @@ class EngineBridge(QObject):
     encoderState = Signal(object)  # EncoderState
     spillState = Signal(object)  # SpillState
     notice = Signal(object)  # Notice
+    serverReport = Signal(object)  # ServerReport (a remote engine)
+    engineChanged = Signal(object)  # the engine now in use
     _wake = Signal()
 
     def __init__(self, engine: Engine, flush_ms: int = FLUSH_MS, parent: QObject | None = None):
         super().__init__(parent)
-        self.engine = engine
+        self.builtin = engine  # loads model folders; the API server shares it
+        self.engine = engine  # the engine turns go to (the built-in one or a remote one)
+        self._model_events: dict[int, Event] = {}  # id(engine) -> its last ModelReady / ModelFailed
+        self._listeners: dict[int, object] = {}
+        self._turn_engines: dict[int, object] = {}  # turn id -> the engine running it, until it ends
         self._lock = threading.Lock()
         self._pending: list[object] = []
         self._wake_posted = False
@@ -59,7 +69,7 @@ class EngineBridge(QObject):
         self._timer.setInterval(flush_ms)
         self._timer.timeout.connect(self._drain)
         self._wake.connect(self._on_wake, Qt.ConnectionType.QueuedConnection)
-        engine.add_listener(self._on_engine_event)
+        self._listen(engine)
 
     @classmethod
     def create(cls, settings: EngineSettings | None = None, data_dir: Path | None = None,
@@ -71,14 +81,69 @@ class EngineBridge(QObject):
 
     # ------------------------------------------------------------ calls into the engine
 
+    def _listen(self, engine) -> None:
+        def fn(ev, src=engine):
+            self._on_engine_event(ev, src)
+
+        with self._lock:
+            self._listeners[id(engine)] = fn
+        engine.add_listener(fn)
+
+    def use_engine(self, engine) -> None:
+        """Send turns to `engine` from now on (the built-in one or a started RemoteEngine).
+        The window hears the new engine's model state at once: its last ModelReady/ModelFailed
+        if it had one, else the engine is asked to connect."""
+        if engine is self.engine:
+            return
+        with self._lock:
+            known = id(engine) in self._listeners
+        if not known:
+            self._listen(engine)
+        with self._lock:
+            self.engine = engine
+            last = self._model_events.get(id(engine))
+        self.engineChanged.emit(engine)
+        if last is not None:
+            self._on_engine_event(last, engine)
+        elif engine is not self.builtin:
+            engine.load_model("")
+        self.engine.request_memory_report()
+
+    def drop_engine(self, engine, timeout: float = 30.0, wait: bool = True) -> None:
+        """Shut down a remote engine no longer in use (never the built-in one); `wait=False`
+        does it on a helper thread, so a hung server never freezes the window."""
+        if engine is self.builtin or engine is self.engine:
+            return
+
+        def finish():
+            engine.shutdown(timeout)  # first: a reply it was streaming ends (stopped) and is heard
+            with self._lock:
+                fn = self._listeners.pop(id(engine), None)
+                self._model_events.pop(id(engine), None)
+            if fn is not None:
+                engine.remove_listener(fn)
+
+        if wait:
+            finish()
+        else:
+            threading.Thread(target=finish, name="parley-remote-close", daemon=True).start()
+
     def load_model(self, path: str) -> None:
-        self.engine.load_model(str(path))
+        self.builtin.load_model(str(path))
 
     def submit(self, turn: Turn) -> int:
+        # ids come from the built-in engine whichever engine runs the turn: they stay unique
+        # among the window's turns and the API server's
+        if not turn.turn_id:
+            turn.turn_id = self.builtin.new_turn_id()
+        with self._lock:
+            self._turn_engines[turn.turn_id] = self.engine
         return self.engine.submit(turn)
 
     def stop(self, turn_id: int | None = None) -> None:
-        self.engine.stop(turn_id)
+        with self._lock:  # the engine that runs it: the turn may have started before a switch
+            engine = self._turn_engines.get(turn_id, self.engine) if turn_id is not None else self.engine
+        engine.stop(turn_id)
 
     def request_memory_report(self) -> None:
         self.engine.request_memory_report()
@@ -90,14 +155,19 @@ class EngineBridge(QObject):
         self.engine.spill_now(conversation_id)
 
     def forget(self, conversation_id: str) -> None:
-        self.engine.forget(conversation_id)
+        self.builtin.forget(conversation_id)
 
     def update_settings(self, **changes) -> None:
         if changes:
-            self.engine.update_settings(**changes)
+            self.builtin.update_settings(**changes)
 
     def engine_settings(self) -> EngineSettings:
-        return self.engine.settings
+        return self.builtin.settings
+
+    @property
+    def remote(self):
+        """The remote engine in use, or None with the built-in one."""
+        return None if self.engine is self.builtin else self.engine
 
     @staticmethod
     def check_model_folder(path: str | Path) -> str | None:
@@ -115,19 +185,30 @@ class EngineBridge(QObject):
             self._closed = True
             self._pending.clear()
         self._timer.stop()
-        self.engine.remove_listener(self._on_engine_event)
-        self.engine.shutdown(timeout)
+        remote = self.remote
+        if remote is not None:
+            remote.remove_listener(self._listeners.pop(id(remote)))
+            remote.shutdown(timeout)
+        self.builtin.remove_listener(self._listeners.pop(id(self.builtin)))
+        self.builtin.shutdown(timeout)
 
     def inject(self, event: Event) -> None:
         """Deliver an event as if the engine had sent it (used for app-side notices)."""
-        self._on_engine_event(event)
+        self._on_engine_event(event, self.engine)
 
     # ------------------------------------------------------------ engine threads
 
-    def _on_engine_event(self, event: Event) -> None:
+    def _on_engine_event(self, event: Event, source=None) -> None:
         with self._lock:
             if self._closed:
                 return
+            if isinstance(event, (ModelReady, ModelFailed)):
+                self._model_events[id(source)] = event
+            turn_event = isinstance(event, (TurnStarted, Token, TurnDone, TurnFailed))
+            if isinstance(event, (TurnDone, TurnFailed)):
+                self._turn_engines.pop(event.turn_id, None)
+            if not turn_event and source is not None and source is not self.engine:
+                return  # the other engine's model and memory news are not what the window shows
             if isinstance(event, Token):
                 last = self._pending[-1] if self._pending else None
                 if not (isinstance(last, _TokenRun) and last.turn_id == event.turn_id):
@@ -175,7 +256,7 @@ class EngineBridge(QObject):
             ModelFailed: self.modelFailed, TurnStarted: self.turnStarted,
             TurnDone: self.turnDone, TurnFailed: self.turnFailed,
             MemoryReport: self.memoryReport, EncoderState: self.encoderState,
-            SpillState: self.spillState, Notice: self.notice,
+            SpillState: self.spillState, Notice: self.notice, ServerReport: self.serverReport,
         }.get(type(item))
         if signal is not None:
             signal.emit(item)

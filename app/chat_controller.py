@@ -49,6 +49,7 @@ class ChatController(QObject):
     currentChanged = Signal(str)  # conversation id, "" for none
     generatingChanged = Signal(bool)  # whether the open conversation has a reply running
     problem = Signal(str)
+    turnFailed = Signal(str)  # conversation id whose turn failed (it can be sent again)
     turnFinished = Signal(object)  # TurnDone
 
     def __init__(self, history: History, bridge: EngineBridge, prefs: Preferences,
@@ -254,6 +255,7 @@ class ChatController(QObject):
             self.history.delete_from(a.message_id)
             self.model.remove_from(a.message_id)
         self.problem.emit(ev.message)
+        self.turnFailed.emit(a.conversation_id)
         if a.conversation_id == self.current_id:
             self.generatingChanged.emit(self.is_generating())
 

@@ -23,10 +23,12 @@ from .bridge import EngineBridge
 from .chat_controller import ChatController
 from .chat_view import ChatView
 from .composer import Composer
+from .engine_switch import EngineSwitch
 from .icons import app_icon, icon
 from .message_model import MessageListModel
 from .model_picker import ModelPicker
 from .picture_intake import PictureIntake, mime_has_pictures
+from .retry_button import RetryButton
 from .preferences import ApiConfig, Preferences
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
@@ -65,6 +67,7 @@ class MainWindow(QMainWindow):
         self.notice.setWordWrap(True)
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.notice.hide()
+        self.retry = RetryButton(self.controller)  # under a failed turn's message
 
         right = QWidget()
         rl = QVBoxLayout(right)
@@ -72,6 +75,7 @@ class MainWindow(QMainWindow):
         rl.setSpacing(0)
         rl.addWidget(self.chat, 1)
         rl.addWidget(self.notice)
+        rl.addWidget(self.retry)
         rl.addWidget(self.composer)
         self.splitter = QSplitter()
         self.splitter.addWidget(self.sidebar)
@@ -82,6 +86,7 @@ class MainWindow(QMainWindow):
 
         self.vram = VramPanel(self._title_for, self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram)
+        self.engines = EngineSwitch(bridge, prefs.qs, self, self.vram, self.data_dir)  # built-in or a server
         self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
         self.resizeDocks([self.vram], [380], Qt.Orientation.Horizontal)
 
@@ -97,6 +102,7 @@ class MainWindow(QMainWindow):
         api = prefs.api_config()
         if api.enabled:
             self.apply_api(api)
+        self.engines.apply()
         self.history_problem: QMessageBox | None = None
         if history.recovery is not None:  # said once the window is up; the window opens anyway
             self.history_problem = QMessageBox(QMessageBox.Icon.Warning, "Chat history was damaged",
@@ -118,7 +124,8 @@ class MainWindow(QMainWindow):
         self.api_label = QLabel("")
         self.api_label.setObjectName("apiStatus")
         self.api_label.hide()
-        for w in (self.progress, self.api_label, self.model_label, self.device_label, self.speed_label):
+        for w in (self.progress, self.api_label, self.engines.label, self.model_label, self.device_label,
+                  self.speed_label):
             sb.addPermanentWidget(w)
 
     def _build_menus(self) -> None:
@@ -188,6 +195,7 @@ class MainWindow(QMainWindow):
         c.currentChanged.connect(self._on_current_changed)
         c.generatingChanged.connect(self.composer.set_generating)
         c.problem.connect(self.show_notice)
+        self.retry.clicked.connect(self.notice.hide)
         self.sidebar.conversationActivated.connect(self._open)
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.deleteRequested.connect(c.delete_conversation)
@@ -204,7 +212,7 @@ class MainWindow(QMainWindow):
 
     def load_model(self, path: str) -> None:
         self.model_path = str(path)
-        self.bridge.load_model(str(path))
+        self.engines.load_builtin(str(path))
 
     def choose_model(self) -> None:
         picker = ModelPicker(self.prefs.recent_models(), self.bridge.check_model_folder,
@@ -224,11 +232,12 @@ class MainWindow(QMainWindow):
         self.model_path, self.model_name = ev.path, ev.name
         self.progress.hide()
         self.model_label.setText(f"{ev.name} ({ev.family})")
-        self.device_label.setText(f"{ev.device} · {ev.dtype}")
+        self.device_label.setText(" · ".join(x for x in (ev.device, ev.dtype) if x))  # a server has no dtype
         self.composer.set_ready(True)
         self.vram.on_model(ev.device, ev.name)
-        self.prefs.add_recent_model(ev.path)
-        self.prefs.set_last_model(ev.path)
+        if ev.family != "remote":  # a server's address is not a model folder
+            self.prefs.add_recent_model(ev.path)
+            self.prefs.set_last_model(ev.path)
         self.notice.hide()
         self._update_hints()
 
@@ -371,6 +380,7 @@ class MainWindow(QMainWindow):
         apply_theme(QApplication.instance(), self.prefs.theme())
         self.refresh_icons()
         self.apply_api(self.prefs.api_config())  # nothing to do when the dialog already applied it
+        self.engines.apply()
 
     def apply_api(self, cfg: ApiConfig) -> str | None:
         """Start / stop / restart the API server; a failure is said in the status bar and the

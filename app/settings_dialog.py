@@ -15,6 +15,8 @@ from PySide6.QtWidgets import (
 from engine.events import Sampling
 
 from .api_control import config_problem
+from .engine_box import EngineBox
+from .engine_choice import load_choice, save_choice
 from .preferences import ApiConfig, Preferences
 
 MIB = 1 << 20
@@ -43,6 +45,8 @@ class SettingsDialog(QDialog):
         self.api_apply = api_apply
         s, es = prefs.sampling(), prefs.engine_settings()
         lay = QVBoxLayout(self)
+        self.engine_box = EngineBox(load_choice(prefs.qs))
+        lay.addWidget(self.engine_box)
 
         gen = QGroupBox("Replies")
         f = QFormLayout(gen)
@@ -178,6 +182,8 @@ class SettingsDialog(QDialog):
 
     def accept(self) -> None:
         """OK: refuse an API setting that cannot work, with the reason shown inline."""
+        if self.engine_box.problem():  # shown in the Engine box
+            return
         cfg = self.api_config()
         error = config_problem(cfg)
         if error is None and self.api_apply is not None:
@@ -226,5 +232,6 @@ class SettingsDialog(QDialog):
             p.set_data_dir_override(Path(self.data_dir.text().strip()).expanduser())
         p.set_theme(self.theme.currentData())
         p.set_api_config(self.api_config())
+        save_choice(p.qs, self.engine_box.choice())
         p.sync()
         return changes

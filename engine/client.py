@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-from .engine import Engine
 from .events import ModelFailed, ModelReady, Token, Turn, TurnDone, TurnFailed
+
+
+if TYPE_CHECKING:  # the built-in engine imports torch; a remote engine's client must not need it
+    from .engine import Engine
 
 
 class EngineError(RuntimeError):

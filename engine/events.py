@@ -94,6 +94,7 @@ class TurnFailed(Event):
     turn_id: int
     conversation_id: str
     message: str
+    partial: str = ""  # reply text that arrived before the failure (a dropped stream): kept, interrupted
 
 
 @dataclass
@@ -129,3 +130,17 @@ class Notice(Event):
     """A warning the user should see (cache not writable, disk full, ...)."""
     level: str  # info | warning | error
     message: str
+
+
+@dataclass
+class ServerReport(Event):
+    """The memory dock's view of a remote engine: the server owns memory and caches there."""
+    server: str  # scheme://host:port
+    model: str
+    state: str  # connecting | ready | failed
+    ttft_s: float | None = None  # last turn: request sent -> first reply text
+    tokens_per_s: float | None = None  # last turn, after the first token
+    cached_share: float | None = None  # last turn: cached prompt tokens / prompt tokens (None: not reported)
+    prompt_tokens: int = 0
+    turns: int = 0
+    last_error: str = ""

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TextIO
 
 from .client import EngineError, load_blocking, run_blocking
-from .engine import Engine
 from .events import Message, Sampling, Turn, TurnFailed
 from .settings import EngineSettings
 
@@ -54,12 +53,19 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
     return sampling, settings, turns
 
 
-def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO) -> int:
+def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, remote=None) -> int:
+    """`remote` (a RemoteConfig): run the script against that server; `model_dir` is then the
+    server's model name."""
     sampling, engine_settings, turns = parse_script(script)
     settings = EngineSettings().with_changes(engine_settings)
 
-    def open_engine() -> Engine:
-        eng = Engine(settings, data_dir).start()
+    def open_engine():
+        if remote is not None:
+            from .remote import RemoteEngine
+            eng = RemoteEngine(remote, settings, data_dir).start()
+        else:
+            from .engine import Engine  # torch: only the built-in engine needs it
+            eng = Engine(settings, data_dir).start()
         try:
             load_blocking(eng, model_dir)
         except EngineError as exc:
@@ -88,6 +94,8 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO) -> int
                 history.pop()
                 failures += 1
                 line = {"turn": i, "conversation": cid, "error": result.message}
+                if result.partial:  # a reply cut mid-stream: kept, as a stopped one is
+                    line["partial"] = result.partial
             else:
                 history.append(Message("assistant", result.reply))
                 line = {"turn": i, "conversation": cid, "reply": result.reply,

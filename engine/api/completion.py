@@ -31,7 +31,9 @@ def usage(done: TurnDone) -> dict:
     completion = len(done.token_ids)
     cached = int(s.get("reused_tokens", 0)) + int(s.get("restored_tokens", 0))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            # what the picture gate did, for a Parley window using this server (its memory dock)
+            "parley": {k: int(s.get(k, 0)) for k in ("encoder_loads", "pictures_encoded", "image_cache_hits")}}
 
 
 class ChatTurn:

@@ -1,0 +1,270 @@
+"""RemoteEngine: the built-in Engine's protocol over an OpenAI-compatible server.
+
+Same public calls (start, load_model, submit, stop, add_listener, shutdown, ...) and the same
+events (TurnStarted, Token, TurnDone, TurnFailed, ModelLoading/Ready/Failed), so the window
+and the headless commands use either one. One worker thread sends the turns in order; the
+server owns the model, its memory and its caches (prefix caching is the server's image gate).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import openai
+
+from ..events import (
+    Event, ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone,
+    TurnFailed, TurnStarted,
+)
+from ..settings import EngineSettings
+from .config import RemoteConfig
+from .failures import describe
+from .messages import chat_messages
+from .request import TurnRequest
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """A server call failed; the message is the one sentence to show."""
+
+
+def make_client(cfg: RemoteConfig) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=cfg.base_url,
+        api_key=cfg.api_key or "none",  # servers without keys ignore it; the client wants one
+        max_retries=0,  # a failure is shown at once; the person retries (Retry button)
+        timeout=openai.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s),
+    )
+
+
+def list_models(cfg: RemoteConfig, client: openai.OpenAI | None = None) -> list[str]:
+    """The model names the server offers (GET /v1/models), or ServerError with why not."""
+    own = client is None
+    client = client or make_client(cfg)
+    try:
+        page = client.models.list()
+        names = [m.id for m in page.data if isinstance(getattr(m, "id", None), str)]
+    except openai.APIError as exc:
+        if isinstance(exc, openai.APIStatusError) and exc.status_code == 404:
+            raise ServerError(f"The server at {cfg.server} is not an OpenAI-compatible API "
+                              f"(no {cfg.base_url}/models).") from None
+        raise ServerError(describe(exc, cfg)) from None
+    except (AttributeError, TypeError, ValueError):
+        raise ServerError(f"The server at {cfg.server} is not an OpenAI-compatible API "
+                          f"(its /v1/models answer is not a model list).") from None
+    finally:
+        if own:
+            client.close()
+    return names
+
+
+class RemoteEngine:
+    def __init__(self, config: RemoteConfig, settings: EngineSettings | None = None,
+                 data_dir: str | Path | None = None):
+        self.config = config
+        # kept so Settings can still edit the built-in engine's values while a server is in use
+        self.settings = settings or EngineSettings()
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.model_name: str | None = None  # set once the server confirmed the model
+        self.last_turn_stats: dict = {}
+        self._client = make_client(config)
+        self._queue: queue.Queue = queue.Queue()
+        self._listeners: list[Callable[[Event], None]] = []
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._stop_lock = threading.Lock()
+        self._stop_requested: set[int] = set()
+        self._current_turn: int | None = None
+        self._submitted: dict[int, float] = {}  # turn id -> when submit() queued it (for queue_s)
+        self._report = ServerReport(config.server, config.model, "connecting")
+
+    # ------------------------------------------------------------ public API (any thread)
+
+    def add_listener(self, fn: Callable[[Event], None]) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Event], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def start(self) -> "RemoteEngine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="parley-remote", daemon=True)
+            self._thread.start()
+        return self
+
+    def load_model(self, name: str = "") -> None:
+        """Check the server and choose its model: `name`, else the configured one, else the
+        first the server lists. Answers ModelReady or ModelFailed, as a local load does."""
+        self._queue.put(("load", name))
+
+    def new_turn_id(self) -> int:
+        return next(self._ids)
+
+    def submit(self, turn: Turn) -> int:
+        if not turn.turn_id:
+            turn.turn_id = next(self._ids)
+        self._submitted[turn.turn_id] = time.perf_counter()
+        self._queue.put(("turn", turn))
+        return turn.turn_id
+
+    def stop(self, turn_id: int | None = None) -> None:
+        """Stop the running turn (or a queued one): its stream is closed at the next chunk,
+        which ends the request on the server."""
+        with self._stop_lock:
+            target = turn_id if turn_id is not None else self._current_turn
+            if target is not None:
+                self._stop_requested.add(target)
+
+    def request_memory_report(self) -> None:
+        self._queue.put(("report", None))
+
+    def unload_encoder(self) -> None:
+        self._emit(Notice("info", "The server manages its own vision encoder."))
+
+    def spill_now(self, conversation_id: str) -> None:
+        self._emit(SpillState(conversation_id, "refused", "the server keeps its own cache (a remote engine)"))
+
+    def forget(self, conversation_id: str) -> None:
+        pass  # the server holds no conversation: each request carries the whole of it
+
+    def update_settings(self, **changes) -> None:
+        self.settings = self.settings.with_changes(changes)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self.stop()
+        self._queue.put(("shutdown", None))
+        self._thread.join(timeout)
+        if not self._thread.is_alive():  # else the worker still reads with it; it is a daemon
+            self._client.close()
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def report(self) -> ServerReport:
+        return self._report
+
+    # ------------------------------------------------------------ worker thread
+
+    def _emit(self, event: Event) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(event)
+            except Exception:  # a broken listener must not take the engine down
+                log.exception("engine listener failed on %s", type(event).__name__)
+
+    def _loop(self) -> None:
+        while True:
+            kind, arg = self._queue.get()
+            if kind == "shutdown":
+                return
+            try:
+                getattr(self, f"_do_{kind}")(arg)
+            except Exception as exc:  # the loop survives anything a request does
+                log.exception("remote engine request %s failed", kind)
+                self._emit(Notice("error", f"{kind} failed: {exc}"))
+
+    def _do_report(self, _arg) -> None:
+        self._emit(self._report)
+
+    def _set_report(self, **changes) -> None:
+        self._report = replace(self._report, **changes)
+        self._emit(self._report)
+
+    def _do_load(self, name: str) -> None:
+        cfg = self.config
+        self._emit(ModelLoading(cfg.server))
+        error = self._connect(name)
+        if error:
+            self._emit(ModelFailed(cfg.server, error))
+        else:
+            self._emit(ModelReady(cfg.base_url, "remote", cfg.server, "", self.model_name))
+
+    def _connect(self, name: str) -> str:
+        """Ask the server for its models and choose one; "" when done, else why not."""
+        cfg = self.config
+        try:
+            names = list_models(cfg, self._client)
+        except ServerError as exc:
+            error = str(exc)
+        else:
+            wanted = (name or cfg.model).strip()
+            if wanted and wanted not in names:
+                offered = ", ".join(names[:8]) or "none"
+                error = f"The server at {cfg.server} has no model named {wanted!r} (it offers: {offered})."
+            elif not names and not wanted:
+                error = f"The server at {cfg.server} offers no model."
+            else:
+                self.model_name = wanted or names[0]
+                self._set_report(model=self.model_name, state="ready", last_error="")
+                return ""
+        self.model_name = None
+        self._set_report(state="failed", last_error=error)
+        return error
+
+    def _should_stop(self, turn_id: int) -> bool:
+        return turn_id in self._stop_requested
+
+    def _do_turn(self, turn: Turn) -> None:
+        tid, cid = turn.turn_id, turn.conversation_id
+        with self._stop_lock:
+            self._current_turn = tid
+        self._emit(TurnStarted(tid, cid))
+        try:
+            if self._should_stop(tid):
+                self._emit(TurnDone(tid, cid, "", [], {}, stopped=True))
+                return
+            if not turn.messages or turn.messages[-1].role != "user":
+                raise ValueError("A turn must end with a user message.")
+            if self.model_name is None:  # not connected yet, or the server was away: try now
+                error = self._connect("")
+                if error:
+                    self._fail(turn, error)
+                    return
+            request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
+                                  lambda: self._should_stop(tid))
+            outcome = request.run(chat_messages(turn))
+            if outcome.error:
+                self._fail(turn, outcome.error, outcome.reply)
+                return
+            queued = self._submitted.get(tid)
+            if queued is not None and outcome.stats:  # waiting for the worker thread (and turns ahead)
+                outcome.stats["queue_s"] = round(request.t0 - queued, 6)
+            self.last_turn_stats = outcome.stats
+            self._record(outcome.stats)
+            self._emit(TurnDone(tid, cid, outcome.reply, [], outcome.stats, stopped=outcome.stopped))
+        except ValueError as exc:  # PictureError included: a bad turn fails alone
+            self._fail(turn, str(exc))
+        except Exception as exc:
+            log.exception("remote turn %s failed", tid)
+            self._fail(turn, f"The request to {self.config.server} failed ({type(exc).__name__}: {exc})")
+        finally:
+            self._submitted.pop(tid, None)
+            with self._stop_lock:
+                self._current_turn = None
+                self._stop_requested.discard(tid)
+
+    def _fail(self, turn: Turn, message: str, partial: str = "") -> None:
+        self._set_report(last_error=message)
+        self._emit(TurnFailed(turn.turn_id, turn.conversation_id, message, partial))
+
+    def _record(self, stats: dict) -> None:
+        prompt = stats.get("prompt_tokens") or 0
+        cached = stats.get("cached_tokens") if stats.get("cached_reported") else None  # unknown is not 0%
+        self._set_report(
+            ttft_s=stats.get("ttft_s"), tokens_per_s=stats.get("tokens_per_s"),
+            cached_share=(cached / prompt) if (cached is not None and prompt) else None,
+            prompt_tokens=prompt, turns=self._report.turns + 1, last_error="",
+        )

@@ -235,9 +235,9 @@ class Engine:
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
             return
-        # the old model goes before the new one loads: two models never share the device
-        self._release_model()
         try:
+            # the old model goes before the new one loads: two models never share the device
+            self._release_model()
             loaded = load_model(path, self.settings.device, self.settings.dtype)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))

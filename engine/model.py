@@ -167,7 +167,10 @@ def free_device_cache(device: torch.device | None = None) -> None:
         torch.cuda.empty_cache()
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available() and (device is None or device.type == "mps"):
-        torch.mps.empty_cache()
+        try:
+            torch.mps.empty_cache()
+        except RuntimeError as exc:  # a torch built without the MPS backend: nothing held there
+            log.debug("MPS cache not emptied: %s", exc)
 
 
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:

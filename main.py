@@ -21,12 +21,25 @@ def _model_dir(arg: str | None) -> str:
     return str(Path(arg).expanduser()) if arg else str(DEMO_MODEL)
 
 
+def _settings(args):
+    from engine.settings import EngineSettings
+
+    return EngineSettings(weights=args.weights or "auto")
+
+
+def _add_weights(sub) -> None:
+    from engine.settings import WEIGHT_FORMATS
+
+    sub.add_argument("--weights", choices=WEIGHT_FORMATS, help="language-model weights: auto (default: full precision "
+                     "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision")
+
+
 def cmd_ask(args) -> int:
     from engine.engine import Engine
     from engine.client import EngineError, load_blocking, run_blocking
     from engine.events import Message, Sampling, Turn, TurnFailed
 
-    engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+    engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
     try:
         load_blocking(engine, _model_dir(args.model))
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
@@ -56,7 +69,8 @@ def cmd_replay(args) -> int:
     from engine.replay import ReplayError, run_replay
 
     try:
-        return run_replay(Path(args.script), _model_dir(args.model), _data_dir(args.data_dir), sys.stdout)
+        overrides = {"weights": args.weights} if args.weights else {}
+        return run_replay(Path(args.script), _model_dir(args.model), _data_dir(args.data_dir), sys.stdout, overrides)
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -77,7 +91,7 @@ def cmd_serve(args) -> int:
     from engine.client import EngineError, load_blocking
     from engine.engine import Engine
 
-    engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+    engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
     server = None
     try:
         server = ApiServer(engine, args.host, args.port, token=token, data_dir=engine.data_dir)
@@ -125,12 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ask.add_argument("--top-p", type=float, default=0.9)
     ask.add_argument("--seed", type=int)
+    _add_weights(ask)
     ask.add_argument("prompt")
     ask.set_defaults(func=cmd_ask)
 
     rep = sub.add_parser("replay", help="run a scripted conversation; one JSON line per turn")
     rep.add_argument("--model", default=argparse.SUPPRESS)
     rep.add_argument("--data-dir", default=argparse.SUPPRESS)
+    _add_weights(rep)
     rep.add_argument("script")
     rep.set_defaults(func=cmd_replay)
 
@@ -141,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8011, help="port (default 8011; 0 = any free port)")
     srv.add_argument("--api-token", help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback; "
                                          "or set PARLEY_API_TOKEN)")
+    _add_weights(srv)
     srv.set_defaults(func=cmd_serve)
     return parser
 

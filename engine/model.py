@@ -74,6 +74,8 @@ class LoadedModel:
     image_token_id: int
     merged_kwargs: dict = field(default_factory=dict)
     fingerprint: bytes = b""
+    weights: str = ""  # the language model's weight format as loaded: bf16 | fp16 | fp32 | int8 | 4bit
+    weights_note: str = ""  # auto: which format it chose and why
 
     @property
     def context_tokens(self) -> int | None:
@@ -152,13 +154,20 @@ def weights_identity(path: Path) -> bytes:
     return h.digest()
 
 
-def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
+               budget_bytes: int | None = None) -> LoadedModel:
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from .memory import device_totals
+    from .weights import finish_load, load_kwargs, plan_weights
 
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
     dev = pick_device(device)
-    dt = pick_dtype(dev, dtype)
+    family = config["model_type"]
+    free = min(device_totals(dev)[2], budget_bytes or 1 << 62)  # `auto` weights: what fits here
+    plan = plan_weights(folder, family, dev, dtype, weights, free)
+    dt = plan.dtype
     try:
         processor = AutoProcessor.from_pretrained(folder)
     except Exception as exc:  # transformers raises many kinds; the user needs one sentence
@@ -168,10 +177,13 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     if getattr(processor, "image_token", None) is None:
         raise ModelLoadError(f"The processor in {folder} has no image token; it is not a vision-language model")
     try:
-        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True,
+                                                            **load_kwargs(plan, family, dev))
+        finish_load(model, plan, family, dev)
+    except ModelLoadError:
+        raise
     except Exception as exc:
-        raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc}") from exc
-    model.to(dev).eval()
+        raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc
 
     eos: set[int] = set()
     gen_eos = getattr(model.generation_config, "eos_token_id", None)
@@ -199,10 +211,11 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     fp.update(json.dumps(config, sort_keys=True).encode())
     fp.update(weights_identity(folder))
     fp.update(str(dt).encode())
+    fp.update(plan.fingerprint_part())
     name = folder.name
-    log.info("loaded %s (%s) on %s as %s", name, config["model_type"], dev, dt)
+    log.info("loaded %s (%s) on %s as %s, weights %s", name, family, dev, dt, plan.format)
     return LoadedModel(
         path=folder, name=name, model=model, processor=processor, adapter=ADAPTERS[config["model_type"]],
         device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
-        fingerprint=fp.digest(),
+        fingerprint=fp.digest(), weights=plan.format, weights_note=plan.note,
     )

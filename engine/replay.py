@@ -54,9 +54,14 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
     return sampling, settings, turns
 
 
-def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO) -> int:
+def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overrides: dict | None = None) -> int:
+    """`overrides`: engine settings from the command line (`--weights`), over the script's."""
     sampling, engine_settings, turns = parse_script(script)
-    settings = EngineSettings().with_changes(engine_settings)
+    engine_settings.update(overrides or {})
+    try:
+        settings = EngineSettings().with_changes(engine_settings)
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(str(exc)) from None
 
     def open_engine() -> Engine:
         eng = Engine(settings, data_dir).start()

@@ -102,10 +102,10 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> i
                 matrix = len(shape) == 2 and key.endswith(".weight")
                 if _is_vision_key(key, family) or not matrix or fmt in FLOAT_FORMATS:
                     total += n * size
+                elif key.endswith("embed_tokens.weight") or (fmt == "4bit" and key.endswith("lm_head.weight")):
+                    total += n * size  # token embeddings stay full precision; NF4 also skips the output head
                 elif fmt == "int8":  # int8 values + a float32 scale and int8 zero point per row
                     total += n + shape[0] * 5
-                elif key.endswith(("embed_tokens.weight", "lm_head.weight")):  # NF4 leaves these alone
-                    total += n * size
                 else:  # two weights a byte + one 8-bit absmax per block (nested statistics)
                     total += n // 2 + n // NF4_BLOCK
     return total
@@ -146,6 +146,8 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     """Extra `from_pretrained` arguments: the transformers quantization config for the format."""
     if plan.format == "int8":
+        # linear layers only: torchao's int8 embedding dequantizes the whole table on every lookup
+        # (seconds a token at a 150k vocabulary), so token embeddings stay full precision
         from torchao.quantization import Int8WeightOnlyConfig
         from transformers import TorchAoConfig
 
@@ -169,22 +171,8 @@ def finish_load(model, plan: WeightPlan, family: str, device: torch.device) -> N
     if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
         model.to(device)
     model.eval()
-    if plan.format == "int8":
-        _quantize_input_embeddings(model)
     if plan.quantized:
         check_quantized(model, family, plan.format)
-
-
-def _quantize_input_embeddings(model) -> None:
-    """The token embedding table is a large share of a small model (Qwen2-VL-2B: 15%); torchao's
-    int8 tensor serves both the lookup and, when the output head is tied to it, the matmul."""
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = head is not None and head.weight is emb.weight
-    quantize_(emb, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: isinstance(m, torch.nn.Embedding))
-    if tied:
-        head.weight = emb.weight
 
 
 def is_quantized(p: torch.Tensor) -> bool:

@@ -33,8 +33,8 @@ def _vision_tensors(loaded) -> dict[str, torch.Tensor]:
 
 def _int8_bytes_from_shapes(loaded) -> int:
     """Language-model bytes under torchao's int8 layout, computed from module shapes alone:
-    Linear / Embedding weights are int8 values plus a float32 scale and an int8 zero point per
-    output row; everything else keeps its dtype."""
+    Linear weights are int8 values plus a float32 scale and an int8 zero point per output row;
+    everything else (token embeddings included) keeps its dtype."""
     vision = {id(t) for t in loaded.vision_parameters()}
     total, seen = 0, set()
     for module in loaded.model.modules():
@@ -42,7 +42,7 @@ def _int8_bytes_from_shapes(loaded) -> int:
             if id(t) in vision or id(t) in seen:
                 continue
             seen.add(id(t))
-            if name == "weight" and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            if name == "weight" and isinstance(module, torch.nn.Linear):
                 rows, cols = t.shape
                 total += rows * cols + rows * 5
             else:

@@ -111,6 +111,10 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> i
     return total
 
 
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
 def plan_weights(folder: Path, family: str, device: torch.device, dtype_request: str, requested: str,
                  free_bytes: int) -> WeightPlan:
     """The format to load and the compute dtype; refuses what cannot run with a ModelLoadError."""
@@ -130,17 +134,16 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
     full = format_name(dtype)
     candidates = [full] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
     need = {c: estimate_bytes(folder, family, c, dtype) for c in candidates}
-    gib = lambda n: f"{n / (1 << 30):.1f} GiB"  # noqa: E731
     for c in candidates:
         # room for the weights plus a tenth for KV cache and activations
         if need[c] * 1.1 <= free_bytes:
             if c == full:
                 return WeightPlan(c, dtype)
-            return WeightPlan(c, dtype, f"Weights: {c} — {full} needs {gib(need[full])}, "
-                                        f"{gib(free_bytes)} free; {c} needs {gib(need[c])}")
+            return WeightPlan(c, dtype, f"Weights: {c} — {full} needs {_gib(need[full])}, "
+                                        f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
     smallest = min(candidates, key=need.get)
-    return WeightPlan(smallest, dtype, f"Weights: {smallest} — no format fits in {gib(free_bytes)} free "
-                                       f"(smallest needs {gib(need[smallest])}); loading may fail")
+    return WeightPlan(smallest, dtype, f"Weights: {smallest} — no format fits in {_gib(free_bytes)} free "
+                                       f"(smallest needs {_gib(need[smallest])}); loading may fail")
 
 
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:

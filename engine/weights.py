@@ -132,18 +132,21 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
             raise ModelLoadError(why)
         return WeightPlan(fmt, dtype)
     full = format_name(dtype)
-    candidates = [full] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
-    need = {c: estimate_bytes(folder, family, c, dtype) for c in candidates}
+    # on CPU, bf16 halves fp32 at full speed; int8 there converts weights on every call (slow)
+    half = ["bf16"] if full == "fp32" and device.type == "cpu" else []
+    candidates = [full, *half] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
+    dtypes = {c: FLOAT_FORMATS.get(c, dtype) for c in candidates}
+    need = {c: estimate_bytes(folder, family, c, dtypes[c]) for c in candidates}
     for c in candidates:
         # room for the weights plus a tenth for KV cache and activations
         if need[c] * 1.1 <= free_bytes:
             if c == full:
                 return WeightPlan(c, dtype)
-            return WeightPlan(c, dtype, f"Weights: {c} — {full} needs {_gib(need[full])}, "
-                                        f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
+            return WeightPlan(c, dtypes[c], f"Weights: {c} — {full} needs {_gib(need[full])}, "
+                                            f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
     smallest = min(candidates, key=need.get)
-    return WeightPlan(smallest, dtype, f"Weights: {smallest} — no format fits in {_gib(free_bytes)} free "
-                                       f"(smallest needs {_gib(need[smallest])}); loading may fail")
+    return WeightPlan(smallest, dtypes[smallest], f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
+                                                  f"free (smallest needs {_gib(need[smallest])}); loading may fail")
 
 
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:

@@ -24,17 +24,29 @@ CPU = torch.device("cpu")
 GIB = 1 << 30
 
 
-def test_auto_picks_full_precision_when_it_fits_else_the_smallest_that_fits(tiny_model):
-    model = tiny_model("llava")
-    need = {f: estimate_bytes(model, "llava", f, torch.float32) for f in ("fp32", "int8", "4bit")}
-    assert need["fp32"] > need["4bit"] and need["fp32"] > need["int8"]
+@pytest.fixture(scope="module")
+def wide_llava(tmp_path_factory):
+    """Tiny models are mostly embeddings; wider layers make the formats' sizes rank as in real
+    models: int8 < bf16 < fp32."""
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    return build_tiny_model("llava", tmp_path_factory.mktemp("wide-llava"),
+                            text={"hidden_size": 256, "intermediate_size": 1024})
+
+
+def test_auto_picks_full_precision_when_it_fits_else_the_next_step_down_that_fits(wide_llava):
+    model = wide_llava
+    need = {f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32)
+            for f in ("fp32", "bf16", "int8", "4bit")}
+    assert need["int8"] < need["bf16"] < need["fp32"] and need["4bit"] < need["fp32"]
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB)
     assert (plan.format, plan.dtype, plan.note) == ("fp32", torch.float32, "")
-    between = int(max(need["int8"], need["4bit"]) * 1.1) + 1  # both quantized formats fit, fp32 does not
-    plan = plan_weights(model, "llava", CPU, "auto", "auto", between)
-    assert plan.format == "int8" and plan.note.startswith("Weights: int8") and "fp32 needs" in plan.note
+    plan = plan_weights(model, "llava", CPU, "auto", "auto", int(need["bf16"] * 1.1) + 1)
+    assert (plan.format, plan.dtype) == ("bf16", torch.bfloat16) and plan.note.startswith("Weights: bf16 — fp32 needs")
+    plan = plan_weights(model, "llava", CPU, "auto", "auto", int(need["int8"] * 1.1) + 1)
+    assert (plan.format, plan.dtype) == ("int8", torch.float32) and plan.note.startswith("Weights: int8 — fp32 needs")
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 1000)
-    assert plan.format == min(("int8", "4bit"), key=need.get) and "no format fits" in plan.note
+    assert plan.format == min(("int8", "4bit", "bf16"), key=need.get) and "no format fits" in plan.note
     # an estimate from the safetensors headers matches what a load really takes (within 10%)
     from engine.memory import model_bytes
 
@@ -42,11 +54,12 @@ def test_auto_picks_full_precision_when_it_fits_else_the_smallest_that_fits(tiny
     assert abs(real - need["int8"]) < 0.1 * real
 
 
-def test_auto_in_the_engine_says_which_format_and_why(tiny_model, tmp_path):
-    model = tiny_model("qwen2_vl")
-    need = {f: estimate_bytes(model, "qwen2_vl", f, torch.float32) for f in ("fp32", "int8")}
+def test_auto_in_the_engine_says_which_format_and_why(wide_llava, tmp_path):
+    model = wide_llava
+    need = {f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32)
+            for f in ("bf16", "int8")}
     budget = int(need["int8"] * 1.1) + 1
-    assert budget < need["fp32"]
+    assert budget < need["bf16"] * 1.1
     notices: list[str] = []
     engine = open_engine(model, tmp_path / "data", notices=notices, memory_budget_bytes=budget)
     try:

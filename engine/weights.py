@@ -132,7 +132,7 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
             raise ModelLoadError(why)
         return WeightPlan(fmt, dtype)
     full = format_name(dtype)
-    # on CPU, bf16 halves fp32 at full speed; int8 there converts weights on every call (slow)
+    # on CPU, bf16 halves fp32 and stays a plain matmul; int8 there converts weights on every call
     half = ["bf16"] if full == "fp32" and device.type == "cpu" else []
     candidates = [full, *half] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
     dtypes = {c: FLOAT_FORMATS.get(c, dtype) for c in candidates}

@@ -29,6 +29,19 @@ def _remote_config(args):
     return RemoteConfig.make(args.remote, getattr(args, "model", None) or "", key)
 
 
+def _settings(args):
+    from engine.settings import EngineSettings
+
+    return EngineSettings(weights=args.weights or "auto")
+
+
+def _add_weights(sub) -> None:
+    from engine.settings import WEIGHT_FORMATS
+
+    sub.add_argument("--weights", choices=WEIGHT_FORMATS, help="language-model weights: auto (default: full precision "
+                     "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision")
+
+
 def cmd_ask(args) -> int:
     from engine.client import EngineError, load_blocking, run_blocking
     from engine.events import Message, Sampling, Turn, TurnFailed
@@ -44,7 +57,7 @@ def cmd_ask(args) -> int:
     else:
         from engine.engine import Engine  # torch: only the built-in engine needs it
 
-        engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+        engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
     try:
         load_blocking(engine, remote.model if remote else _model_dir(args.model))
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
@@ -77,7 +90,9 @@ def cmd_replay(args) -> int:
     try:
         remote = _remote_config(args) if args.remote else None
         model = remote.model if remote else _model_dir(args.model)
-        return run_replay(Path(args.script), model, _data_dir(args.data_dir), sys.stdout, remote=remote)
+        overrides = {"weights": args.weights} if args.weights else {}
+        return run_replay(Path(args.script), model, _data_dir(args.data_dir), sys.stdout, remote=remote,
+                          overrides=overrides)
     except (ReplayError, RemoteConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -98,7 +113,7 @@ def cmd_serve(args) -> int:
     from engine.client import EngineError, load_blocking
     from engine.engine import Engine
 
-    engine = Engine(data_dir=_data_dir(args.data_dir)).start()
+    engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
     server = None
     try:
         server = ApiServer(engine, args.host, args.port, token=token, data_dir=engine.data_dir)
@@ -159,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ask.add_argument("--top-p", type=float, default=0.9)
     ask.add_argument("--seed", type=int)
+    _add_weights(ask)
     ask.add_argument("prompt")
     _add_remote_options(ask)
     ask.set_defaults(func=cmd_ask)
@@ -166,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("replay", help="run a scripted conversation; one JSON line per turn")
     rep.add_argument("--model", default=argparse.SUPPRESS)
     rep.add_argument("--data-dir", default=argparse.SUPPRESS)
+    _add_weights(rep)
     rep.add_argument("script")
     _add_remote_options(rep)
     rep.set_defaults(func=cmd_replay)
@@ -177,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8011, help="port (default 8011; 0 = any free port)")
     srv.add_argument("--api-token", help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback; "
                                          "or set PARLEY_API_TOKEN)")
+    _add_weights(srv)
     srv.set_defaults(func=cmd_serve)
     return parser
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from engine.events import Sampling
-from engine.settings import EngineSettings
+from engine.settings import WEIGHT_FORMATS, EngineSettings
 
 # Engine settings the user may change from the settings dialog (the rest stay at defaults).
 USER_ENGINE_KEYS = (
     "elastic_idle_s", "spill_idle_s", "image_cache_entries", "image_cache_ram_bytes",
-    "image_cache_disk_bytes", "store_cap_bytes",
+    "image_cache_disk_bytes", "store_cap_bytes", "weights",
 )
 MAX_RECENT = 8
 API_HOST = "127.0.0.1"
@@ -76,6 +76,9 @@ class Preferences:
                 continue
             if key == "store_cap_bytes" and str(raw) in ("0", "None"):
                 changes[key] = None
+                continue
+            if key == "weights":
+                changes[key] = str(raw) if str(raw) in WEIGHT_FORMATS else "auto"  # a stale value loads as auto
                 continue
             changes[key] = float(raw) if "float" in str(types[key]) else int(raw)
         changes.update({k: v for k, v in self.session_overrides.items()

@@ -20,6 +20,15 @@ from .engine_choice import load_choice, save_choice
 from .preferences import ApiConfig, Preferences
 
 MIB = 1 << 20
+# the language model's weight format (engine/weights.py); labels say what each costs
+WEIGHT_CHOICES = (
+    ("Automatic (full precision when it fits)", "auto"),
+    ("bf16 (full precision, 2 bytes a weight)", "bf16"),
+    ("fp16 (full precision, 2 bytes a weight)", "fp16"),
+    ("fp32 (full precision, 4 bytes a weight)", "fp32"),
+    ("int8 (about half of bf16)", "int8"),
+    ("4-bit NF4 (about a third of bf16)", "4bit"),
+)
 
 
 def _mib_box(value_bytes: int | None, maximum: int, special: str | None = None) -> QSpinBox:
@@ -90,6 +99,14 @@ class SettingsDialog(QDialog):
         self.cache_ram = _mib_box(es.image_cache_ram_bytes, 1 << 20)
         self.cache_disk = _mib_box(es.image_cache_disk_bytes, 1 << 22)
         self.store_cap = _mib_box(es.store_cap_bytes, 1 << 24, special="automatic")
+        self.weights = QComboBox()
+        self.weights.setObjectName("weightsChoice")
+        for label, key in WEIGHT_CHOICES:
+            self.weights.addItem(label, key)
+        self.weights.setCurrentIndex(max(0, self.weights.findData(es.weights)))
+        self.weights.setToolTip("The language model's weights; the vision encoder always stays in full precision. "
+                                "A change loads the model again.")
+        m.addRow("Weights", self.weights)
         m.addRow("Unload the vision encoder after idle", self.elastic_idle)
         m.addRow("Move idle conversations to disk after", self.spill_idle)
         m.addRow("Pictures kept in the RAM cache", self.cache_entries)
@@ -214,6 +231,7 @@ class SettingsDialog(QDialog):
             "image_cache_ram_bytes": int(self.cache_ram.value()) * MIB,
             "image_cache_disk_bytes": int(self.cache_disk.value()) * MIB,
             "store_cap_bytes": None if cap == 0 else cap * MIB,
+            "weights": self.weights.currentData(),
         }
 
     def save(self) -> dict:

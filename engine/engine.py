@@ -19,7 +19,7 @@ from .events import (
     TurnDone, TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
-from .memory import build_report, free_for_model
+from .memory import build_report, free_for_model, model_bytes
 from .model import ModelLoadError, check_folder, free_device_cache, load_model
 from .paths import create_data_dir, default_data_dir
 from .prompt import build_prompt, render
@@ -238,7 +238,8 @@ class Engine:
         try:
             # the old model goes before the new one loads: two models never share the device
             self._release_model()
-            loaded = load_model(path, self.settings.device, self.settings.dtype)
+            loaded = load_model(path, self.settings.device, self.settings.dtype, self.settings.weights,
+                                self.settings.memory_budget_bytes)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
             return
@@ -259,6 +260,8 @@ class Engine:
                               str(loaded.dtype).replace("torch.", ""), loaded.name))
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
             self._emit(Notice("warning", note))
+        if loaded.weights_note:  # `auto` weights chose a smaller format: say which and why
+            self._emit(Notice("info", loaded.weights_note))
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
                                          "pictures are cached in memory only."))
@@ -277,7 +280,11 @@ class Engine:
         self._emit(self._report())
 
     def _do_settings(self, changes: dict) -> None:
+        reload = self.loaded is not None and changes.get("weights", self.settings.weights) != self.settings.weights
         self.settings = self.settings.with_changes(changes)
+        if reload:  # a weight format only takes effect by loading the model again
+            self._do_load(str(self.loaded.path))
+            return
         if self.gate is not None:
             self.gate.ram.resize(self.settings.image_cache_entries, self.settings.image_cache_ram_bytes)
             r = self.gate.residency
@@ -407,6 +414,8 @@ class Engine:
             "restore_s": round(restore_s, 6),
             "spill_blocks_written": spill_stats.get("blocks_written", 0),
             "spill_blocks_reused": spill_stats.get("blocks_reused", 0),
+            "weights": loaded.weights,
+            "weight_bytes": model_bytes(loaded)[0],
         })
         self.last_turn_stats = stats
         self._emit(TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped))

@@ -7,17 +7,37 @@ from . import devices
 from .events import MemoryReport
 
 
+def _storage_parts(t):
+    """The plain tensors that hold `t`'s data: itself, the inner tensors of a torchao tensor
+    subclass (int8 values, scales, zero points), or a bitsandbytes 4-bit weight's packed bytes
+    plus its quantization state (absmax, code, nested statistics)."""
+    data = t.data if isinstance(t, torch.nn.Parameter) else t
+    if hasattr(data, "__tensor_flatten__"):
+        names, _ = data.__tensor_flatten__()
+        for name in names:
+            yield from _storage_parts(getattr(data, name))
+        return
+    yield data
+    state = getattr(t, "quant_state", None)
+    while state is not None:
+        for value in vars(state).values():
+            if isinstance(value, torch.Tensor):
+                yield value
+        state = getattr(state, "state2", None)
+
+
 def tensor_bytes(tensors) -> int:
     seen: set[int] = set()
     total = 0
     for t in tensors:
         if t is None or t.device.type == "meta":
             continue
-        ptr = t.data_ptr()
-        if ptr in seen:  # tied weights count once
-            continue
-        seen.add(ptr)
-        total += t.numel() * t.element_size()
+        for part in _storage_parts(t):
+            ptr = part.data_ptr()
+            if ptr in seen and part.numel():  # tied weights count once
+                continue
+            seen.add(ptr)
+            total += part.numel() * part.element_size()
     return total
 
 

@@ -84,6 +84,8 @@ class LoadedModel:
     merged_kwargs: dict = field(default_factory=dict)
     fingerprint: bytes = b""
     notes: tuple[str, ...] = ()  # device / dtype fallbacks, told to the user
+    weights: str = ""  # the language model's weight format as loaded: bf16 | fp16 | fp32 | int8 | 4bit
+    weights_note: str = ""  # auto: which format it chose and why
 
     @property
     def context_tokens(self) -> int | None:
@@ -173,15 +175,23 @@ def free_device_cache(device: torch.device | None = None) -> None:
             log.debug("MPS cache not emptied: %s", exc)
 
 
-def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
+               budget_bytes: int | None = None) -> LoadedModel:
+    from .memory import device_totals
+    from .weights import finish_load, load_kwargs, plan_weights
+
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
     try:
         place = devices.choose(device, dtype)
     except devices.DeviceError as exc:
         raise ModelLoadError(str(exc)) from None
-    dev, dt = place.device, place.dtype
+    dev = place.device
     notes = [place.note] if place.note else []
+    family = config["model_type"]
+    free = min(device_totals(dev)[2], budget_bytes or 1 << 62)  # `auto` weights: what fits here
+    plan = plan_weights(folder, family, dev, dtype, weights, free)
+    dt, fmt = plan.dtype, plan.format
     try:
         processor = AutoProcessor.from_pretrained(folder)
     except Exception as exc:  # transformers raises many kinds; the user needs one sentence
@@ -192,17 +202,20 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
         raise ModelLoadError(f"The processor in {folder} has no image token; it is not a vision-language model")
     try:
         with _progress_only_on_a_terminal():
-            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
+            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True,
+                                                                **load_kwargs(plan, family, dev))
     except Exception as exc:
-        raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc}") from exc
+        raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc
     try:
-        model.to(dev)
+        finish_load(model, plan, family, dev)
+    except ModelLoadError:
+        raise
     except RuntimeError as exc:  # e.g. an op or dtype this Mac's GPU lacks, or too little memory
-        if dev.type != "mps":
+        if dev.type != "mps" or plan.quantized:
             raise ModelLoadError(f"Cannot move the model to {dev}: {exc}") from exc
         notes.append(f"The model could not be placed on the Apple GPU ({str(exc).splitlines()[0]}): "
                      "it runs on the CPU in float32, which is slower.")
-        dev, dt = torch.device("cpu"), torch.float32
+        dev, dt, fmt = torch.device("cpu"), torch.float32, "fp32"
         del model
         try:
             devices.release_cached(torch.device("mps"))
@@ -212,7 +225,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
             model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True)
         except Exception as exc2:
             raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc2}") from exc2
-    model.eval()
+        model.eval()
     for note in notes:
         log.warning("%s", note)
 
@@ -242,10 +255,11 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     fp.update(json.dumps(config, sort_keys=True).encode())
     fp.update(weights_identity(folder))
     fp.update(str(dt).encode())
+    fp.update(plan.fingerprint_part())
     name = folder.name
-    log.info("loaded %s (%s) on %s as %s", name, config["model_type"], dev, dt)
+    log.info("loaded %s (%s) on %s as %s, weights %s", name, family, dev, dt, fmt)
     return LoadedModel(
         path=folder, name=name, model=model, processor=processor, adapter=ADAPTERS[config["model_type"]],
         device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
-        fingerprint=fp.digest(), notes=tuple(notes),
+        fingerprint=fp.digest(), notes=tuple(notes), weights=fmt, weights_note=plan.note,
     )

@@ -53,11 +53,17 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
     return sampling, settings, turns
 
 
-def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, remote=None) -> int:
+def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, remote=None,
+               overrides: dict | None = None) -> int:
     """`remote` (a RemoteConfig): run the script against that server; `model_dir` is then the
-    server's model name."""
+    server's model name. `overrides`: engine settings from the command line (`--weights`), over
+    the script's."""
     sampling, engine_settings, turns = parse_script(script)
-    settings = EngineSettings().with_changes(engine_settings)
+    engine_settings.update(overrides or {})
+    try:
+        settings = EngineSettings().with_changes(engine_settings)
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(str(exc)) from None
 
     def open_engine():
         if remote is not None:

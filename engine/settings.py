@@ -4,11 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+# language-model weight formats (engine/weights.py): here so the window and CLI list them without torch
+WEIGHT_FORMATS = ("auto", "bf16", "fp16", "fp32", "int8", "4bit")
+
 
 @dataclass
 class EngineSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    weights: str = "auto"  # language-model weights: auto | bf16 | fp16 | fp32 | int8 | 4bit (engine/weights.py)
     memory_budget_bytes: int | None = None  # cap on model + KV memory; None: the device's free memory
     prefill_chunk_tokens: int = 2048  # long prompts prefill in pieces: bounded attention memory
     lookup_decoding: bool = True  # greedy turns draft repeated text from the conversation (exact)
@@ -32,6 +36,8 @@ class EngineSettings:
         unknown = sorted(set(changes) - set(known))
         if unknown:
             raise ValueError(f"unknown engine setting(s): {', '.join(unknown)}")
+        if "weights" in changes and changes["weights"] not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weights format {changes['weights']!r} (use {', '.join(WEIGHT_FORMATS)})")
         return replace(self, **changes)
 
     @classmethod

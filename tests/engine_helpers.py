@@ -33,8 +33,8 @@ def ask(engine: Engine, cid: str, messages: list[Message], max_new_tokens: int =
 class Reference:
     """The model loaded afresh; replies come from a full prefill of the whole conversation."""
 
-    def __init__(self, model_dir: Path):
-        self.loaded = load_model(model_dir)
+    def __init__(self, model_dir: Path, **load):
+        self.loaded = load_model(model_dir, **load)  # e.g. weights="int8": exactness is per weight format
 
     def prompt_ids(self, messages: list[Message], system: str | None = None) -> tuple[list[int], dict]:
         processor = self.loaded.processor

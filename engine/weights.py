@@ -1,0 +1,209 @@
+"""Weight formats of the language model: full precision (bf16/fp16/fp32), int8 weight-only
+(torchao) and 4-bit NF4 (bitsandbytes); `auto` picks the largest that fits free memory.
+
+Only the language model is quantized. The vision tower and projector (the family adapter's
+`vision_modules`) stay in full precision, so the elastic encoder still reloads them from the
+folder's safetensors and picture features do not depend on the weight format.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from . import devices
+from .model import ADAPTERS, ModelLoadError
+from .settings import WEIGHT_FORMATS
+
+
+def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    """The compute dtype devices.pick_dtype chooses, its refusal as a ModelLoadError."""
+    try:
+        return devices.pick_dtype(device, requested)[0]
+    except devices.DeviceError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+QUANTIZED_FORMATS = ("int8", "4bit")
+FORMATS = WEIGHT_FORMATS
+# the library behind each quantized format (its version is part of the KV store namespace)
+LIBRARY = {"int8": "torchao", "4bit": "bitsandbytes"}
+# devices each quantized format really runs on in this build (checked by tests on CPU, by the
+# device bench on CUDA); Apple GPUs have neither torchao's int8 kernels nor bitsandbytes
+DEVICES = {"int8": ("cpu", "cuda"), "4bit": ("cpu", "cuda")}
+NF4_BLOCK = 64  # bitsandbytes' NF4 block size: one absmax per 64 weights
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    format: str  # what is loaded: bf16 | fp16 | fp32 | int8 | 4bit
+    dtype: torch.dtype  # compute dtype: activations, KV cache, and the vision tower's weights
+    note: str = ""  # auto: which format it chose and why (shown in the status bar)
+
+    @property
+    def quantized(self) -> bool:
+        return self.format in QUANTIZED_FORMATS
+
+    def fingerprint_part(self) -> bytes:
+        """What the model fingerprint (and so the KV store namespace) adds for this format.
+        Full-precision formats are already covered by the dtype; quantized ones add the format
+        and the library version, whose rounding the KV depends on."""
+        if not self.quantized:
+            return b""
+        lib = LIBRARY[self.format]
+        return f"weights={self.format};{lib}={importlib.metadata.version(lib)}".encode()
+
+
+def format_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in FLOAT_FORMATS.items()}[dtype]
+
+
+def check_format(requested: str) -> str:
+    name = (requested or "auto").strip().lower()
+    if name not in FORMATS:
+        raise ModelLoadError(f"unknown weights format {requested!r} (use {', '.join(FORMATS)})")
+    return name
+
+
+def refusal(fmt: str, device: torch.device) -> str | None:
+    """Why `fmt` cannot run on `device`, or None when it can."""
+    if fmt not in QUANTIZED_FORMATS:
+        return None
+    if device.type not in DEVICES[fmt]:
+        where = " and ".join(d.upper() for d in DEVICES[fmt])
+        return f"{fmt} weights are not available on {device.type} (they run on {where}); choose bf16, fp16 or fp32"
+    lib = LIBRARY[fmt]
+    try:
+        importlib.metadata.version(lib)
+    except importlib.metadata.PackageNotFoundError:
+        return f"{fmt} weights need the {lib} package, which is not installed (see requirements.txt)"
+    return None
+
+
+def skip_modules(family: str) -> list[str]:
+    """Modules never quantized: the family's vision encoder and projector."""
+    return list(ADAPTERS[family].vision_modules)
+
+
+# ------------------------------------------------------------------ size estimate (no weights read)
+
+def _is_vision_key(key: str, family: str) -> bool:
+    bare = key.removeprefix("model.")
+    return any(bare == m.removeprefix("model.") or bare.startswith(m.removeprefix("model.") + ".")
+               for m in ADAPTERS[family].vision_modules)
+
+
+def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> int:
+    """Bytes of all weights when loaded as `fmt`, from the safetensors headers' shapes."""
+    size = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            for key in sf.keys():
+                shape = sf.get_slice(key).get_shape()
+                n = 1
+                for d in shape:
+                    n *= d
+                matrix = len(shape) == 2 and key.endswith(".weight")
+                if _is_vision_key(key, family) or not matrix or fmt in FLOAT_FORMATS:
+                    total += n * size
+                elif key.endswith("embed_tokens.weight") or (fmt == "4bit" and key.endswith("lm_head.weight")):
+                    total += n * size  # token embeddings stay full precision; NF4 also skips the output head
+                elif fmt == "int8":  # int8 values + a float32 scale and int8 zero point per row
+                    total += n + shape[0] * 5
+                else:  # two weights a byte + one 8-bit absmax per block (nested statistics)
+                    total += n // 2 + n // NF4_BLOCK
+    return total
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def plan_weights(folder: Path, family: str, device: torch.device, dtype_request: str, requested: str,
+                 free_bytes: int) -> WeightPlan:
+    """The format to load and the compute dtype; refuses what cannot run with a ModelLoadError."""
+    fmt = check_format(requested)
+    if fmt in FLOAT_FORMATS:
+        dtype = FLOAT_FORMATS[fmt]
+        if dtype_request not in ("", "auto") and pick_dtype(device, dtype_request) != dtype:
+            raise ModelLoadError(f"weights {fmt} and dtype {dtype_request} disagree: set dtype to auto, "
+                                 f"or choose the weights format {format_name(pick_dtype(device, dtype_request))}")
+        return WeightPlan(fmt, dtype)
+    dtype = pick_dtype(device, dtype_request)
+    if fmt != "auto":
+        why = refusal(fmt, device)
+        if why:
+            raise ModelLoadError(why)
+        return WeightPlan(fmt, dtype)
+    full = format_name(dtype)
+    # on CPU, bf16 halves fp32 and stays a plain matmul; int8 there converts weights on every call
+    half = ["bf16"] if full == "fp32" and device.type == "cpu" else []
+    candidates = [full, *half] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
+    dtypes = {c: FLOAT_FORMATS.get(c, dtype) for c in candidates}
+    need = {c: estimate_bytes(folder, family, c, dtypes[c]) for c in candidates}
+    for c in candidates:
+        # room for the weights plus a tenth for KV cache and activations
+        if need[c] * 1.1 <= free_bytes:
+            if c == full:
+                return WeightPlan(c, dtype)
+            return WeightPlan(c, dtypes[c], f"Weights: {c} — {full} needs {_gib(need[full])}, "
+                                            f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
+    smallest = min(candidates, key=need.get)
+    return WeightPlan(smallest, dtypes[smallest], f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
+                                                  f"free (smallest needs {_gib(need[smallest])}); loading may fail")
+
+
+def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
+    """Extra `from_pretrained` arguments: the transformers quantization config for the format."""
+    if plan.format == "int8":
+        # linear layers only: torchao's int8 embedding dequantizes the whole table on every lookup
+        # (seconds a token at a 150k vocabulary), so token embeddings stay full precision
+        from torchao.quantization import Int8WeightOnlyConfig
+        from transformers import TorchAoConfig
+
+        return {"quantization_config": TorchAoConfig(Int8WeightOnlyConfig(), modules_to_not_convert=skip_modules(family))}
+    if plan.format == "4bit":
+        from transformers import BitsAndBytesConfig
+
+        # its CPU backend suggests fetching a faster kernel from the Hub, which Parley never does
+        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+        # bitsandbytes places weights as it quantizes them: load straight onto the device
+        return {"device_map": {"": str(device)},
+                "quantization_config": BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=plan.dtype,
+                    bnb_4bit_use_double_quant=True, llm_int8_skip_modules=skip_modules(family) + ["lm_head"])}
+    return {}
+
+
+def finish_load(model, plan: WeightPlan, family: str, device: torch.device) -> None:
+    """Place the model on the device and check that only the language model was quantized."""
+    if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
+        model.to(device)
+    model.eval()
+    if plan.quantized:
+        check_quantized(model, family, plan.format)
+
+
+def is_quantized(p: torch.Tensor) -> bool:
+    """A bitsandbytes 4-bit parameter or a torchao tensor subclass (int8 and friends)."""
+    data = p.data if isinstance(p, torch.nn.Parameter) else p
+    return hasattr(p, "quant_state") or type(data) is not torch.Tensor
+
+
+def check_quantized(model, family: str, fmt: str) -> None:
+    """A wrong skip list quantizes the vision tower (garbage features) or nothing at all (no
+    saving): either is refused here rather than served."""
+    vision = tuple(m + "." for m in ADAPTERS[family].vision_modules)
+    quantized = [n for n, p in model.named_parameters() if is_quantized(p)]
+    bad = [n for n in quantized if n.startswith(vision)]
+    if bad:
+        raise ModelLoadError(f"{fmt} quantized part of the vision encoder ({bad[0]}); Parley keeps it in full precision")
+    if not quantized:
+        raise ModelLoadError(f"{fmt}: no language-model weight was quantized (module names not recognised)")

@@ -1,0 +1,130 @@
+"""int8 (and, on CUDA, 4-bit NF4) language-model weights against bf16, at Qwen2-VL-2B-Instruct's
+published shape with random weights (nothing downloaded), loaded through Parley's own load path.
+
+Measured side by side in one run: language-model weight bytes int8 ÷ bf16 (goal <= 0.55), greedy
+decode tokens/s int8 ÷ bf16 (goal >= 0.9 on CPU), and the agreement of greedy next-token choices
+with bf16 over 200 positions of a fixed prompt (reported). `--quick`: 2 text layers and a
+2-block vision tower at the same widths and vocabulary.
+
+On CPU, torchao 0.18's int8 weight-only linear converts the int8 weight to the activation dtype
+on every call (no fused CPU kernel), so int8 decodes slower than bf16 there; the tied token
+embedding (15% of Qwen2-VL-2B's language model) stays bf16, which keeps the byte ratio above 0.5.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import statistics
+import time
+
+from _common import ratio_line, workdir
+
+import torch
+from transformers import DynamicCache
+
+from engine.memory import model_bytes
+from engine.model import load_model
+from tests.fixtures.tiny_models import build_tiny_model
+
+# Qwen2-VL-2B-Instruct's config.json (text and vision sizes), written down as test data
+QWEN2_VL_2B_TEXT = dict(
+    hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1000000.0},
+)
+QWEN2_VL_2B_VISION = dict(depth=32, embed_dim=1280, hidden_size=1536, mlp_ratio=4, num_heads=16,
+                          in_chans=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+PROMPT = 200  # positions compared for greedy agreement
+DECODE = {True: 24, False: 12}  # tokens decoded per speed run (quick, full)
+REPEATS = {True: 3, False: 2}
+
+
+def build_folder(quick: bool):
+    """A loadable folder: the fixture's Qwen2-VL processor and special-token ids, the published
+    sizes, random weights saved in bf16."""
+    from transformers import AutoModelForImageTextToText, Qwen2VLConfig
+
+    folder = build_tiny_model("qwen2_vl", workdir("quantized") / "model", dtype="bfloat16")
+    base = json.loads((folder / "config.json").read_text())
+    text = {**base["text_config"], **QWEN2_VL_2B_TEXT}
+    vision = {**base["vision_config"], **QWEN2_VL_2B_VISION}
+    if quick:
+        text["num_hidden_layers"], vision["depth"] = 2, 2
+    text.pop("layer_types", None)  # follows num_hidden_layers
+    config = Qwen2VLConfig(**{**base, "text_config": text, "vision_config": vision, "tie_word_embeddings": True})
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    model.save_pretrained(folder)
+    del model
+    gc.collect()
+    return folder
+
+
+@torch.inference_mode()
+def measure(folder, weights: str, prompt: torch.Tensor, device: str, quick: bool) -> dict:
+    loaded = load_model(folder, device=device, dtype="bfloat16", weights=weights)
+    model, dev = loaded.model, loaded.device
+    ids = prompt.to(dev)
+    out = model(input_ids=ids, use_cache=False)
+    choices = out.logits[0].argmax(-1).cpu()
+    rates = []
+    for _ in range(REPEATS[quick]):
+        cache = DynamicCache(config=model.config)
+        tok = model(input_ids=ids[:, :32], cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(DECODE[quick]):
+            tok = model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        tok.cpu()
+        rates.append(DECODE[quick] / (time.perf_counter() - t0))
+    lm, vision = model_bytes(loaded)
+    result = {"lm_bytes": lm, "vision_bytes": vision, "tok_s": statistics.median(rates), "choices": choices,
+              "format": loaded.weights}
+    del loaded, model, out, cache
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 text layers, 2 vision blocks")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    folder = build_folder(args.quick)
+    prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    formats = ["bf16", "int8"] + (["4bit"] if args.device == "cuda" else [])
+    try:
+        runs = {f: measure(folder, f, prompt, args.device, args.quick) for f in formats}
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)  # 4.4 GB of random weights at the full shape
+    bf = runs["bf16"]
+    shape = "quick: 2 text layers, 2 vision blocks" if args.quick else "28 text layers, 32 vision blocks"
+    print(f"Qwen2-VL-2B-Instruct shape ({shape}), random weights, device {args.device}, "
+          f"CPU threads {torch.get_num_threads()}, setup+runs {time.perf_counter() - t0:.0f} s")
+    for f, r in runs.items():
+        print(f"{f:>5}: language model {r['lm_bytes'] / 1e6:9.1f} MB, vision {r['vision_bytes'] / 1e6:7.1f} MB, "
+              f"decode {r['tok_s']:.2f} tok/s")
+        assert r["vision_bytes"] == bf["vision_bytes"], "the vision tower must stay in full precision"
+    for f in formats[1:]:
+        r = runs[f]
+        agree = float((r["choices"] == bf["choices"]).float().mean())
+        size, speed = r["lm_bytes"] / bf["lm_bytes"], r["tok_s"] / bf["tok_s"]
+        size_goal = 0.55 if f == "int8" else 0.35
+        speed_goal = 0.9
+        print(ratio_line(f"weight bytes {f} / bf16", size, f"<= {size_goal}") + f"  met: {'yes' if size <= size_goal else 'no'}")
+        print(ratio_line(f"decode tok/s {f} / bf16", speed, f">= {speed_goal} on {args.device}")
+              + f"  met: {'yes' if speed >= speed_goal else 'no'}")
+        print(ratio_line(f"greedy next-token agreement {f} vs bf16 over {PROMPT} positions", agree, "report"))
+
+
+if __name__ == "__main__":
+    main()

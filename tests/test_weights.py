@@ -1,0 +1,179 @@
+"""Quantized language-model weights (int8, 4-bit): the model loads and answers, every fast path
+is exact against a fresh prefill of the same weights, the vision encoder stays in full precision
+(and still unloads / reloads), the memory ledger counts the quantized bytes, and a KV store
+written with one weight format is never restored into another."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.events import Message
+from engine.memory import model_bytes
+from engine.model import load_model
+from engine.vision.residency import EncoderResidency
+from engine.weights import is_quantized
+from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
+from tests.fixtures.pictures import make_picture
+from tests.fixtures.tiny_models import FAMILIES
+from tests.test_spill import spill_now
+
+pytestmark = pytest.mark.slow
+
+NEW = 6
+B = 16  # small KV blocks so a tiny conversation spans several
+
+
+def _vision_tensors(loaded) -> dict[str, torch.Tensor]:
+    out = {}
+    for prefix in loaded.adapter.vision_modules:
+        for name, p in loaded.module(prefix).named_parameters():
+            out[f"{prefix}.{name}"] = p.detach()
+    return out
+
+
+def _int8_bytes_from_shapes(loaded) -> int:
+    """Language-model bytes under torchao's int8 layout, computed from module shapes alone:
+    Linear weights are int8 values plus a float32 scale and an int8 zero point per output row;
+    everything else (token embeddings included) keeps its dtype."""
+    vision = {id(t) for t in loaded.vision_parameters()}
+    total, seen = 0, set()
+    for module in loaded.model.modules():
+        for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if id(t) in vision or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if name == "weight" and isinstance(module, torch.nn.Linear):
+                rows, cols = t.shape
+                total += rows * cols + rows * 5
+            else:
+                total += t.numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path):
+    model = tiny_model(family)
+    ref = Reference(model, weights="int8")
+    a = str(make_picture(tmp_path / "a.png", 1))
+    b = str(make_picture(tmp_path / "b.png", 2, size=(64, 40)))
+    engine = open_engine(model, tmp_path / "data", weights="int8", block_tokens=B, spill_idle_s=3600)
+    try:
+        chat = [Message("user", "Describe the first picture in a few words.", [a])]
+        d1 = expect_done(ask(engine, "c", chat, NEW))
+        assert d1.token_ids == ref.reply_ids(chat, NEW)
+        assert d1.stats["weights"] == "int8"
+        assert d1.stats["weight_bytes"] == model_bytes(ref.loaded)[0] == _int8_bytes_from_shapes(ref.loaded)
+        # the KV cache holds the compute dtype, not int8
+        layer = engine.sessions["c"].cache.layers[0]
+        assert layer.keys.dtype == ref.loaded.dtype == torch.float32
+
+        # prefix reuse: the first turn's prompt is not run again
+        chat += [Message("assistant", d1.reply), Message("user", "Now compare it with this one.", [b])]
+        d2 = expect_done(ask(engine, "c", chat, NEW))
+        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]
+        assert d2.token_ids == ref.reply_ids(chat, NEW)
+
+        # cached picture: another conversation sends the same picture; the encoder is not run
+        other = [Message("user", "What is this?", [a])]
+        d3 = expect_done(ask(engine, "other", other, NEW))
+        assert d3.stats["image_cache_hits"] == 1 and d3.stats["pictures_encoded"] == 0
+        assert d3.token_ids == ref.reply_ids(other, NEW)
+
+        # SSD restore
+        chat += [Message("assistant", d2.reply)]
+        assert spill_now(engine, "c").state == "spilled"
+        chat += [Message("user", "Which has more red?", [])]
+        d4 = expect_done(ask(engine, "c", chat, NEW))
+        assert d4.stats["restored_tokens"] > 0
+        assert d4.token_ids == ref.reply_ids(chat, NEW)
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "4bit"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vision_stays_full_precision_and_still_unloads_and_reloads(family, fmt, tiny_model):
+    model = tiny_model(family)
+    full = load_model(model, weights="fp32")
+    quant = load_model(model, weights=fmt)
+    assert quant.weights == fmt and quant.dtype == full.dtype
+    before, after = _vision_tensors(full), _vision_tensors(quant)
+    assert before.keys() == after.keys() and before
+    for name, t in before.items():
+        q = after[name]
+        assert not is_quantized(q), name
+        assert q.dtype == t.dtype and q.numel() * q.element_size() == t.numel() * t.element_size(), name
+        assert torch.equal(q, t), name
+    lm_full, vision_full = model_bytes(full)
+    lm_q, vision_q = model_bytes(quant)
+    assert vision_q == vision_full
+    assert lm_q < lm_full * (0.5 if fmt == "int8" else 0.75)
+    # every language-model matrix that the format covers is quantized (the skip list is right)
+    lm_linears = [m for n, m in quant.model.named_modules() if isinstance(m, torch.nn.Linear)
+                  and not n.startswith(tuple(p + "." for p in quant.adapter.vision_modules)) and n != "lm_head"]
+    assert lm_linears and all(is_quantized(m.weight) for m in lm_linears)
+
+    # the elastic encoder releases and reads back the folder's full-precision weights
+    residency = EncoderResidency(quant, elastic=True, idle_s=60)
+    assert residency.disabled_reason is None
+    assert residency.unload() and model_bytes(quant)[1] == 0
+    assert residency.ensure_loaded()
+    for name, t in _vision_tensors(quant).items():
+        assert t.dtype == before[name].dtype and torch.equal(t, before[name]), name
+    assert model_bytes(quant) == (lm_q, vision_full)
+
+
+def test_4bit_answers_exactly_against_its_own_prefill(tiny_model, tmp_path):
+    model = tiny_model("qwen2_vl")
+    ref = Reference(model, weights="4bit")
+    a = str(make_picture(tmp_path / "a.png", 3))
+    engine = open_engine(model, tmp_path / "data", weights="4bit")
+    try:
+        chat = [Message("user", "What is in this picture?", [a])]
+        d1 = expect_done(ask(engine, "c", chat, NEW))
+        assert d1.token_ids == ref.reply_ids(chat, NEW)
+        chat += [Message("assistant", d1.reply), Message("user", "And the colours?", [])]
+        d2 = expect_done(ask(engine, "c", chat, NEW))
+        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]
+        assert d2.token_ids == ref.reply_ids(chat, NEW)
+        assert d2.stats["weights"] == "4bit"
+        assert d2.stats["weight_bytes"] == model_bytes(ref.loaded)[0]
+        assert d2.stats["weight_bytes"] < model_bytes(load_model(model, weights="fp32"))[0] * 0.75
+        report = wait_report(engine)
+        assert report.components["language_model"] == d2.stats["weight_bytes"]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_kv_store_of_other_weights_is_never_restored(family, tiny_model, tmp_path):
+    model = tiny_model(family)
+    data = tmp_path / "data"
+    a = str(make_picture(tmp_path / "a.png", 5))
+    chat = [Message("user", "Describe this picture in a few words, please.", [a])]
+    engine = open_engine(model, data, weights="fp32", block_tokens=B, spill_idle_s=3600)
+    try:
+        d1 = expect_done(ask(engine, "c", chat, NEW))
+    finally:
+        engine.shutdown()  # exit spills the conversation into the store
+    chat += [Message("assistant", d1.reply), Message("user", "Tell me more.", [])]
+
+    # the store restores into the weights that wrote it (and spills again on exit)
+    engine = open_engine(model, data, weights="fp32", block_tokens=B, spill_idle_s=3600)
+    try:
+        d2 = expect_done(ask(engine, "c", chat, NEW))
+        assert d2.stats["restored_tokens"] > 0
+        assert d2.token_ids == Reference(model, weights="fp32").reply_ids(chat, NEW)
+    finally:
+        engine.shutdown()
+
+    engine = open_engine(model, data, weights="int8", block_tokens=B, spill_idle_s=3600)
+    try:
+        d3 = expect_done(ask(engine, "c", chat, NEW))
+        # a miss: nothing restored, the whole prompt recomputed with the int8 weights
+        assert d3.stats["restored_tokens"] == 0 and d3.stats["reused_tokens"] == 0
+        assert d3.stats["prefill_tokens"] == d3.stats["prompt_tokens"]
+        assert wait_report(engine).counters["store_restores"] == 0
+        assert d3.token_ids == Reference(model, weights="int8").reply_ids(chat, NEW)
+    finally:
+        engine.shutdown()

@@ -32,11 +32,11 @@ COUNTER_NAMES = ("spills", "spill_failures", "blocks_written", "tails_written", 
 
 
 class TrackedJob(Protocol):
-    """What the index needs of an in-flight spill job (spill.SpillJob)."""
+    """What the index needs of an in-flight spill job (spill_job.SpillJob)."""
     session_id: str
-    plans: list        # spill.BlobPlan: key, size, kind, path, write
+    plans: list        # spill_job.BlobPlan: key, size, kind, path, write
     written: list      # the plans whose files were renamed into place
-    stats: object      # spill.SpillResult
+    stats: object      # spill_job.SpillResult
 
     @property
     def failed(self) -> str | None: ...

@@ -2,7 +2,7 @@
 
 A thin facade over a one-way chain: pure pieces (keys, blob, layout, manifest, restore planning),
 the index (index.py: manifest, pins, counters, lock, eviction, job commit, sweep), spill jobs
-(spill.py) and the blob reader (reader.py). This file only wires them together.
+(spill_job.py) and the blob reader (reader.py). This file only wires them together.
 
 Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
 writes, the manifest commit, refcount release and eviction run on the store's writer thread.
@@ -29,7 +29,7 @@ from .layout import build_cache, inspect_cache
 from .manifest import encode_state
 from .reader import BlobReader, read_layout, read_prefix
 from .restore import RestoreResult, plan_reads
-from .spill import BlobPlan, SpillJob, SpillResult
+from .spill_job import BlobPlan, SpillJob, SpillResult
 from .sweep import free_bytes, is_damage, open_manifest, unavailable_reason, verify
 from .writer import BufferPool, WriterThread
 

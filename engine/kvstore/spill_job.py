@@ -103,7 +103,7 @@ class SpillJob:
         self._failed: str | None = None
         self._sinks: dict[int, _Sink] = {}
         self.written: list[BlobPlan] = []   # renamed into place, durable
-        self.dirs: set[str] = set()
+        self._dirs: set[str] = set()
         self._done = threading.Event()
         self._result: SpillResult | None = None
         self._t0 = time.perf_counter()
@@ -276,7 +276,7 @@ class SpillJob:
             sink.file.discard()
             raise
         self.written.append(plan)
-        self.dirs.add(os.path.dirname(plan.path))  # os.sep: "\\" on Windows
+        self._dirs.add(os.path.dirname(plan.path))  # os.sep: "\\" on Windows
         if plan.kind == KIND_TAIL:
             self.stats.tail_written += 1
         else:
@@ -291,7 +291,7 @@ class SpillJob:
             if not self._failed:
                 try:
                     if self._durable:
-                        for d in sorted(self.dirs):
+                        for d in sorted(self._dirs):
                             sync_dir(d)  # the renames are durable before the row naming them
                     self._index.commit_job(self, self._session_row())
                     ok = True

@@ -26,7 +26,7 @@ class EngineSettings:
     spill_idle_s: float = 120.0
     block_tokens: int = 256
     unit_bytes: int = 32 << 20
-    store_cap_bytes: int | None = None  # None: min(20 GiB, 10% of free disk)
+    store_cap_bytes: int | None = None  # None: the KV store's default_cap (kvstore/store.py)
     # memory reports are pushed at most this often while something changes
     memory_report_interval_s: float = 0.5
 

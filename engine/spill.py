@@ -8,42 +8,19 @@ a failed spill leaves it hot, and a spill never holds up a waiting turn for more
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
 from .events import Notice, SpillState
-from .kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache
+from .kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
 from .session import Session
 
 log = logging.getLogger(__name__)
 
-GiB = 1 << 30
 FORMAT = b"parley-kv-dynamic-v1"
 STORE_RETRY_S = 30.0  # how often an unavailable store (disk full) is tried again
-
-
-def cache_refusal(model) -> str | None:
-    """Why this model's KV cannot be spilled exactly (None when it can)."""
-    layers = DynamicCache(config=model.config).layers
-    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer or layer.is_sliding})
-    if odd:
-        return (f"this model's cache has {', '.join(odd)} layers (sliding window or recurrent state); "
-                "Parley only spills plain full-attention KV, so its conversations stay in memory")
-    return None
-
-
-def default_cap(root: Path) -> int:
-    try:
-        free = shutil.disk_usage(root).free
-    except OSError:
-        free = 0
-    return int(min(20 * GiB, 0.10 * free)) or 1 * GiB
 
 
 @dataclass
@@ -60,7 +37,7 @@ class SessionSpiller:
         self.loaded = loaded
         self.settings = settings
         self.store: KVStore | None = None
-        self.refusal = cache_refusal(loaded.model)
+        self.refusal = model_refusal(loaded.model.config)
         self.error: str | None = None        # the store cannot be used at all (e.g. not a folder)
         self.unavailable: str | None = None  # it cannot be used now (disk full): retried later
         self._retry_at = 0.0
@@ -76,10 +53,10 @@ class SessionSpiller:
     def _open_store(self) -> bool:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            cap = self.settings.store_cap_bytes or default_cap(self.root)
+            # cap and free-space floor: the store's own rule unless the settings name a cap
             self.store = KVStore(str(self.root), FORMAT + self.loaded.fingerprint,
                                  block_tokens=self.settings.block_tokens, unit_bytes=self.settings.unit_bytes,
-                                 max_bytes=cap, min_free_bytes=min(1 * GiB, cap // 4))
+                                 max_bytes=self.settings.store_cap_bytes or None)
         except StoreUnavailable as exc:
             self._retry_at = time.monotonic() + STORE_RETRY_S
             if self.unavailable is None:  # said once (the engine logs notices), not on every retry

@@ -216,7 +216,7 @@ def test_session_sharing_an_opening_stores_shared_blocks_once(store):
     info_a, info_b = store.session_info("a"), store.session_info("b")
     assert info_a["block_keys"][:3] == info_b["block_keys"][:3]
     assert info_a["block_keys"][3] != info_b["block_keys"][3]
-    rows = store._manifest.all_blobs()
+    rows = store.index.blob_rows()
     assert [rows[k][1] for k in info_a["block_keys"]] == [2, 2, 2, 1, 1]
     # dropping a keeps b whole
     assert store.drop_session("a")

@@ -161,7 +161,7 @@ def _check_consistent(root: str) -> int:
             for name in files:
                 assert not name.endswith(".tmp"), name
                 names.add(name)
-        rows = s._manifest.all_blobs()
+        rows = s.index.blob_rows()
         assert names == {k.hex() + ".kvb" for k in rows}
         assert all(rc > 0 for _, rc in rows.values())
         for sid in s.sessions():

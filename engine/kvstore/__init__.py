@@ -1,11 +1,20 @@
 """SSD KV block store: content-keyed blocks of a session's KV cache, spilled incrementally and
-restored after a restart. See store.KVStore. Never imports Qt."""
+restored after a restart. Never imports Qt.
+
+One-way chain, each module using only the ones before it:
+  keys, blob, layout, manifest, restore (planning)   pure pieces: keys, file format, cache check, SQLite rows
+  writer, sweep, reader                              writer thread + buffers, the folder on disk, blob reads
+  index                                              StoreIndex: manifest, pins, counters, lock; eviction,
+                                                     job commit, sweep, restore pinning
+  spill_job                                          SpillJob: copies and writes, given index + writer + pool
+  store                                              KVStore: the thin facade the engine uses
+"""
 from .errors import KVStoreError, StoreUnavailable, UnsupportedCache
 from .keys import PictureSpan, block_keys, namespace_digest
-from .layout import KVLayout
+from .layout import KVLayout, model_refusal
 from .restore import RestoreResult
-from .spill import SpillJob, SpillResult
+from .spill_job import SpillJob, SpillResult
 from .store import KVStore
 
 __all__ = ["KVStore", "SpillJob", "SpillResult", "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache",
-           "PictureSpan", "KVLayout", "block_keys", "namespace_digest"]
+           "PictureSpan", "KVLayout", "block_keys", "namespace_digest", "model_refusal"]

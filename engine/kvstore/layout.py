@@ -1,4 +1,5 @@
-"""What a spillable cache looks like, and the check that refuses everything else.
+"""What a spillable cache looks like, and the one check that refuses everything else: for a
+model before its first turn (model_refusal) and for a cache being spilled (inspect_cache).
 
 Only plain full-attention `DynamicLayer`s are spilled: their K/V for token t is a pure function of
 tokens <= t, so a prefix of blocks is an exact prefix cache. A sliding-window layer has dropped old
@@ -77,28 +78,46 @@ def _full_attention_class():
     return DynamicLayer
 
 
+def layer_refusal(layer: Any) -> str | None:
+    """Why this cache layer cannot be spilled exactly, or None for a plain full-attention layer
+    (exact type: subclasses such as sliding-window or quantized are refused)."""
+    sliding = getattr(layer, "is_sliding", False)
+    if type(layer) is _full_attention_class() and not sliding:
+        return None
+    why = _WHY.get(type(layer).__name__)
+    if why is None and sliding:
+        why = _WHY["DynamicSlidingWindowLayer"]
+    return why or "only plain full-attention DynamicLayer caches can be spilled exactly"
+
+
+def model_refusal(config: Any) -> str | None:
+    """Why the cache transformers builds for a model with this config cannot be spilled (None when
+    it can): decided once at load, so such a model's conversations simply stay in memory."""
+    from transformers.cache_utils import DynamicCache
+    odd = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers if layer_refusal(layer)})
+    if odd:
+        return (f"this model's cache has {', '.join(odd)} layers (sliding window or recurrent state); "
+                "Parley only spills plain full-attention KV, so its conversations stay in memory")
+    return None
+
+
 def inspect_cache(cache: Any, n_tokens: int) -> tuple[KVLayout, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Check a transformers cache is spillable and return its layout and (K, V) per layer.
 
-    Raises UnsupportedCache naming the first layer that is not a plain full-attention
-    DynamicLayer (exact type: subclasses such as sliding-window or quantized are refused).
+    Raises UnsupportedCache naming the first layer layer_refusal refuses.
     """
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise UnsupportedCache(f"{type(cache).__name__} is not a transformers Cache with .layers")
     if not layers:
         raise UnsupportedCache("cache has no layers")
-    full = _full_attention_class()
     dtype = None
     shapes = []
     kv = []
     for i, layer in enumerate(layers):
         name = type(layer).__name__
-        if type(layer) is not full:
-            why = _WHY.get(name)
-            if why is None and getattr(layer, "is_sliding", False):
-                why = _WHY["DynamicSlidingWindowLayer"]
-            why = why or "only plain full-attention DynamicLayer caches can be spilled exactly"
+        why = layer_refusal(layer)
+        if why:
             raise UnsupportedCache(f"layer {i} is {name}: {why}; not spilled", i, name)
         k, v = layer.keys, layer.values
         if not getattr(layer, "is_initialized", False) or k is None or v is None or k.dim() != 4:

@@ -1,4 +1,5 @@
-"""Reading blobs back: one read per blob, verified, straight into preallocated tensors.
+"""Reading blobs back: executes a restore.ReadPlan, one read per blob, verified, straight into
+preallocated tensors.
 
 For a CPU restore in the stored dtype the file is read (one preadv where the OS has it) into the
 destination tensors' own memory (no staging copy); otherwise it lands in a staging buffer and is
@@ -18,22 +19,47 @@ import blake3
 import numpy as np
 import torch
 
+from ..devices import synchronize
 from ..platform_io import open_read, pread, read_into
-from .blob import BlobHeader, blob_size, header_len, parse_fixed, parse_header
+from .blob import blob_size, header_len, parse_fixed, parse_header
 from .errors import BadBlob, MissingBlob
 from .layout import KVLayout
+from .restore import ReadItem, ReadPlan, cut_at_pictures
 
 
 @dataclass
-class ReadItem:
-    key: bytes
-    path: str
-    kind: int
-    start: int                 # sequence position of the blob's first token
-    n: int                     # tokens the blob holds
-    use: int                   # tokens wanted (<= n)
-    expect: np.ndarray | None  # token ids the blob must hold (None: checked by `accept`)
-    accept: Callable[[BlobHeader], int] | None = None  # tail: how many tokens match
+class ReadOutcome:
+    tensors: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer (K, V) [1, H, n, D]; None if n == 0
+    n_tokens: int
+    blobs_read: int
+    bytes_read: int
+
+
+def read_prefix(plan: ReadPlan, layout: KVLayout, device: str | torch.device, dtype: torch.dtype | None,
+                executor: ThreadPoolExecutor | None,
+                on_fail: Callable[[ReadItem, str, str], None]) -> ReadOutcome:
+    """Read a plan into fresh tensors on `device` (cast to `dtype` if given). Stops at the first bad
+    or missing blob (reported through on_fail); the result is the verified prefix, shortened so it
+    never ends inside one of plan.keep_whole."""
+    dev = torch.device(device)
+    out_dtype = dtype or layout.dtype
+    dest = [(torch.empty((1, kh, plan.n_tokens, kd), dtype=out_dtype, device=dev),
+             torch.empty((1, vh, plan.n_tokens, vd), dtype=out_dtype, device=dev))
+            for kh, kd, vh, vd in layout.shapes]
+    reader = BlobReader(layout, dest, executor)
+    n = cut_at_pictures(reader.run(plan.items, on_fail), plan.keep_whole)
+    if n == 0:
+        return ReadOutcome(None, 0, reader.blobs_read, reader.bytes_read)
+    if n < plan.n_tokens:
+        dest = [(_shrink(k, n), _shrink(v, n)) for k, v in dest]
+    synchronize(dev)  # CUDA / MPS copies may still be in flight
+    return ReadOutcome(dest, n, reader.blobs_read, reader.bytes_read)
+
+
+def _shrink(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n tokens; copied out when the view would pin much unused memory."""
+    view = t[:, :, :n, :]
+    return view if n * 8 >= t.shape[2] * 7 else view.clone()
 
 
 def read_layout(path: str) -> KVLayout:

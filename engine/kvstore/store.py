@@ -1,58 +1,54 @@
 """KVStore: the SSD block store the engine spills idle sessions to and restores them from.
 
+A thin facade over a one-way chain: pure pieces (keys, blob, layout, manifest, restore planning),
+the index (index.py: manifest, pins, counters, lock, eviction, job commit, sweep), spill jobs
+(spill_job.py) and the blob reader (reader.py). This file only wires them together.
+
 Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
 writes, the manifest commit, refcount release and eviction run on the store's writer thread.
-Every manifest access happens under one lock. Disk space and eviction: eviction.py; a spill
-job's registration and commit: jobs.py.
 """
 from __future__ import annotations
 
-import logging
 import errno
+import math
 import os
 import sqlite3
-import threading
-from collections import Counter
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import torch
 
-from .blob import KIND_BLOCK, KIND_TAIL, blob_path, blob_size
-from .errors import KVStoreError, StoreUnavailable
-from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, normalize_tokens, tail_key
-from .eviction import collect_garbage, free_bytes, precheck_space
-from .jobs import register_job
-from .layout import inspect_cache
-from .manifest import encode_state
-from .restore import RestoreResult
-from .restore import restore as restore_impl
-from .spill import BlobPlan, SpillJob, SpillResult
-from .sweep import is_damage, open_manifest, unavailable_reason
-from .sweep import sweep as sweep_store
-from .sweep import verify as verify_store
 from ..platform_io import FolderBusy, FolderLock
 from ..platform_io import sync_dir as fsync_dir
-from .writer import BufferPool, WriterThread, unlink_quiet
-
-log = logging.getLogger(__name__)
+from .blob import KIND_BLOCK, KIND_TAIL, blob_size
+from .errors import BadBlob, KVStoreError, MissingBlob, StoreUnavailable
+from .index import StoreIndex
+from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, normalize_tokens, tail_key
+from .layout import build_cache, inspect_cache
+from .manifest import encode_state
+from .reader import BlobReader, read_layout, read_prefix
+from .restore import RestoreResult, plan_reads
+from .spill_job import BlobPlan, SpillJob, SpillResult
+from .sweep import free_bytes, is_damage, open_manifest, unavailable_reason, verify
+from .writer import BufferPool, WriterThread
 
 # errors that say the disk (not the store) is the problem: full, over quota, read-only
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 GiB = 1 << 30
 DEFAULT_CAP = 20 * GiB
-COUNTER_NAMES = ("spills", "spill_failures", "blocks_written", "tails_written", "reused_blobs",
-                 "reused_bytes", "missing_blobs", "bytes_written", "restores", "restored_tokens",
-                 "restore_bytes", "bad_blobs", "evicted_sessions")
 
 
-class Counters(dict):
-    """The counters dict; also callable (store.counters() == store.counters) for callers that
-    treat it as a method."""
+def default_cap(free: int, held: int) -> int:
+    """The store's one size rule, for a disk with `free` bytes free and a store already holding
+    `held`: 10% of what the store could use, at most 20 GiB (1 GiB if the disk cannot be measured)."""
+    return min(DEFAULT_CAP, (free + held) // 10) or 1 * GiB
 
-    def __call__(self) -> "Counters":
-        return self
+
+def default_floor(cap: int) -> int:
+    """Free space a spill leaves on the disk: a quarter of the cap, at most 1 GiB."""
+    return min(1 * GiB, cap // 4)
 
 
 class KVStore:
@@ -61,22 +57,21 @@ class KVStore:
     root: directory (created); holds manifest.sqlite, blobs/xx/<key>.kvb and a lock file.
     namespace: model fingerprint bytes (config, weights identity, dtype, cache layout); part of
         every key, so blobs of different models never mix. Overridable per call.
-    max_bytes: size cap (default min(20 GiB, 10% of free disk + what the store holds)).
-    min_free_bytes: free-space floor on the filesystem; spills that would cross it evict LRU
-        sessions first and fail cleanly if that is not enough.
+    max_bytes: size cap; min_free_bytes: free-space floor on the filesystem (spills that would
+        cross it evict LRU sessions first and fail cleanly if that is not enough). Left None,
+        they follow default_cap and default_floor.
     durable: fsync files and directories (tests of logic may turn it off; never in the app).
     """
 
     def __init__(self, root: str, namespace: bytes | str = b"", *, block_tokens: int = 256,
                  unit_bytes: int = 32 << 20, max_bytes: int | None = None,
-                 min_free_bytes: int = 1 * GiB, pin_memory: bool | None = None, durable: bool = True):
+                 min_free_bytes: int | None = None, pin_memory: bool | None = None, durable: bool = True):
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
         self.root = os.path.abspath(root)
         self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
         self.block_tokens = int(block_tokens)
         self.unit_bytes = max(4096, int(unit_bytes))
-        self.min_free_bytes = int(min_free_bytes)
         self.durable = durable
         self.blobs_dir = os.path.join(self.root, "blobs")
         self._closed = False
@@ -90,19 +85,14 @@ class KVStore:
                 raise StoreUnavailable(unavailable_reason(self.root, e)) from e
             raise KVStoreError(f"KV store directory {self.root} is not usable: {e}") from e
         try:
-            self._manifest, self._manifest_reset = open_manifest(self.root)
+            manifest, reset = open_manifest(self.root)
         except StoreUnavailable:
             self._lock_file.close()
             raise
         except Exception as e:
             self._lock_file.close()
             raise KVStoreError(f"KV store manifest in {self.root} cannot be opened: {e}") from e
-        self._lock = threading.RLock()
-        self._spill_pins: Counter = Counter()  # keys referenced by in-flight spill jobs
-        self._read_pins: Counter = Counter()   # keys being read by a restore
-        self._active: Counter = Counter()      # session ids with an in-flight spill job
-        self._jobs: set[SpillJob] = set()
-        self._counters: Counter = Counter({k: 0 for k in COUNTER_NAMES})
+        self.index = StoreIndex(manifest, self.root, self.blobs_dir, reset)
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         # unit_bytes budgets a unit including its share of the spill's bookkeeping (token ids,
@@ -114,10 +104,10 @@ class KVStore:
         self._writer = WriterThread()
         self._reader: ThreadPoolExecutor | None = None
         try:
-            self.sweep_report = self.sweep()
+            self.sweep_report = self.index.sweep()
         except Exception as e:
             self._writer.stop()
-            self._manifest.close()
+            self.index.close()
             self._lock_file.close()
             # the sweep's first write is the reconcile transaction: a full disk fails it before
             # any file is deleted, and the store is whole when space returns
@@ -125,9 +115,16 @@ class KVStore:
                 raise StoreUnavailable(unavailable_reason(self.root, e)) from e
             raise
         if max_bytes is None:
-            _, on_disk, _ = self._manifest.totals()
-            max_bytes = min(DEFAULT_CAP, (free_bytes(self.root) + on_disk) // 10)
-        self.max_bytes = int(max_bytes)
+            max_bytes = default_cap(free_bytes(self.root), self.index.totals()[1])
+        self.index.set_limits(max_bytes, default_floor(max_bytes) if min_free_bytes is None else min_free_bytes)
+
+    @property
+    def max_bytes(self) -> int:
+        return self.index.max_bytes
+
+    @property
+    def min_free_bytes(self) -> int:
+        return self.index.min_free_bytes
 
     # ------------------------------------------------------------------ setup / teardown
     def _make_dirs(self) -> None:
@@ -146,15 +143,13 @@ class KVStore:
         """Finish queued writes, cancel jobs whose copies were never completed, release the lock."""
         if self._closed:
             return
-        for job in list(self._jobs):
-            job.cancel()
+        self.index.cancel_jobs()
         self._writer.flush()
         self._writer.stop()
         if self._reader is not None:
             self._reader.shutdown(wait=True)
-        with self._lock:
-            self._closed = True
-            self._manifest.close()
+        self._closed = True
+        self.index.close()
         self._lock_file.close()
 
     def __enter__(self) -> "KVStore":
@@ -163,57 +158,35 @@ class KVStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise KVStoreError("KV store is closed")
-
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ reads
     def _ns(self, namespace: bytes | str | None) -> bytes:
-        if namespace is None:
-            namespace = self.namespace
-        return namespace_digest(namespace, self.block_tokens)
-
-    def _path(self, key: bytes) -> str:
-        return blob_path(self.blobs_dir, key)
-
-    def _file_size(self, key: bytes) -> int:
-        try:
-            return os.stat(self._path(key)).st_size
-        except OSError:
-            return -1
+        return namespace_digest(self.namespace if namespace is None else namespace, self.block_tokens)
 
     def release_buffers(self) -> bool:
         """Give the spill buffers' host memory back (e.g. when idle); the next spill reallocates.
         Does nothing while a spill job is in flight."""
-        with self._lock:
-            if self._jobs:
-                return False
-            self._pool = BufferPool(self._buffer_bytes, count=2, pin=self._pin)
-            return True
+        if not self.index.idle():
+            return False
+        self._pool = BufferPool(self._buffer_bytes, count=2, pin=self._pin)
+        return True
 
     def known_blob(self, key: bytes, size: int | None = None) -> bool:
         """The manifest has the blob and its file is present with the right size (a stat, no read)."""
-        with self._lock:
-            row = self._manifest.blob_sizes([key]).get(key)
-        return row is not None and (size is None or row == size) and self._file_size(key) == row
+        row = self.index.blob_size(key)
+        return row is not None and (size is None or row == size) and self.index.file_size(key) == row
 
     @property
-    def counters(self) -> "Counters":
+    def counters(self) -> dict:
         """A snapshot: spills, blocks_written, reused_blobs, ..., bytes_on_disk, blobs_on_disk."""
-        with self._lock:
-            n, total, sessions = self._manifest.totals() if not self._closed else (0, 0, 0)
-            out = Counters(self._counters)
-        out.update(bytes_on_disk=total, blobs_on_disk=n, sessions=sessions,
-                   host_buffer_bytes=self._pool.allocated_bytes)
+        out = self.index.counters()
+        out["host_buffer_bytes"] = self._pool.allocated_bytes
         return out
 
     def sessions(self) -> list[str]:
-        with self._lock:
-            return [r.id for r in self._manifest.sessions()]
+        return self.index.session_ids()
 
     def session_info(self, session_id: str) -> dict | None:
-        with self._lock:
-            row = self._manifest.session(session_id)
+        row = self.index.session(session_id)
         if row is None:
             return None
         return {"n_tokens": row.n_tokens, "blocks": len(row.block_keys), "tail_tokens": row.tail_tokens,
@@ -223,14 +196,16 @@ class KVStore:
 
     def drop_session(self, session_id: str) -> bool:
         """Forget a session (e.g. the conversation was deleted); its unshared blobs are removed."""
-        with self._lock:
-            self._check_open()
-            for job in self._jobs:  # an in-flight spill must not bring the row back
-                if job.session_id == session_id:
-                    job.fail("session dropped")
-            old = self._manifest.drop_session(session_id)
-            collect_garbage(self)
-        return old is not None
+        return self.index.drop_session(session_id)
+
+    def sweep(self) -> dict:
+        """Remove temp files and unreferenced blob files; reconcile refcounts (index.sweep)."""
+        return self.index.sweep()
+
+    def verify(self) -> dict:
+        """Deep check (reads every referenced blob): tests and diagnostics, not the hot path."""
+        rows, blobs = self.index.snapshot()
+        return verify(rows, blobs, self.index.path)
 
     # ------------------------------------------------------------------ spill
     def begin_spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[Any] = (),
@@ -254,29 +229,19 @@ class KVStore:
         B = self.block_tokens
         keys = block_keys(ns, tokens, pictures, B)
         nb = len(keys)
-        plans = [BlobPlan(k, KIND_BLOCK, i * B, (i + 1) * B, blob_size(layout, B), self._path(k))
+        path = self.index.path
+        plans = [BlobPlan(k, KIND_BLOCK, i * B, (i + 1) * B, blob_size(layout, B), path(k))
                  for i, k in enumerate(keys)]
         if n > nb * B:
             tk = tail_key(ns, keys[-1] if keys else ZERO_KEY, tokens, nb * B, pictures)
-            plans.append(BlobPlan(tk, KIND_TAIL, nb * B, n, blob_size(layout, n - nb * B), self._path(tk)))
-        with self._lock:
-            self._check_open()
-            rows = self._manifest.blob_sizes(p.key for p in plans)
-            old = self._manifest.session(session_id)
-            memo = set(old.keys()) if old else set()
-            missing = 0
-            for p in plans:
-                size = rows.get(p.key)
-                if size == p.size and self._file_size(p.key) == p.size:
-                    p.write = False  # known blob: referenced, neither copied nor written
-                elif size is not None or p.key in memo:
-                    missing += 1     # the manifest names it but the disk lost it: rewrite now
-            job = SpillJob(self, session_id, ns, tokens, pictures, layout, kv, plans, state_json, missing)
-            register_job(self, job)
-            try:
-                error = precheck_space(self, job)
-            except Exception as e:  # e.g. a manifest error while evicting: report, don't leak the job
-                error = f"checking disk space failed: {e}"
+            plans.append(BlobPlan(tk, KIND_TAIL, nb * B, n, blob_size(layout, n - nb * B), path(tk)))
+
+        def make_job(missing: int) -> SpillJob:
+            return SpillJob(self.index, self._writer, self._pool, durable=self.durable, block_tokens=B,
+                            session_id=session_id, ns=ns, tokens=tokens, pictures=pictures, layout=layout,
+                            kv=kv, plans=plans, state_json=state_json, missing=missing)
+
+        job, error = self.index.begin_job(session_id, plans, make_job)
         if error:
             job.fail(error)
             job.step()  # hands the failed job to the writer, which reports it
@@ -289,15 +254,6 @@ class KVStore:
         job = self.begin_spill(session_id, token_ids, picture_spans, cache, state, namespace=namespace)
         job.run_copies()
         return job.result()
-
-    # ------------------------------------------------------------------ startup sweep
-    def sweep(self) -> dict:
-        """Remove temp files and blob files the manifest does not reference; reconcile refcounts.
-        Decided from the manifest and a directory listing only: no payload is read."""
-        with self._lock:
-            if self._jobs:  # their temp and renamed files would look like orphans
-                raise KVStoreError("sweep while spills are in flight")
-            return sweep_store(self)
 
     # ------------------------------------------------------------------ restore
     def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[Any] = (),
@@ -313,23 +269,51 @@ class KVStore:
         `state` is the session row's state when its row was usable; stats['state_complete']
         says whether that state describes exactly n_tokens tokens. Bad or missing blobs are
         counted and end the prefix; they are never served."""
-        return restore_impl(self, session_id, token_ids, picture_spans, device, dtype, namespace,
-                            max_tokens, shared, cut_pictures)
+        t0 = time.perf_counter()
+        tokens = normalize_tokens(token_ids)
+        pictures = normalize_pictures(picture_spans)
+        ns = self._ns(namespace)
+        B = self.block_tokens
+        limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), int(max_tokens)))
+        keys = block_keys(ns, tokens, pictures, B, limit_blocks=math.ceil(limit / B))
+        stats: dict[str, Any] = {"source": "none", "blobs_read": 0, "bytes_read": 0, "bad_blobs": 0,
+                                 "missing_blobs": 0, "session_tokens": 0, "state_complete": False}
 
-    def verify(self) -> dict:
-        """Deep check (reads every referenced blob): tests and diagnostics, not the hot path."""
-        return verify_store(self)
+        def done(cache: Any = None, n: int = 0, state: dict | None = None) -> RestoreResult:
+            stats["seconds"] = time.perf_counter() - t0
+            return RestoreResult(cache, n, state or {}, stats)
 
-    def _blob_failed(self, key: bytes, why: str, stats: dict, detail: str = "") -> None:
-        with self._lock:
-            if why == "missing":
-                self._counters["missing_blobs"] += 1
-                stats["missing_blobs"] += 1
-            else:
-                self._counters["bad_blobs"] += 1
-                stats["bad_blobs"] += 1
-                log.warning("kvstore: discarding bad blob %s: %s", key.hex(), detail)
-                # remove it so the next spill sees it missing and rewrites it; never serve it
-                if not self._spill_pins[key]:
-                    unlink_quiet(self._path(key))
+        def failed(key: bytes, why: str, detail: str) -> None:
+            stats[f"{why}_blobs"] += 1  # "missing" or "bad"
+            self.index.blob_failed(key, why, detail)
 
+        choice = self.index.pin_for_restore(session_id, keys, ns, B, limit, shared)
+        row = choice.row
+        try:
+            if row is not None:
+                stats["session_tokens"] = row.n_tokens
+            if not choice.pins:
+                return done()
+            stats["source"] = choice.source
+            try:
+                layout = row.layout if row is not None else read_layout(self.index.path(choice.chain[0]))
+            except (BadBlob, MissingBlob) as e:
+                failed(choice.chain[0], "missing" if isinstance(e, MissingBlob) else "bad", str(e))
+                return done()
+            plan = plan_reads(choice, tokens, pictures, limit, B, cut_pictures, self.index.path)
+            if not plan.items:
+                return done()
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(BlobReader.DEPTH, thread_name_prefix="kvstore-read")
+            out = read_prefix(plan, layout, device, dtype, self._reader,
+                              lambda item, why, detail: failed(item.key, why, detail))
+            stats["blobs_read"] = out.blobs_read
+            stats["bytes_read"] = out.bytes_read
+            if out.n_tokens == 0:
+                return done()
+            n = out.n_tokens
+            stats["state_complete"] = bool(row is not None and n == row.n_tokens)
+            self.index.restored(n, out.bytes_read, session_id if row is not None and choice.from_own else None)
+            return done(build_cache(out.tensors), n, row.state if row is not None else {})
+        finally:
+            self.index.unpin_reads(choice.pins)

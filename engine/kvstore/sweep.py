@@ -1,4 +1,5 @@
-"""Startup sweep and deep verification of a store directory.
+"""The store folder on disk: opening the manifest (a full disk is not damage), listing blob files
+for the startup sweep (index.StoreIndex.sweep), free space, and the deep check of blob files.
 
 The sweep decides from the manifest and a directory listing (names and sizes) only; it never
 reads a payload, so it costs the same whatever the store holds.
@@ -7,22 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sqlite3
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import blake3
 
 from .blob import SUFFIX, TMP_SUFFIX, parse_header
 from .errors import BadBlob, MissingBlob, StoreUnavailable
-from .eviction import collect_garbage, free_bytes
 from .keys import KEY_BYTES
-from .manifest import Manifest
+from .manifest import Manifest, SessionRow
 from .writer import unlink_quiet
-
-if TYPE_CHECKING:
-    from .store import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +66,13 @@ def open_manifest(root: str) -> tuple[Manifest, bool]:
     return Manifest(path), True
 
 
+def free_bytes(root: str) -> int:
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return 0
+
+
 def unavailable_reason(root: str, exc: BaseException) -> str:
     """One line: why the store cannot be used now, naming a full disk when it is one."""
     free = free_bytes(root)
@@ -108,25 +113,6 @@ def list_blob_files(blobs_dir: str, report: dict) -> dict[bytes, int]:
     return files
 
 
-def sweep(store: "KVStore") -> dict:
-    """Called with the store's lock held and no spill in flight."""
-    report = {"tmp_removed": 0, "orphans_removed": 0, "unreferenced_removed": 0,
-              "missing_rows": 0, "size_mismatch_removed": 0, "manifest_reset": store._manifest_reset}
-    files = list_blob_files(store.blobs_dir, report)
-    rec = store._manifest.reconcile(files)
-    report["missing_rows"] = rec["missing_rows"]  # kept: restores stop there, spills rewrite them
-    keep = store._manifest.all_blobs()
-    collect_garbage(store)  # rows no session references (and their files)
-    report["unreferenced_removed"] = len(rec["unreferenced"])
-    for key in rec["size_mismatch"]:
-        if unlink_quiet(store._path(key)):  # torn file: the next spill rewrites it
-            report["size_mismatch_removed"] += 1
-    for key in files:
-        if key not in keep and unlink_quiet(store._path(key)):  # written, never committed
-            report["orphans_removed"] += 1
-    return report
-
-
 def check_blob_file(path: str, key: bytes) -> None:
     """Read and fully verify one blob; raises MissingBlob or BadBlob."""
     try:
@@ -143,12 +129,11 @@ def check_blob_file(path: str, key: bytes) -> None:
         raise BadBlob("payload checksum mismatch")
 
 
-def verify(store: "KVStore") -> dict[str, Any]:
-    """Deep check (reads every referenced blob): for tests and diagnostics, not the hot path."""
+def verify(rows: list[SessionRow], blobs: dict[bytes, tuple[int, int]],
+           path_of: Callable[[bytes], str]) -> dict[str, Any]:
+    """Deep check (reads every referenced blob) of a manifest snapshot (index.snapshot()): for
+    tests and diagnostics, not the hot path."""
     report: dict[str, Any] = {"sessions": 0, "blobs_ok": 0, "bad": [], "missing": [], "refcount_errors": []}
-    with store._lock:
-        rows = store._manifest.sessions()
-        blobs = store._manifest.all_blobs()
     refs: Counter = Counter()
     for row in rows:
         report["sessions"] += 1
@@ -159,7 +144,7 @@ def verify(store: "KVStore") -> dict[str, Any]:
         elif blobs[key][1] != n:
             report["refcount_errors"].append((key.hex(), f"refcount {blobs[key][1]} != {n}"))
         try:
-            check_blob_file(store._path(key), key)
+            check_blob_file(path_of(key), key)
             report["blobs_ok"] += 1
         except MissingBlob:
             report["missing"].append(key.hex())

@@ -85,10 +85,6 @@ class WriterThread:
         self._q.put(None)
         self._thread.join(timeout)
 
-    @property
-    def is_writer(self) -> bool:
-        return threading.current_thread() is self._thread
-
 
 def unlink_quiet(path: str) -> bool:
     """Remove a file; False if it was not there (or could not be removed, which is logged)."""

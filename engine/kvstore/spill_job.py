@@ -5,28 +5,31 @@
     del cache                          # the job dropped its references: the device memory can go
     result = job.result()             # waits for the writer and the manifest commit
 
-Only blocks that are not already on disk are copied off the device at all.
+Only blocks that are not already on disk are copied off the device at all. A job is given only
+what it needs: the store's index (pins, commit, release), the writer thread and the buffer pool.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import blake3
 import numpy as np
 import torch
 
-from .blob import KIND_TAIL, encode_header, header_len
-from .jobs import finish_job
+from ..platform_io import AtomicFile, sync_dir
+from .blob import KIND_BLOCK, KIND_TAIL, encode_header, header_len
+from .index import StoreIndex
 from .keys import PictureSpan
 from .layout import KVLayout
-from ..platform_io import AtomicFile
+from .manifest import SessionRow
+from .writer import BufferPool, WriterThread
 
-if TYPE_CHECKING:
-    from .store import KVStore
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,9 +47,6 @@ class SpillResult:
     evicted_sessions: int = 0
     copy_seconds: float = 0.0   # owner-thread time spent in device->host copies
     seconds: float = 0.0        # begin_spill -> manifest commit
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -71,18 +71,23 @@ class _Sink:
 
 
 class SpillJob:
-    def __init__(self, store: "KVStore", session_id: str, ns: bytes, tokens: np.ndarray,
+    def __init__(self, index: StoreIndex, writer: WriterThread, pool: BufferPool, *, durable: bool,
+                 block_tokens: int, session_id: str, ns: bytes, tokens: np.ndarray,
                  pictures: tuple[PictureSpan, ...], layout: KVLayout,
                  kv: list[tuple[torch.Tensor, torch.Tensor]], plans: list[BlobPlan], state_json: str,
                  missing: int):
         self.session_id = session_id
+        self.block_tokens = block_tokens
         self.ns = ns
         self.tokens = tokens
         self.pictures = pictures
         self.layout = layout
         self.plans = plans
         self.state_json = state_json
-        self._store = store
+        self._index = index
+        self._writer = writer
+        self._pool = pool
+        self._durable = durable
         # held only until every unit is copied; bit-exact integer views (layout.RAW_DTYPES), as
         # numpy arrays for CPU tensors: torch's per-op overhead and thread pool cost 5-50x here
         raw = layout.raw_dtype
@@ -91,14 +96,14 @@ class SpillJob:
         self._to_write = [p for p in plans if p.write]
         # a small job is cut into ~4 units (>= 1 MiB) so the writer starts while copies go on
         total = sum(p.size for p in self._to_write)
-        self._unit = min(store._pool.nbytes, max(1 << 20, total // 4))
+        self._unit = min(pool.nbytes, max(1 << 20, total // 4))
         self._pieces: Iterator | None = self._piece_iter(self._unit)
         self._next = next(self._pieces, None)
         self._handed_over = False
         self._failed: str | None = None
         self._sinks: dict[int, _Sink] = {}
         self.written: list[BlobPlan] = []   # renamed into place, durable
-        self.dirs: set[str] = set()
+        self._dirs: set[str] = set()
         self._done = threading.Event()
         self._result: SpillResult | None = None
         self._t0 = time.perf_counter()
@@ -120,7 +125,7 @@ class SpillJob:
         if self._next is None:
             self._hand_over_end()
             return True
-        pool = self._store._pool
+        pool = self._pool
         buf = pool.acquire(block)
         if buf is None:
             return False
@@ -151,14 +156,14 @@ class SpillJob:
             self._hand_over_end()
             return True
         self.stats.copy_seconds += time.perf_counter() - t
-        self._store._writer.submit(self._write_unit, buf, pieces)
+        self._writer.submit(self._write_unit, buf, pieces)
         if self._next is None:
             self._hand_over_end()
         return self._handed_over
 
     def ready(self) -> bool:
         """Whether step() would not block (a host buffer is free, or nothing is left to copy)."""
-        return self._handed_over or self._failed is not None or self._next is None or self._store._pool.available()
+        return self._handed_over or self._failed is not None or self._next is None or self._pool.available()
 
     @property
     def copies_done(self) -> bool:
@@ -218,7 +223,7 @@ class SpillJob:
         self._handed_over = True
         self._kv = None  # drop our references: the caller may free the device cache now
         self._pieces = None
-        self._store._writer.submit(finish_job, self._store, self)
+        self._writer.submit(self._finish)
 
     def fail(self, message: str) -> None:
         if self._failed is None:
@@ -247,11 +252,11 @@ class SpillJob:
         except Exception as e:
             self.fail(f"writing blob failed: {e}")
         finally:
-            self._store._pool.release(buf)
+            self._pool.release(buf)
 
     def _open(self, wi: int) -> _Sink:
         plan = self._to_write[wi]
-        sink = _Sink(AtomicFile(plan.path, self._store.durable))
+        sink = _Sink(AtomicFile(plan.path, self._durable))
         self._sinks[wi] = sink
         # placeholder header; the real one (with the payload checksum) is written at the end
         sink.file.write(bytes(header_len(plan.n, self.layout.n_layers)))
@@ -271,12 +276,42 @@ class SpillJob:
             sink.file.discard()
             raise
         self.written.append(plan)
-        self.dirs.add(os.path.dirname(plan.path))  # os.sep: "\\" on Windows
+        self._dirs.add(os.path.dirname(plan.path))  # os.sep: "\\" on Windows
         if plan.kind == KIND_TAIL:
             self.stats.tail_written += 1
         else:
             self.stats.blocks_written += 1
         self.stats.bytes_written += plan.size
+
+    def _finish(self) -> None:
+        """After the job's last unit: commit it through the index, or clean up. Always completes
+        the job (a waiter must never hang)."""
+        ok = False
+        try:
+            if not self._failed:
+                try:
+                    if self._durable:
+                        for d in sorted(self._dirs):
+                            sync_dir(d)  # the renames are durable before the row naming them
+                    self._index.commit_job(self, self._session_row())
+                    ok = True
+                except Exception as e:
+                    self.fail(f"installing the session failed: {e}")
+            self._discard_open()
+            self.stats.evicted_sessions = self._index.release_job(self, ok)
+        except Exception:
+            log.exception("kvstore: cleanup after a spill failed")  # the startup sweep tidies up
+        finally:
+            self._complete(ok)
+
+    def _session_row(self) -> SessionRow:
+        tail = next((p for p in self.plans if p.kind == KIND_TAIL), None)
+        return SessionRow(id=self.session_id, namespace=self.ns, block_tokens=self.block_tokens,
+                          block_keys=[p.key for p in self.plans if p.kind == KIND_BLOCK],
+                          tail_key=tail.key if tail else None, tail_tokens=tail.n if tail else 0,
+                          n_tokens=len(self.tokens), pictures=self.pictures, layout=self.layout,
+                          state_json=self.state_json, bytes=sum(p.size for p in self.plans),
+                          last_used=time.time())
 
     def _discard_open(self) -> None:
         for sink in self._sinks.values():

@@ -1,0 +1,114 @@
+"""Fetch one large (LFS) file into the HF cache's blobs/ folder, resumably and verified.
+
+huggingface_hub 2.4 downloads to a process-unique temp file and deletes it on any failure, so a
+cancel, a dropped connection beyond its retries, or an app restart starts the file from byte 0
+(tests/test_models_pull.py::test_hf_client_restarts_from_zero measures it). Here the partial file
+keeps a stable name (blobs/<sha256>.parley-part); the next attempt asks for the rest with an HTTP
+Range request, and the file is renamed into place only after its SHA-256 equals the Hub's.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from .hub import LibraryError, NetworkUnreachable
+from .progress import ProgressMeter
+
+CHUNK = 1 << 20
+PART_SUFFIX = ".parley-part"
+RETRIES = 5
+
+
+class Cancelled(LibraryError):
+    pass
+
+
+class ChecksumMismatch(LibraryError):
+    pass
+
+
+class DiskFull(LibraryError):
+    pass
+
+
+def _hash_prefix(part: Path, h) -> int:
+    n = 0
+    with open(part, "rb") as f:
+        while block := f.read(8 * CHUNK):
+            h.update(block)
+            n += len(block)
+    return n
+
+
+def _fsync_dir(folder: Path) -> None:
+    if os.name == "nt":  # directories cannot be opened for fsync there
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: int, meter: ProgressMeter,
+               cancel: threading.Event, name: str) -> None:
+    """Download `url` to `blob` (blobs/<sha256>); raises Cancelled / ChecksumMismatch / DiskFull /
+    NetworkUnreachable / a huggingface_hub HTTP error. A cancel or a drop keeps the partial file."""
+    import httpx2
+    from huggingface_hub.utils import hf_raise_for_status
+
+    part = blob.with_name(blob.name + PART_SUFFIX)
+    h = hashlib.sha256()
+    if part.exists() and part.stat().st_size > size:
+        part.unlink()
+    have = _hash_prefix(part, h) if part.exists() else 0
+    if have:
+        meter.resumed_from_disk(have)
+    tries = RETRIES
+    with open(part, "ab") as out:
+        while have < size:
+            if cancel.is_set():
+                raise Cancelled(f"cancelled; {name} keeps {have} of {size} bytes for the next pull")
+            req = dict(headers)
+            if have:
+                req["Range"] = f"bytes={have}-"
+            try:
+                with session.stream("GET", url, headers=req, follow_redirects=True) as r:
+                    hf_raise_for_status(r)
+                    if have and r.status_code == 200:  # the server ignored Range: start over
+                        out.truncate(0)
+                        meter.rollback(have)
+                        h, have = hashlib.sha256(), 0
+                    for chunk in r.iter_bytes(CHUNK):
+                        try:
+                            out.write(chunk)
+                        except OSError as exc:
+                            if exc.errno == 28:  # ENOSPC
+                                raise DiskFull(f"disk full while writing {name} into {blob.parent}; "
+                                               f"{have} bytes kept for the next pull") from None
+                            raise
+                        h.update(chunk)
+                        have += len(chunk)
+                        meter.add(len(chunk))
+                        if cancel.is_set():
+                            break
+            except (httpx2.TransportError, ConnectionError) as exc:
+                tries -= 1
+                if tries <= 0:
+                    out.flush()
+                    raise NetworkUnreachable(f"network unreachable while fetching {name} "
+                                             f"({have} of {size} bytes kept): {exc}") from None
+                cancel.wait(0.2 * (RETRIES - tries))  # short back-off; a cancel ends it
+                continue
+            tries = RETRIES
+        out.flush()
+        os.fsync(out.fileno())
+    if have != size or h.hexdigest() != sha256:
+        part.unlink(missing_ok=True)
+        meter.rollback(have)
+        raise ChecksumMismatch(f"{name} failed its SHA-256 check (expected {sha256[:12]}…, got "
+                               f"{h.hexdigest()[:12]}…); deleted, nothing published")
+    os.replace(part, blob)
+    _fsync_dir(blob.parent)

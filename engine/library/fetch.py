@@ -81,7 +81,7 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: 
                         out.truncate(0)
                         meter.rollback(have)
                         h, have = hashlib.sha256(), 0
-                    for chunk in r.iter_bytes(CHUNK):
+                    for chunk in r.iter_bytes():  # as received: a drop loses no buffered bytes
                         try:
                             out.write(chunk)
                         except OSError as exc:

@@ -33,7 +33,8 @@ from .sidebar import Sidebar
 from .theme import apply_theme
 from .vram_panel import VramPanel
 
-HINT_NO_MODEL = "No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O)."
+HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
+                 "with File ▸ Models….")
 HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
 
 
@@ -122,6 +123,7 @@ class MainWindow(QMainWindow):
         self.act_new.setShortcut(QKeySequence.StandardKey.New)
         self.act_open = file.addAction(icon("model"), "Open model…", self.choose_model)
         self.act_open.setShortcut(QKeySequence.StandardKey.Open)
+        self.act_models = file.addAction("Models…", self.open_models)
         file.addSeparator()
         self.act_settings = file.addAction("Settings…", self.open_settings)
         self.act_settings.setShortcut(QKeySequence.StandardKey.Preferences)
@@ -205,6 +207,16 @@ class MainWindow(QMainWindow):
                              current=self.model_path, parent=self)
         if picker.exec() and picker.chosen:
             self.load_model(picker.chosen)
+        elif picker.wants_models:
+            self.open_models()
+
+    def open_models(self) -> None:
+        """The Models page: find, size up and download models; a finished one loads in one click."""
+        from .models_page import ModelsPage
+
+        page = ModelsPage(parent=self)
+        page.loadRequested.connect(self.load_model)
+        page.exec()
 
     def _on_model_loading(self, ev: ModelLoading) -> None:
         self.model_ready = False

@@ -1,0 +1,86 @@
+"""The Models page under pytest-qt against the hub stand-in: search, fit column, progress, cancel."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.library.catalog import CatalogEntry
+from engine.library.fetch import PART_SUFFIX
+from engine.library.hub import repo_folder
+from tests.fixtures.hub_standin import safetensors_bytes, start_standin
+from tests.test_models_fit import SMOLVLM_256M
+
+BIG = "model.safetensors"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    import json
+
+    h = start_standin(monkeypatch, tmp_path / "hf" / "hub")
+    h.add_repo("acme/smol", {"config.json": json.dumps(SMOLVLM_256M).encode(), "chat_template.jinja": b"{{ m }}",
+                             BIG: safetensors_bytes(4 << 20)})
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def page(qtbot, hub):
+    from app.models_page import ModelsPage
+
+    p = ModelsPage(catalog=[CatalogEntry("acme/listed", "llava", "7B", 14.1, True)])
+    qtbot.addWidget(p)
+    yield p
+    p.cancel.set()
+
+
+def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
+    from app.models_page import COL_FIT, COL_INSTALLED
+
+    page.search.setText("acme/smol")
+    page.search.returnPressed.emit()
+    row = page.row_of("acme/smol")
+    assert row is not None and page.selected_repo() == "acme/smol"
+    assert page.table.isRowHidden(page.row_of("acme/listed"))  # the filter hides the other row
+    fit = page.table.item(row, COL_FIT)
+    qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
+    assert fit.text().startswith(("fits", "tight", "does not fit")) and "GiB" in fit.text()
+    assert "weights" in fit.toolTip() and "vision" in fit.toolTip() and "KV" in fit.toolTip()
+    assert page.table.item(page.row_of("acme/listed"), COL_FIT).text() == "unknown"  # 404: no config
+
+    go_on = threading.Event()
+    hub.faults.hold_at[BIG] = (1 << 20, go_on)  # the stand-in pauses the big file after 1 MiB
+    with qtbot.waitSignal(page.sig.progress, timeout=30_000, check_params_cb=lambda p: p.file == BIG):
+        page.download_selected()
+    assert page.bar.value() > 0 and "MB" in page.bar_text.text()
+    assert page.btn_cancel.isEnabled()
+    with qtbot.waitSignal(page.sig.done, timeout=30_000):
+        page.cancel_download()
+        go_on.set()
+    assert "paused" in page.status.text()
+    part = repo_folder("acme/smol") / "blobs" / (hub.repos["acme/smol"].files[BIG].sha256 + PART_SUFFIX)
+    assert 0 < part.stat().st_size < len(hub.repos["acme/smol"].files[BIG].data)
+
+    with qtbot.waitSignal(page.sig.done, timeout=60_000):
+        page.download_selected()
+    assert "is ready" in page.status.text() and page.bar.value() == 1000
+    qtbot.waitUntil(lambda: page.btn_load.isEnabled(), timeout=30_000)
+    assert page.table.item(row, COL_INSTALLED).text().startswith("✓")
+    with qtbot.waitSignal(page.loadRequested) as loaded:
+        page.btn_load.click()
+    assert loaded.args[0].endswith(hub.repos["acme/smol"].commit)
+
+
+def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monkeypatch):
+    from app.models_page import COL_INSTALLED, ModelsPage
+    from engine.library.pull import plan_pull, pull
+
+    pull(plan_pull("acme/smol"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    p = ModelsPage(catalog=[CatalogEntry("acme/listed", "llava", "7B", 14.1, True)])
+    qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p.row_of("acme/smol") is not None and
+                    p.table.item(p.row_of("acme/smol"), COL_INSTALLED).text().startswith("✓"), timeout=30_000)
+    qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
+    assert p.status.text().count("network unreachable") == 1

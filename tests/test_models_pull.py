@@ -100,6 +100,18 @@ def test_cancel_then_resume_keeps_the_partial_file(hub):
     assert resumed[-1].resumed_bytes >= kept
 
 
+def test_server_ignoring_range_restarts_the_file_cleanly(hub):
+    repo, size = _big_repo(hub)
+    cancel = threading.Event()
+    with pytest.raises(Cancelled):
+        pull(plan_pull("acme/big"), lambda p: p.file == BIG and cancel.set(), cancel)
+    hub.faults.ignore_range.add(BIG)
+    seen = []
+    snap = pull(plan_pull("acme/big"), seen.append)
+    assert (snap / BIG).read_bytes() == repo.files[BIG].data
+    assert seen[-1].done_bytes == plan_pull("acme/big").total_bytes  # the thrown-away bytes were rolled back
+
+
 def test_hf_client_restarts_from_zero(hub, tmp_path):
     """The measurement behind fetch.py: huggingface_hub 2.4 throws a failed file's bytes away."""
     from huggingface_hub import hf_hub_download

@@ -52,13 +52,44 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+class _Hasher:
+    """SHA-256 on a helper thread, one chunk behind the network: hashlib releases the GIL, so
+    hashing overlaps the next recv instead of adding to it. Order is kept (one chunk in flight)."""
+
+    def __init__(self, h):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.h = h
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._pending = None
+
+    def update(self, chunk: bytes) -> None:
+        if self._pending is not None:
+            self._pending.result()
+        self._pending = self._pool.submit(self.h.update, chunk)
+
+    def _settle(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def reset(self) -> None:
+        self._settle()
+        self.h = hashlib.sha256()
+
+    def hexdigest(self) -> str:
+        self._settle()
+        return self.h.hexdigest()
+
+    def close(self) -> None:
+        self._settle()
+        self._pool.shutdown(wait=True)
+
+
 def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: int, meter: ProgressMeter,
                cancel: threading.Event, name: str) -> None:
     """Download `url` to `blob` (blobs/<sha256>); raises Cancelled / ChecksumMismatch / DiskFull /
     NetworkUnreachable / a huggingface_hub HTTP error. A cancel or a drop keeps the partial file."""
-    import httpx2
-    from huggingface_hub.utils import hf_raise_for_status
-
     part = blob.with_name(blob.name + PART_SUFFIX)
     h = hashlib.sha256()
     if part.exists() and part.stat().st_size > size:
@@ -66,6 +97,27 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: 
     have = _hash_prefix(part, h) if part.exists() else 0
     if have:
         meter.resumed_from_disk(have)
+    hasher = _Hasher(h)
+    try:
+        have = _receive(session, url, headers, part, hasher, have, size, meter, cancel, name, blob)
+        digest = hasher.hexdigest()
+    finally:
+        hasher.close()
+    if have != size or digest != sha256:
+        part.unlink(missing_ok=True)
+        meter.rollback(have)
+        raise ChecksumMismatch(f"{name} failed its SHA-256 check (expected {sha256[:12]}…, got "
+                               f"{digest[:12]}…); deleted, nothing published")
+    os.replace(part, blob)
+    _fsync_dir(blob.parent)
+
+
+def _receive(session, url, headers, part: Path, hasher: _Hasher, have: int, size: int, meter: ProgressMeter,
+             cancel: threading.Event, name: str, blob: Path) -> int:
+    """Append the missing bytes to `part` (Range from `have`), retrying drops; returns bytes on disk."""
+    import httpx2
+    from huggingface_hub.utils import hf_raise_for_status
+
     tries = RETRIES
     with open(part, "ab") as out:
         while have < size:
@@ -80,7 +132,8 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: 
                     if have and r.status_code == 200:  # the server ignored Range: start over
                         out.truncate(0)
                         meter.rollback(have)
-                        h, have = hashlib.sha256(), 0
+                        hasher.reset()
+                        have = 0
                     for chunk in r.iter_bytes():  # as received: a drop loses no buffered bytes
                         try:
                             out.write(chunk)
@@ -89,7 +142,7 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: 
                                 raise DiskFull(f"disk full while writing {name} into {blob.parent}; "
                                                f"{have} bytes kept for the next pull") from None
                             raise
-                        h.update(chunk)
+                        hasher.update(chunk)
                         have += len(chunk)
                         meter.add(len(chunk))
                         if cancel.is_set():
@@ -105,10 +158,4 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: 
             tries = RETRIES
         out.flush()
         os.fsync(out.fileno())
-    if have != size or h.hexdigest() != sha256:
-        part.unlink(missing_ok=True)
-        meter.rollback(have)
-        raise ChecksumMismatch(f"{name} failed its SHA-256 check (expected {sha256[:12]}…, got "
-                               f"{h.hexdigest()[:12]}…); deleted, nothing published")
-    os.replace(part, blob)
-    _fsync_dir(blob.parent)
+    return have

@@ -112,7 +112,7 @@ def cmd_serve(args) -> int:
 def cmd_window(args) -> int:
     from app import run_app
 
-    return run_app(args.model, _data_dir(args.data_dir))
+    return run_app(_model_dir(args.model) if args.model else None, _data_dir(args.data_dir))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -214,7 +214,7 @@ class MainWindow(QMainWindow):
         """The Models page: find, size up and download models; a finished one loads in one click."""
         from .models_page import ModelsPage
 
-        page = ModelsPage(parent=self)
+        page = ModelsPage(recent=self.prefs.recent_models(), parent=self)
         page.loadRequested.connect(self.load_model)
         page.exec()
 

@@ -132,7 +132,11 @@ class ModelPicker(QDialog):
             self.try_folder(path)
 
     def try_folder(self, path: str) -> bool:
-        """Accept a folder if the engine's check passes; else show why and stay open."""
+        """Accept a folder (or a repo id in the HF cache) if the engine's check passes; else show
+        why and stay open."""
+        from engine.library.installed import resolve_model
+
+        path = str(resolve_model(path) or path)
         problem = self.check(Path(path))
         if problem:
             self.path_label.setText(path)

@@ -47,7 +47,7 @@ class _Signals(QObject):
 class ModelsPage(QDialog):
     loadRequested = Signal(str)  # a snapshot folder to load
 
-    def __init__(self, catalog: list[CatalogEntry] | None = None, parent=None):
+    def __init__(self, catalog: list[CatalogEntry] | None = None, recent: list[str] | None = None, parent=None):
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.setObjectName("modelsPage")
@@ -60,6 +60,7 @@ class ModelsPage(QDialog):
         self.sig.notice.connect(self._say)
         self.catalog = catalog if catalog is not None else load_catalog()
         self.installed: dict = {}
+        self.folders: dict[str, Path] = {}  # recent model folders: loadable, never deleted from here
         self.cancel = threading.Event()
         self.downloading: str | None = None
         self.finished_path: str | None = None
@@ -133,6 +134,8 @@ class ModelsPage(QDialog):
 
         for e in self.catalog:
             self._add_row(e.repo_id, e.family, e.params, f"{'~' if e.approx else ''}{e.download_gb:.2f} GB")
+        for folder in recent or []:
+            self._add_folder(Path(folder))
         self._update_buttons()
         self._background(self._scan_installed)
         self.refresh_fits()
@@ -145,6 +148,17 @@ class ModelsPage(QDialog):
         for c, text in enumerate([repo_id, family, params, size, "…", ""]):
             self.table.setItem(r, c, QTableWidgetItem(text))
         return r
+
+    def _add_folder(self, folder: Path) -> None:
+        from engine.library.repo_check import read_json
+
+        config = read_json(folder / "config.json")
+        if config is None or str(folder) in self.folders:
+            return
+        size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+        r = self._add_row(str(folder), config.get("model_type", "?"), "", human_bytes(size))
+        self.table.item(r, COL_INSTALLED).setText("✓ folder")
+        self.folders[str(folder)] = folder
 
     def row_of(self, repo_id: str) -> int | None:
         for r in range(self.table.rowCount()):
@@ -178,7 +192,15 @@ class ModelsPage(QDialog):
     # ------------------------------------------------------------ background work
 
     def _background(self, fn) -> None:
-        threading.Thread(target=fn, daemon=True, name="models-page").start()
+        t = threading.Thread(target=fn, daemon=True, name="models-page")
+        self._threads = [x for x in getattr(self, "_threads", []) if x.is_alive()] + [t]
+        t.start()
+
+    def wait_idle(self, timeout_s: float = 30.0) -> bool:
+        """Join the background work (Hub requests time out on their own); True when none is left."""
+        for t in list(getattr(self, "_threads", [])):
+            t.join(timeout_s)
+        return not any(t.is_alive() for t in getattr(self, "_threads", []))
 
     def _scan_installed(self) -> None:
         from engine.library.installed import installed_models
@@ -200,8 +222,13 @@ class ModelsPage(QDialog):
 
                 plan = plan_pull(repo_id, token=token_store.load_token())
                 self.sig.fit.emit(repo_id, "", f"size:{plan.total_bytes}|{plan.problem or ''}")
-            config = remote_config(repo_id, self.installed.get(repo_id), offline=offline_forced(),
-                                   token=token_store.load_token())
+            if repo_id in self.folders:
+                from engine.library.repo_check import read_json
+
+                config = read_json(self.folders[repo_id] / "config.json")
+            else:
+                config = remote_config(repo_id, self.installed.get(repo_id), offline=offline_forced(),
+                                       token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
             gib = 1 << 30
             self.sig.fit.emit(repo_id, f"{fit.verdict} · {fit.need.total_bytes / gib:.1f} of "
@@ -238,7 +265,8 @@ class ModelsPage(QDialog):
             self.table.item(r, COL_INSTALLED).setText(
                 f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):
-            if self.table.item(r, 0).text() not in self.installed and \
+            name = self.table.item(r, 0).text()
+            if name not in self.installed and name not in self.folders and \
                     self.table.item(r, COL_INSTALLED).text() != "cannot be used":
                 self.table.item(r, COL_INSTALLED).setText("")
         self._update_buttons()
@@ -310,10 +338,11 @@ class ModelsPage(QDialog):
         self._background(self._scan_installed)
 
     def load_selected(self) -> None:
-        repo_id = self.selected_repo()
-        m = self.installed.get(repo_id or "")
-        if m is not None and m.complete:
-            self.loadRequested.emit(str(m.snapshot))
+        repo_id = self.selected_repo() or ""
+        m = self.installed.get(repo_id)
+        path = self.folders.get(repo_id) or (m.snapshot if m is not None and m.complete else None)
+        if path is not None:
+            self.loadRequested.emit(str(path))
             self.accept()
 
     def _save_token(self) -> None:
@@ -324,10 +353,12 @@ class ModelsPage(QDialog):
     def _update_buttons(self) -> None:
         repo_id = self.selected_repo()
         m = self.installed.get(repo_id or "")
-        self.btn_download.setEnabled(bool(repo_id) and self.downloading is None and not (m and m.complete))
+        folder = (repo_id or "") in self.folders
+        self.btn_download.setEnabled(bool(repo_id) and self.downloading is None and not (m and m.complete)
+                                     and not folder)
         self.btn_cancel.setEnabled(self.downloading is not None)
         self.btn_delete.setEnabled(m is not None and repo_id != self.downloading)
-        self.btn_load.setEnabled(bool(m and m.complete))
+        self.btn_load.setEnabled(bool(m and m.complete) or folder)
 
     def reject(self) -> None:
         self.cancel.set()  # closing pauses a running download (the partial file stays)

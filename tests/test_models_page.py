@@ -33,6 +33,7 @@ def page(qtbot, hub):
     qtbot.addWidget(p)
     yield p
     p.cancel.set()
+    assert p.wait_idle()
 
 
 def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
@@ -83,4 +84,33 @@ def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monk
     qtbot.waitUntil(lambda: p.row_of("acme/smol") is not None and
                     p.table.item(p.row_of("acme/smol"), COL_INSTALLED).text().startswith("✓"), timeout=30_000)
     qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
+    assert p.wait_idle()
     assert p.status.text().count("network unreachable") == 1
+
+
+def test_recent_folder_is_listed_loadable_and_not_deletable(qtbot, hub, tiny_model):
+    from app.models_page import COL_FIT, COL_INSTALLED, ModelsPage
+
+    folder = str(tiny_model("smolvlm"))
+    p = ModelsPage(catalog=[], recent=[folder])
+    qtbot.addWidget(p)
+    r = p.row_of(folder)
+    assert p.table.item(r, COL_INSTALLED).text() == "✓ folder"
+    qtbot.waitUntil(lambda: p.table.item(r, COL_FIT).text() not in ("…", ""), timeout=60_000)
+    assert p.table.item(r, COL_FIT).text().startswith("fits")  # a tiny model fits anywhere
+    p.table.selectRow(r)
+    assert p.btn_load.isEnabled() and not p.btn_delete.isEnabled() and not p.btn_download.isEnabled()
+    with qtbot.waitSignal(p.loadRequested) as loaded:
+        p.btn_load.click()
+    assert loaded.args == [folder]
+    assert p.wait_idle()
+
+
+def test_picker_accepts_a_cached_repo_id(qtbot, hub):
+    from app.model_picker import ModelPicker
+    from engine.library.pull import plan_pull, pull
+
+    snap = pull(plan_pull("acme/smol"))
+    picker = ModelPicker([], check=lambda _p: None)
+    qtbot.addWidget(picker)
+    assert picker.try_folder("acme/smol") and picker.chosen == str(snap)

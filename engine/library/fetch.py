@@ -19,6 +19,7 @@ from .progress import ProgressMeter
 CHUNK = 1 << 20
 PART_SUFFIX = ".parley-part"
 RETRIES = 5
+READ_TIMEOUT_S = 20  # a stalled connection counts as dropped (and is retried with Range)
 
 
 class Cancelled(LibraryError):
@@ -127,7 +128,8 @@ def _receive(session, url, headers, part: Path, hasher: _Hasher, have: int, size
             if have:
                 req["Range"] = f"bytes={have}-"
             try:
-                with session.stream("GET", url, headers=req, follow_redirects=True) as r:
+                timeout = httpx2.Timeout(15, read=READ_TIMEOUT_S)
+                with session.stream("GET", url, headers=req, follow_redirects=True, timeout=timeout) as r:
                     hf_raise_for_status(r)
                     if have and r.status_code == 200:  # the server ignored Range: start over
                         out.truncate(0)

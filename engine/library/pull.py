@@ -18,6 +18,7 @@ from .hub import LibraryError, endpoint, hub_cache_dir, repo_folder, translate
 from .progress import ProgressCallback, ProgressMeter
 
 SPACE_MARGIN = 64 << 20  # keep this much free after a pull
+META_TIMEOUT_S = 15  # model info and small JSON files: a dead network must not hang the page
 
 
 class NoSpace(LibraryError):
@@ -72,7 +73,8 @@ def fetch_json(repo_id: str, filename: str, commit: str, token: str | None) -> d
 
     url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint())
     try:
-        r = get_session().get(url, headers=build_hf_headers(token=token or False), follow_redirects=True)
+        r = get_session().get(url, headers=build_hf_headers(token=token or False), follow_redirects=True,
+                              timeout=META_TIMEOUT_S)
         hf_raise_for_status(r)
         return json.loads(r.content)
     except ValueError:
@@ -84,7 +86,8 @@ def fetch_json(repo_id: str, filename: str, commit: str, token: str | None) -> d
 def plan_pull(repo_id: str, revision: str = "main", token: str | None = None) -> PullPlan:
     """Ask the Hub what the model consists of and whether Parley can load it (small requests only)."""
     try:
-        info = _api().model_info(repo_id, revision=revision, files_metadata=True, token=token or False)
+        info = _api().model_info(repo_id, revision=revision, files_metadata=True, token=token or False,
+                                 timeout=META_TIMEOUT_S)
     except Exception as exc:
         raise translate(exc, repo_id, revision) from None
     siblings = info.siblings or []

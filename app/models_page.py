@@ -100,6 +100,8 @@ class ModelsPage(QDialog):
         lay.addWidget(self.status)
         self.bar = QProgressBar(minimum=0, maximum=1000, textVisible=False)
         self.bar_text = QLabel()
+        self.bar_text.setMinimumWidth(self.bar_text.fontMetrics().horizontalAdvance(
+            "000.0 MB of 000.0 MB at 000.0 MB/s, 00:00 left  "))
         row = QHBoxLayout()
         row.addWidget(self.bar, 1)
         row.addWidget(self.bar_text)
@@ -230,9 +232,8 @@ class ModelsPage(QDialog):
                 config = remote_config(repo_id, self.installed.get(repo_id), offline=offline_forced(),
                                        token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
-            gib = 1 << 30
-            self.sig.fit.emit(repo_id, f"{fit.verdict} · {fit.need.total_bytes / gib:.1f} of "
-                                       f"{fit.free_bytes / gib:.1f} GiB", fit.line())
+            self.sig.fit.emit(repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
+                                       f"{human_bytes(fit.free_bytes)} free", fit.line())
         except NetworkUnreachable as exc:
             self.sig.fit.emit(repo_id, "—", str(exc))
             self.sig.notice.emit(str(exc))

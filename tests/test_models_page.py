@@ -46,7 +46,7 @@ def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
     assert page.table.isRowHidden(page.row_of("acme/listed"))  # the filter hides the other row
     fit = page.table.item(row, COL_FIT)
     qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
-    assert fit.text().startswith(("fits", "tight", "does not fit")) and "GiB" in fit.text()
+    assert fit.text().startswith(("fits · needs", "tight · needs", "does not fit · needs")) and "free" in fit.text()
     assert "weights" in fit.toolTip() and "vision" in fit.toolTip() and "KV" in fit.toolTip()
     assert page.table.item(page.row_of("acme/listed"), COL_FIT).text() == "unknown"  # 404: no config
 

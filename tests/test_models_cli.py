@@ -49,3 +49,25 @@ def test_list_offline_says_unreachable_once(hub, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.count("network unreachable") == 1
     assert any(line.startswith("acme/cli") and "installed" in line for line in out.splitlines())
+
+
+def test_gated_pull_with_a_saved_token(hub, capsys, tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from engine.library import token_store
+
+    hub.add_repo("acme/gated", {"config.json": b'{"model_type": "llava"}', "chat_template.jinja": b"{{ m }}",
+                                "model.safetensors": safetensors_bytes(1 << 20)}, gated_token="hf_good")
+    assert main.main(["models", "pull", "acme/gated"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: HTTP 401: acme/gated is gated; accept its terms at {hub.url}/acme/gated and set a Hugging Face "
+        "token with access to it"]
+    # no OS keyring on this machine (keyring answers with its 'fail' backend): the HF token file
+    where = token_store.save_token("  hf_good\n")
+    path = tmp_path / "hf" / "hf-token"
+    assert where == f"the file {path}" and path.read_text() == "hf_good"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert main.main(["models", "pull", "acme/gated"]) == 0
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")  # the environment wins, as in huggingface_hub
+    assert token_store.load_token() == "hf_from_env"

@@ -173,6 +173,27 @@ def test_real_small_disk_refuses_a_model_that_cannot_fit(hub, small_disk, monkey
     assert BIG not in hub.sent
 
 
+def test_disk_full_mid_file_keeps_what_arrived_and_resumes(hub, small_disk, monkeypatch):
+    from engine.library.hub import DiskFull
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(small_disk.root / "hub"))
+    monkeypatch.setattr(pull_mod, "SPACE_MARGIN", 0)
+    repo, size = _big_repo(hub, mib=6)
+    filler = small_disk.root / "other-files"
+    filler.write_bytes(b"\0" * (4 << 20))  # 8 MiB disk, 4 MiB taken by something else
+    monkeypatch.setattr(pull_mod, "free_bytes", lambda _folder: 1 << 40)  # a probe that got it wrong
+    with pytest.raises(DiskFull) as exc:
+        pull(plan_pull("acme/big"))
+    assert str(exc.value).startswith(f"disk full while writing {BIG} into ")
+    part = repo_folder("acme/big") / "blobs" / (repo.files[BIG].sha256 + PART_SUFFIX)
+    kept = part.stat().st_size
+    assert 0 < kept < size
+    filler.unlink()  # the user frees space; the next pull continues from what is on disk
+    asked_before = len(hub.requests)
+    assert (pull(plan_pull("acme/big")) / BIG).read_bytes() == repo.files[BIG].data
+    assert [r for _m, p, r in hub.requests[asked_before:] if p.startswith("/lfs/")] == [f"bytes={kept}-"]
+
+
 def test_offline_lists_installed_models_and_says_unreachable(hub, monkeypatch):
     _big_repo(hub)
     snap = pull(plan_pull("acme/big"))

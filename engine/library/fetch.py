@@ -8,12 +8,13 @@ Range request, and the file is renamed into place only after its SHA-256 equals 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
 from pathlib import Path
 
-from .hub import LibraryError, NetworkUnreachable
+from .hub import DiskFull, LibraryError, NetworkUnreachable
 from .progress import ProgressMeter
 
 CHUNK = 1 << 20
@@ -27,10 +28,6 @@ class Cancelled(LibraryError):
 
 
 class ChecksumMismatch(LibraryError):
-    pass
-
-
-class DiskFull(LibraryError):
     pass
 
 
@@ -115,7 +112,20 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, sha256: str, size: 
 
 def _receive(session, url, headers, part: Path, hasher: _Hasher, have: int, size: int, meter: ProgressMeter,
              cancel: threading.Event, name: str, blob: Path) -> int:
-    """Append the missing bytes to `part` (Range from `have`), retrying drops; returns bytes on disk."""
+    """Append the missing bytes to `part` (Range from `have`), retrying drops; returns bytes on disk.
+    A full disk keeps what reached the disk (the next pull re-hashes the part file)."""
+    try:
+        return _append(session, url, headers, part, hasher, have, size, meter, cancel, name)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        kept = part.stat().st_size if part.exists() else 0
+        raise DiskFull(f"disk full while writing {name} into {blob.parent}: {kept} of {size} bytes kept "
+                       f"for the next pull; free {(size - kept) / 1e6:.1f} MB there and pull again") from None
+
+
+def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size: int, meter: ProgressMeter,
+            cancel: threading.Event, name: str) -> int:
     import httpx2
     from huggingface_hub.utils import hf_raise_for_status
 
@@ -137,13 +147,7 @@ def _receive(session, url, headers, part: Path, hasher: _Hasher, have: int, size
                         hasher.reset()
                         have = 0
                     for chunk in r.iter_bytes():  # as received: a drop loses no buffered bytes
-                        try:
-                            out.write(chunk)
-                        except OSError as exc:
-                            if exc.errno == 28:  # ENOSPC
-                                raise DiskFull(f"disk full while writing {name} into {blob.parent}; "
-                                               f"{have} bytes kept for the next pull") from None
-                            raise
+                        out.write(chunk)
                         hasher.update(chunk)
                         have += len(chunk)
                         meter.add(len(chunk))

@@ -5,6 +5,7 @@ once at import), so HF_HUB_CACHE / HF_HOME / HF_ENDPOINT set later are still hon
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -25,6 +26,10 @@ class AccessDenied(LibraryError):
 
 
 class NotFound(LibraryError):
+    pass
+
+
+class DiskFull(LibraryError):
     pass
 
 
@@ -67,6 +72,9 @@ def translate(exc: BaseException, repo_id: str, revision: str | None = None) -> 
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, LibraryError):
         return exc
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return DiskFull(f"disk full while downloading {repo_id} into {hub_cache_dir()}; free some space and "
+                        f"pull again (finished files are kept)")
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return NetworkUnreachable("network unreachable: offline mode is on (HF_HUB_OFFLINE)")
     if isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError)):

@@ -210,13 +210,25 @@ class MainWindow(QMainWindow):
         elif picker.wants_models:
             self.open_models()
 
+    def _models_button(self):
+        if getattr(self, "_empty_models_button", None) is None:
+            from .models_page import EmptyChatModelsButton
+
+            self._empty_models_button = EmptyChatModelsButton(self.chat, self.open_models)
+        return self._empty_models_button
+
     def open_models(self) -> None:
         """The Models page: find, size up and download models; a finished one loads in one click."""
         from .models_page import ModelsPage
 
-        page = ModelsPage(recent=self.prefs.recent_models(), parent=self)
-        page.loadRequested.connect(self.load_model)
-        page.exec()
+        if getattr(self, "models_page", None) is not None and self.models_page.isVisible():
+            self.models_page.raise_()
+            return
+        self.models_page = ModelsPage(recent=self.prefs.recent_models(), parent=self)
+        self.models_page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.models_page.loadRequested.connect(self.load_model)
+        self.models_page.destroyed.connect(lambda *_: setattr(self, "models_page", None))
+        self.models_page.open()
 
     def _on_model_loading(self, ev: ModelLoading) -> None:
         self.model_ready = False
@@ -362,6 +374,7 @@ class MainWindow(QMainWindow):
             self.chat.set_placeholder(HINT_NO_MODEL)
         elif self.model_ready:
             self.chat.set_placeholder(HINT_EMPTY)
+        self._models_button().want(not self.model_ready and self.model_path is None and override is None)
 
     # ------------------------------------------------------------ dialogs
 

@@ -138,8 +138,9 @@ class ModelsPage(QDialog):
             self._add_row(e.repo_id, e.family, e.params, f"{'~' if e.approx else ''}{e.download_gb:.2f} GB")
         for folder in recent or []:
             self._add_folder(Path(folder))
-        self._update_buttons()
-        self._background(self._scan_installed)
+        from engine.library.installed import installed_models
+
+        self._on_installed(installed_models(), fit_new_rows=False)  # disk only; before the fits start
         self.refresh_fits()
 
     # ------------------------------------------------------------ rows
@@ -187,7 +188,7 @@ class ModelsPage(QDialog):
         if r is None:
             r = self._add_row(repo_id, "?", "", "?")
             args = (self.precision.currentText(), self.context.value())
-            self._background(lambda: self._fit_one(repo_id, *args, with_plan=True))
+            self._background(lambda: self._fit_one(repo_id, *args))
         self.table.setRowHidden(r, False)
         self.table.selectRow(r)
 
@@ -212,25 +213,29 @@ class ModelsPage(QDialog):
     def refresh_fits(self) -> None:
         repos = [self.table.item(r, 0).text() for r in range(self.table.rowCount())]
         args = (self.precision.currentText(), self.context.value())  # read on the GUI thread
-        self._background(lambda: [self._fit_one(repo, *args) for repo in repos])
+        # the size and folder check come once; a precision or context change only redoes the fit
+        first = not getattr(self, "_planned", False)
+        self._planned = True
+        self._background(lambda: [self._fit_one(repo, *args, with_plan=first) for repo in repos])
 
-    def _fit_one(self, repo_id: str, precision: str, context: int, with_plan: bool = False) -> None:
+    def _fit_one(self, repo_id: str, precision: str, context: int, with_plan: bool = True) -> None:
+        """Fit (and, for a model not on disk, the live size and the folder check) of one row."""
         from engine.library.fit import estimate_fit, free_device_memory
         from engine.library.remote import remote_config
+        from engine.library.repo_check import read_json
 
         try:
-            if with_plan:  # a searched repo: its real size and the folder check first
+            installed = self.installed.get(repo_id)
+            if repo_id in self.folders:
+                config = read_json(self.folders[repo_id] / "config.json")
+            elif installed is None and with_plan and not offline_forced():
                 from engine.library.pull import plan_pull
 
                 plan = plan_pull(repo_id, token=token_store.load_token())
                 self.sig.fit.emit(repo_id, "", f"size:{plan.total_bytes}|{plan.problem or ''}")
-            if repo_id in self.folders:
-                from engine.library.repo_check import read_json
-
-                config = read_json(self.folders[repo_id] / "config.json")
+                config = plan.config
             else:
-                config = remote_config(repo_id, self.installed.get(repo_id), offline=offline_forced(),
-                                       token=token_store.load_token())
+                config = remote_config(repo_id, installed, offline=offline_forced(), token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
             self.sig.fit.emit(repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
                                        f"{human_bytes(fit.free_bytes)} free", fit.line())
@@ -255,14 +260,15 @@ class ModelsPage(QDialog):
         self.table.item(r, COL_FIT).setText(text)
         self.table.item(r, COL_FIT).setToolTip(tip)
 
-    def _on_installed(self, models) -> None:
+    def _on_installed(self, models, fit_new_rows: bool = True) -> None:
         self.installed = {m.repo_id: m for m in models}
         for m in models:
             r = self.row_of(m.repo_id)
             if r is None:
                 r = self._add_row(m.repo_id, m.model_type or "?", "", human_bytes(m.size_on_disk))
-                args = (self.precision.currentText(), self.context.value())
-                self._background(lambda repo=m.repo_id: self._fit_one(repo, *args))
+                if fit_new_rows:
+                    args = (self.precision.currentText(), self.context.value())
+                    self._background(lambda repo=m.repo_id: self._fit_one(repo, *args, with_plan=False))
             self.table.item(r, COL_INSTALLED).setText(
                 f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):

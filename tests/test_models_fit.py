@@ -91,3 +91,22 @@ def test_folder_check_before_download():
     no_template = ["config.json", "model.safetensors", "tokenizer_config.json"]
     assert problem(QWEN2_VL_2B, no_template, {"eos_token": "x"}).startswith("no chat template")
     assert problem(QWEN2_VL_2B, no_template, {"chat_template": "{{ m }}"}) is None
+
+
+def test_two_more_families_match_their_published_counts():
+    """Qwen2.5-VL-3B-Instruct (gated vision MLP, RMSNorm) and llava-1.5-7b-hf (a sparse config:
+    transformers' own config classes fill in Llama's and CLIP's defaults)."""
+    qwen25_3b = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                 "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+                 "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                                   "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
+                                   "temporal_patch_size": 2, "hidden_act": "silu", "window_size": 112,
+                                   "fullatt_block_indexes": [7, 15, 23, 31]}}
+    llava_15_7b = {"model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
+                   "text_config": {"model_type": "llama", "vocab_size": 32064, "max_position_embeddings": 4096},
+                   "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+                                     "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                                     "patch_size": 14, "projection_dim": 768}}
+    assert abs(count_params(qwen25_3b).total / 3.75e9 - 1) < 0.01  # "3.75B"
+    assert abs(count_params(llava_15_7b).total / 7.06e9 - 1) < 0.01  # "7.06B"
+    assert kv_bytes_per_token(llava_15_7b) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B: no grouped KV heads

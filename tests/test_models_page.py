@@ -114,3 +114,22 @@ def test_picker_accepts_a_cached_repo_id(qtbot, hub):
     picker = ModelPicker([], check=lambda _p: None)
     qtbot.addWidget(picker)
     assert picker.try_folder("acme/smol") and picker.chosen == str(snap)
+
+
+def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub):
+    from app.models_page import COL_INSTALLED, ModelsPage
+
+    hub.add_repo("acme/next", {"config.json": b'{"model_type": "llava_next", "architectures": '
+                                              b'["LlavaNextForConditionalGeneration"]}',
+                               "chat_template.jinja": b"{{ m }}", BIG: safetensors_bytes(1 << 20)})
+    p = ModelsPage(catalog=[CatalogEntry("acme/next", "llava_next", "7.57B", 15.1, True)])
+    qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p.table.item(0, COL_INSTALLED).text() == "cannot be used", timeout=60_000)
+    assert p.table.item(0, COL_INSTALLED).toolTip().startswith("unsupported architecture 'llava_next'")
+    assert p.table.item(0, 3).text() == "1.0 MB"  # the live size replaced the catalog's ~15.1 GB
+    assert p.wait_idle()
+    p.table.selectRow(0)
+    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+        p.download_selected()
+    assert "cannot be used by Parley: unsupported architecture" in p.status.text()
+    assert BIG not in hub.sent

@@ -37,9 +37,12 @@ def progress_text(p) -> str:
 
 
 class _Signals(QObject):
+    """Worker threads -> the page. Only plain values cross threads (no Python objects in queued
+    signals); a worker whose page is gone gets RuntimeError from emit and stops quietly."""
+
     fit = Signal(str, str, str)  # repo id, fit cell text, tooltip
-    installed = Signal(object)  # list[InstalledModel]
-    progress = Signal(object)  # engine.library.progress.Progress
+    installed = Signal()  # the scan's result waits in ModelsPage._scanned
+    progress = Signal(float, float, float, float, str)  # done, total, bytes/s, seconds left (-1: unknown), file
     done = Signal(str, str, str)  # repo id, snapshot folder ("" on failure), message
     notice = Signal(str)
 
@@ -52,9 +55,11 @@ class ModelsPage(QDialog):
         self.setWindowTitle("Models")
         self.setObjectName("modelsPage")
         self.resize(900, 520)
-        self.sig = _Signals()
+        self.sig = _Signals(self)  # dies with the page: nothing is delivered to a deleted page
+        self._scanned: list = []
+        self._scanned_lock = threading.Lock()
         self.sig.fit.connect(self._on_fit)
-        self.sig.installed.connect(self._on_installed)
+        self.sig.installed.connect(self._take_scan)
         self.sig.progress.connect(self._on_progress)
         self.sig.done.connect(self._on_done)
         self.sig.notice.connect(self._say)
@@ -205,10 +210,28 @@ class ModelsPage(QDialog):
             t.join(timeout_s)
         return not any(t.is_alive() for t in getattr(self, "_threads", []))
 
+    def _emit(self, name: str, *args) -> None:
+        try:
+            getattr(self.sig, name).emit(*args)
+        except RuntimeError:  # the page was closed and deleted while this worker ran
+            pass
+
     def _scan_installed(self) -> None:
         from engine.library.installed import installed_models
 
-        self.sig.installed.emit(installed_models())
+        found = installed_models()
+        with self._scanned_lock:
+            self._scanned = found
+        self._emit("installed")
+
+    def _take_scan(self) -> None:
+        with self._scanned_lock:
+            found = self._scanned
+        self._on_installed(found)
+
+    def _emit_progress(self, p) -> None:
+        self._emit("progress", float(p.done_bytes), float(p.total_bytes), float(p.speed_bps),
+                   -1.0 if p.eta_s is None else float(p.eta_s), p.file)
 
     def refresh_fits(self) -> None:
         repos = [self.table.item(r, 0).text() for r in range(self.table.rowCount())]
@@ -232,18 +255,18 @@ class ModelsPage(QDialog):
                 from engine.library.pull import plan_pull
 
                 plan = plan_pull(repo_id, token=token_store.load_token())
-                self.sig.fit.emit(repo_id, "", f"size:{plan.total_bytes}|{plan.problem or ''}")
+                self._emit("fit", repo_id, "", f"size:{plan.total_bytes}|{plan.problem or ''}")
                 config = plan.config
             else:
                 config = remote_config(repo_id, installed, offline=offline_forced(), token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
-            self.sig.fit.emit(repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
+            self._emit("fit", repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
                                        f"{human_bytes(fit.free_bytes)} free", fit.line())
         except NetworkUnreachable as exc:
-            self.sig.fit.emit(repo_id, "—", str(exc))
-            self.sig.notice.emit(str(exc))
+            self._emit("fit", repo_id, "—", str(exc))
+            self._emit("notice", str(exc))
         except (LibraryError, ValueError, TypeError, KeyError) as exc:
-            self.sig.fit.emit(repo_id, "unknown", str(exc))
+            self._emit("fit", repo_id, "unknown", str(exc))
 
     def _on_fit(self, repo_id: str, text: str, tip: str) -> None:
         r = self.row_of(repo_id)
@@ -306,14 +329,18 @@ class ModelsPage(QDialog):
         try:
             plan = plan_pull(repo_id, token=token_store.load_token())
             if plan.problem:
-                self.sig.done.emit(repo_id, "", f"{repo_id} cannot be used by Parley: {plan.problem}")
+                self._emit("done", repo_id, "", f"{repo_id} cannot be used by Parley: {plan.problem}")
                 return
-            snap = pull(plan, self.sig.progress.emit, cancel)
-            self.sig.done.emit(repo_id, str(snap), f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
+            snap = pull(plan, self._emit_progress, cancel)
+            self._emit("done", repo_id, str(snap),
+                       f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
         except LibraryError as exc:
-            self.sig.done.emit(repo_id, "", str(exc))
+            self._emit("done", repo_id, "", str(exc))
 
-    def _on_progress(self, p) -> None:
+    def _on_progress(self, done: float, total: float, speed: float, eta: float, file: str) -> None:
+        from engine.library.progress import Progress
+
+        p = Progress(int(done), int(total), speed, None if eta < 0 else eta, file)
         self.bar.setValue(int(p.fraction * 1000))
         self.bar_text.setText(progress_text(p))
 

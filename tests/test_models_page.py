@@ -52,7 +52,7 @@ def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
 
     go_on = threading.Event()
     hub.faults.hold_at[BIG] = (1 << 20, go_on)  # the stand-in pauses the big file after 1 MiB
-    with qtbot.waitSignal(page.sig.progress, timeout=30_000, check_params_cb=lambda p: p.file == BIG):
+    with qtbot.waitSignal(page.sig.progress, timeout=30_000, check_params_cb=lambda *a: a[4] == BIG):
         page.download_selected()
     assert page.bar.value() > 0 and "MB" in page.bar_text.text()
     assert page.btn_cancel.isEnabled()
@@ -133,3 +133,4 @@ def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub)
         p.download_selected()
     assert "cannot be used by Parley: unsupported architecture" in p.status.text()
     assert BIG not in hub.sent
+    assert p.wait_idle()

@@ -70,6 +70,7 @@ class ModelsPage(QDialog):
         self.downloading: str | None = None
         self.finished_path: str | None = None
         self._network_said = False
+        self._network_down = threading.Event()  # one unreachable answer: later rows do not wait again
 
         lay = QVBoxLayout(self)
         top = QHBoxLayout()
@@ -249,20 +250,22 @@ class ModelsPage(QDialog):
 
         try:
             installed = self.installed.get(repo_id)
+            offline = offline_forced() or self._network_down.is_set()
             if repo_id in self.folders:
                 config = read_json(self.folders[repo_id] / "config.json")
-            elif installed is None and with_plan and not offline_forced():
+            elif installed is None and with_plan and not offline:
                 from engine.library.pull import plan_pull
 
                 plan = plan_pull(repo_id, token=token_store.load_token())
                 self._emit("fit", repo_id, "", f"size:{plan.total_bytes}|{plan.problem or ''}")
                 config = plan.config
             else:
-                config = remote_config(repo_id, installed, offline=offline_forced(), token=token_store.load_token())
+                config = remote_config(repo_id, installed, offline=offline, token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
             self._emit("fit", repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
                                        f"{human_bytes(fit.free_bytes)} free", fit.line())
         except NetworkUnreachable as exc:
+            self._network_down.set()
             self._emit("fit", repo_id, "—", str(exc))
             self._emit("notice", str(exc))
         except (LibraryError, ValueError, TypeError, KeyError) as exc:

@@ -22,5 +22,5 @@ def remote_config(repo_id: str, installed=None, offline: bool = False, token: st
         if config is not None:
             return config
     if offline:
-        raise NetworkUnreachable("network unreachable: offline mode is on (HF_HUB_OFFLINE)")
+        raise NetworkUnreachable("network unreachable: not asked (offline); installed models only")
     return _fetched_config(repo_id, token)

@@ -212,7 +212,7 @@ class MainWindow(QMainWindow):
 
     def _models_button(self):
         if getattr(self, "_empty_models_button", None) is None:
-            from .models_page import EmptyChatModelsButton
+            from .empty_chat_button import EmptyChatModelsButton
 
             self._empty_models_button = EmptyChatModelsButton(self.chat, self.open_models)
         return self._empty_models_button

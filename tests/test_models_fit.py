@@ -110,3 +110,18 @@ def test_two_more_families_match_their_published_counts():
     assert abs(count_params(qwen25_3b).total / 3.75e9 - 1) < 0.01  # "3.75B"
     assert abs(count_params(llava_15_7b).total / 7.06e9 - 1) < 0.01  # "7.06B"
     assert kv_bytes_per_token(llava_15_7b) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B: no grouped KV heads
+
+
+def test_cache_folder_follows_the_hub_environment(monkeypatch, tmp_path):
+    from engine.library.hub import hub_cache_dir
+    from engine.library.installed import resolve_model
+
+    for name in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hub_cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    assert hub_cache_dir() == tmp_path / "home" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert hub_cache_dir() == tmp_path / "cache"
+    assert resolve_model("acme/not-here") is None and resolve_model("not a repo id") is None

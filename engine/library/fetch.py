@@ -51,8 +51,11 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class _Hasher:
-    """SHA-256 on a helper thread, one chunk behind the network: hashlib releases the GIL, so
-    hashing overlaps the next recv instead of adding to it. Order is kept (one chunk in flight)."""
+    """SHA-256 on a helper thread, one batch behind the network: hashlib releases the GIL, so
+    hashing overlaps the next reads instead of adding to them. Chunks are handed over in batches
+    of BATCH bytes (few thread hand-offs); order is kept, at most two batches are held."""
+
+    BATCH = 256 << 10  # measured best of 64 KiB / 256 KiB / 1 MiB / 4 MiB on a loaded 2-core machine
 
     def __init__(self, h):
         from concurrent.futures import ThreadPoolExecutor
@@ -60,13 +63,27 @@ class _Hasher:
         self.h = h
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
         self._pending = None
+        self._batch: list[bytes] = []
+        self._batch_bytes = 0
+
+    def _hash_all(self, chunks: list[bytes]) -> None:
+        for c in chunks:
+            self.h.update(c)
 
     def update(self, chunk: bytes) -> None:
+        self._batch.append(chunk)
+        self._batch_bytes += len(chunk)
+        if self._batch_bytes >= self.BATCH:
+            self._submit()
+
+    def _submit(self) -> None:
         if self._pending is not None:
             self._pending.result()
-        self._pending = self._pool.submit(self.h.update, chunk)
+        self._pending = self._pool.submit(self._hash_all, self._batch) if self._batch else None
+        self._batch, self._batch_bytes = [], 0
 
     def _settle(self) -> None:
+        self._submit()
         if self._pending is not None:
             self._pending.result()
             self._pending = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import repo_check
-from .fetch import PART_SUFFIX, fetch_blob
+from .fetch import PART_SUFFIX, Cancelled, fetch_blob
 from .hub import LibraryError, endpoint, hub_cache_dir, repo_folder, translate
 from .progress import ProgressCallback, ProgressMeter
 
@@ -163,7 +163,6 @@ def pull(plan: PullPlan, on_progress: ProgressCallback | None = None, cancel: th
         meter.file = f.name
         blob = blobs / f.etag
         if cancel.is_set():
-            from .fetch import Cancelled
             raise Cancelled(f"cancelled before {f.name}")
         try:
             if blob.exists() and (not f.sha256 or blob.stat().st_size == f.size):

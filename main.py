@@ -18,7 +18,13 @@ def _data_dir(arg: str | None) -> Path:
 
 
 def _model_dir(arg: str | None) -> str:
-    return str(Path(arg).expanduser()) if arg else str(DEMO_MODEL)
+    """A folder, or a Hub repo id (ORG/NAME) already in the HF cache, resolved offline."""
+    if not arg:
+        return str(DEMO_MODEL)
+    from engine.library.installed import resolve_model
+
+    snapshot = resolve_model(arg)
+    return str(snapshot) if snapshot else str(Path(arg).expanduser())
 
 
 def _remote_config(args):
@@ -148,7 +154,7 @@ def cmd_window(args) -> int:
         return 2
     from app import run_app
 
-    return run_app(args.model, _data_dir(args.data_dir))
+    return run_app(_model_dir(args.model) if args.model else None, _data_dir(args.data_dir))
 
 
 def _add_remote_options(p: argparse.ArgumentParser) -> None:
@@ -160,7 +166,8 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parley", description="Chat with a local vision-language model about pictures.")
-    parser.add_argument("--model", help="model folder (default: the built-in Parley Shapes demo model)")
+    parser.add_argument("--model", help="model folder or a Hub repo id in the HF cache "
+                                         "(default: the built-in Parley Shapes demo model)")
     parser.add_argument("--data-dir", help="keep history, caches and the KV store in this folder")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command")
@@ -196,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          "or set PARLEY_API_TOKEN)")
     _add_weights(srv)
     srv.set_defaults(func=cmd_serve)
+
+    from engine.library.cli import add_parser as add_models_parser
+
+    add_models_parser(sub)
     return parser
 
 

@@ -35,7 +35,8 @@ from .sidebar import Sidebar
 from .theme import apply_theme
 from .vram_panel import VramPanel
 
-HINT_NO_MODEL = "No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O)."
+HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
+                 "with File ▸ Models….")
 HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
 
 
@@ -135,6 +136,7 @@ class MainWindow(QMainWindow):
         self.act_new.setShortcut(QKeySequence.StandardKey.New)
         self.act_open = file.addAction(icon("model"), "Open model…", self.choose_model)
         self.act_open.setShortcut(QKeySequence.StandardKey.Open)
+        self.act_models = file.addAction("Models…", self.open_models)
         file.addSeparator()
         self.act_settings = file.addAction("Settings…", self.open_settings)
         self.act_settings.setShortcut(QKeySequence.StandardKey.Preferences)
@@ -219,6 +221,28 @@ class MainWindow(QMainWindow):
                              current=self.model_path, parent=self)
         if picker.exec() and picker.chosen:
             self.load_model(picker.chosen)
+        elif picker.wants_models:
+            self.open_models()
+
+    def _models_button(self):
+        if getattr(self, "_empty_models_button", None) is None:
+            from .empty_chat_button import EmptyChatModelsButton
+
+            self._empty_models_button = EmptyChatModelsButton(self.chat, self.open_models)
+        return self._empty_models_button
+
+    def open_models(self) -> None:
+        """The Models page: find, size up and download models; a finished one loads in one click."""
+        from .models_page import ModelsPage
+
+        if getattr(self, "models_page", None) is not None and self.models_page.isVisible():
+            self.models_page.raise_()
+            return
+        self.models_page = ModelsPage(recent=self.prefs.recent_models(), parent=self)
+        self.models_page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.models_page.loadRequested.connect(self.load_model)
+        self.models_page.destroyed.connect(lambda *_: setattr(self, "models_page", None))
+        self.models_page.open()
 
     def _on_model_loading(self, ev: ModelLoading) -> None:
         self.model_ready = False
@@ -365,6 +389,7 @@ class MainWindow(QMainWindow):
             self.chat.set_placeholder(HINT_NO_MODEL)
         elif self.model_ready:
             self.chat.set_placeholder(HINT_EMPTY)
+        self._models_button().want(not self.model_ready and self.model_path is None and override is None)
 
     # ------------------------------------------------------------ dialogs
 

@@ -39,6 +39,7 @@ class ModelPicker(QDialog):
         self.resize(560, 440)
         self.check = check
         self.chosen: str | None = None
+        self.wants_models = False  # "Get models…": the window opens the Models page next
         lay = QVBoxLayout(self)
         self.list = QListWidget()
         self.list.setObjectName("modelList")
@@ -55,6 +56,9 @@ class ModelPicker(QDialog):
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
         self.folder = QPushButton("Choose folder…")
         self.buttons.addButton(self.folder, QDialogButtonBox.ButtonRole.ActionRole)
+        self.get_models = QPushButton("Get models…")
+        self.buttons.addButton(self.get_models, QDialogButtonBox.ButtonRole.ActionRole)
+        self.get_models.clicked.connect(self._open_models)
         self.load = self.buttons.addButton("Load", QDialogButtonBox.ButtonRole.AcceptRole)
         self.folder.clicked.connect(self.choose_folder)
         self.buttons.accepted.connect(self._accept_selected)
@@ -79,6 +83,10 @@ class ModelPicker(QDialog):
                     self.list.setCurrentItem(it)
                     break
         self._on_current(self.list.currentItem(), None)
+
+    def _open_models(self) -> None:
+        self.wants_models = True
+        self.reject()
 
     def _header(self, text: str) -> None:
         it = QListWidgetItem(text)
@@ -124,7 +132,11 @@ class ModelPicker(QDialog):
             self.try_folder(path)
 
     def try_folder(self, path: str) -> bool:
-        """Accept a folder if the engine's check passes; else show why and stay open."""
+        """Accept a folder (or a repo id in the HF cache) if the engine's check passes; else show
+        why and stay open."""
+        from engine.library.installed import resolve_model
+
+        path = str(resolve_model(path) or path)
         problem = self.check(Path(path))
         if problem:
             self.path_label.setText(path)

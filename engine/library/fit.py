@@ -1,0 +1,169 @@
+"""Will a model fit? Memory needed at a precision, from the repo's config.json alone.
+
+need = language-model weights at the chosen precision
+     + vision tower and projector (always at 16-bit: Parley quantizes only the language model)
+     + KV cache: 2 (K and V) x layers x kv_heads x head_dim x bytes x context tokens
+Parameter counts come from the architecture (transformers' own config class fills the family's
+defaults), so the estimate needs no weights. It leaves out activations and allocator slack;
+the verdict's "tight" band (80-100 % of free memory) is there for them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "4bit": 0.5}
+TIGHT_FROM = 0.8  # need above this share of free memory is "tight"
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    language: int
+    vision: int  # vision tower + projector
+
+    @property
+    def total(self) -> int:
+        return self.language + self.vision
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    params: ParamCount
+    precision: str
+    context: int
+    weights_bytes: int  # language model at `precision`
+    vision_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.vision_bytes + self.kv_bytes
+
+
+@dataclass(frozen=True)
+class Fit:
+    need: MemoryNeed
+    device: str  # "cuda:0 (NVIDIA ...)", "mps", "cpu (RAM)"
+    free_bytes: int
+    verdict: str  # fits | tight | does not fit
+
+    def line(self) -> str:
+        gb = 1 << 30
+        n = self.need
+        return (f"{self.verdict}: needs {n.total_bytes / gb:.2f} GiB (weights {n.weights_bytes / gb:.2f} + vision "
+                f"{n.vision_bytes / gb:.2f} + KV {n.kv_bytes / gb:.2f} for {n.context} tokens, {n.precision}) "
+                f"of {self.free_bytes / gb:.2f} GiB free on {self.device}")
+
+
+def _config_objects(config: dict):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(**config)
+    return cfg, cfg.get_text_config(decoder=True), getattr(cfg, "vision_config", None)
+
+
+def _tied(config: dict, t) -> bool:
+    """The raw file decides: text_config's own flag, else the top-level one (Qwen2-VL puts it there)."""
+    raw = config.get("text_config") or {}
+    if "tie_word_embeddings" in raw:
+        return bool(raw["tie_word_embeddings"])
+    if "tie_word_embeddings" in config:
+        return bool(config["tie_word_embeddings"])
+    return bool(getattr(t, "tie_word_embeddings", False))
+
+
+def _language_params(t, tied: bool) -> int:
+    h, inter, layers, vocab = t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.vocab_size
+    heads = t.num_attention_heads
+    kv = getattr(t, "num_key_value_heads", None) or heads
+    hd = getattr(t, "head_dim", None) or h // heads
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    if t.model_type in ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text"):  # q/k/v carry biases
+        attn += heads * hd + 2 * kv * hd
+    mlp = 3 * h * inter  # gate, up, down (every supported text family is a gated MLP)
+    per_layer = attn + mlp + 2 * h  # two RMSNorms
+    embed = vocab * h
+    head = 0 if tied else vocab * h
+    return embed + layers * per_layer + h + head
+
+
+def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
+    d = getattr(v, "embed_dim", None) or v.hidden_size
+    layers = getattr(v, "depth", None) or v.num_hidden_layers
+    inter = getattr(v, "intermediate_size", None) or int(d * getattr(v, "mlp_ratio", 4))
+    channels = getattr(v, "in_chans", None) or getattr(v, "num_channels", 3)
+    patch = v.patch_size
+    attn = 4 * d * d + 4 * d
+    if model_type == "qwen2_5_vl":  # gated MLP with biases, RMSNorm
+        mlp, norms = 3 * d * inter + 2 * inter + d, 2 * d
+    else:
+        mlp, norms = 2 * d * inter + inter + d, 4 * d
+    tower = layers * (attn + mlp + norms)
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+        tower += channels * v.temporal_patch_size * patch * patch * d  # Conv3d, no bias
+        merged = d * v.spatial_merge_size ** 2
+        out = getattr(v, "out_hidden_size", None) or v.hidden_size
+        return tower + d + merged * merged + merged + merged * out + out  # merger: norm + 2 linears
+    positions = (v.image_size // patch) ** 2
+    tower += channels * patch * patch * d + d + positions * d + 2 * d  # patch conv, positions, post-norm
+    if model_type in ("idefics3", "smolvlm"):
+        return tower + d * config.scale_factor ** 2 * text_hidden  # connector: one linear, no bias
+    return tower + d * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden  # llava MLP
+
+
+def count_params(config: dict) -> ParamCount:
+    cfg, text, vision = _config_objects(config)
+    language = _language_params(text, _tied(config, text))
+    vis = _vision_params(config["model_type"], vision, text.hidden_size, cfg) if vision is not None else 0
+    return ParamCount(language, vis)
+
+
+def kv_bytes_per_token(config: dict, precision: str = "bfloat16") -> int:
+    _cfg, t, _v = _config_objects(config)
+    heads = t.num_attention_heads
+    kv = getattr(t, "num_key_value_heads", None) or heads
+    hd = getattr(t, "head_dim", None) or t.hidden_size // heads
+    elem = 4 if precision == "float32" else 2  # quantized weights still keep a 16-bit cache
+    return 2 * t.num_hidden_layers * kv * hd * elem
+
+
+def memory_need(config: dict, precision: str = "bfloat16", context: int = 4096) -> MemoryNeed:
+    if precision not in BYTES_PER_PARAM:
+        raise ValueError(f"unknown precision {precision!r} (use {', '.join(BYTES_PER_PARAM)})")
+    params = count_params(config)
+    vision_elem = 4 if precision == "float32" else 2
+    per_token = kv_bytes_per_token(config, precision)
+    return MemoryNeed(params, precision, context, int(params.language * BYTES_PER_PARAM[precision]),
+                      params.vision * vision_elem, per_token, per_token * context)
+
+
+def verdict(need_bytes: int, free_bytes: int) -> str:
+    if need_bytes <= TIGHT_FROM * free_bytes:
+        return "fits"
+    return "tight" if need_bytes <= free_bytes else "does not fit"
+
+
+def free_device_memory() -> tuple[str, int]:
+    """(device name, free bytes) of the device Parley would load onto: CUDA, then MPS, then RAM."""
+    import psutil
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info()
+        return f"cuda:0 ({torch.cuda.get_device_name(0)})", int(free)
+    if torch is not None and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        # unified memory: what the OS can still hand out, capped by Metal's working-set limit
+        limit = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
+        return "mps", int(min(limit, psutil.virtual_memory().available))
+    return "cpu (RAM)", int(psutil.virtual_memory().available)
+
+
+def estimate_fit(config: dict, precision: str = "bfloat16", context: int = 4096,
+                 device: tuple[str, int] | None = None) -> Fit:
+    """The whole answer for one model; `device` = (name, free bytes) to skip the probe."""
+    need = memory_need(config, precision, context)
+    name, free = device or free_device_memory()
+    return Fit(need, name, free, verdict(need.total_bytes, free))

@@ -13,7 +13,7 @@ from typing import Callable
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QDockWidget, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton,
-    QScrollArea, QVBoxLayout, QWidget,
+    QScrollArea, QToolButton, QVBoxLayout, QWidget,
 )
 
 from engine.events import STATELESS_PREFIX, EncoderState, MemoryReport, SpillState
@@ -34,12 +34,15 @@ def on_device(key: str) -> bool:
     """Disk-resident components are listed but not stacked in the memory bar."""
     return "disk" not in key
 # The engine reports the SSD store's counters with a "store_" prefix.
-STORE_KEYS = [("store_bytes_on_disk", "Bytes on disk", True), ("store_blobs_on_disk", "Blocks on disk", False),
-              ("store_reused_blobs", "Reused blocks", False), ("store_reused_bytes", "Reused bytes", True),
-              ("store_blocks_written", "Blocks written", False), ("store_spills", "Spills", False),
-              ("store_restores", "Restores", False), ("store_restore_bytes", "Restored bytes", True),
-              ("store_missing_blobs", "Missing blocks", False), ("store_bad_blobs", "Bad blocks", False),
-              ("store_sessions", "Conversations stored", False)]
+# The engine reports the SSD store's counters with a "store_" prefix. The first screen shows what
+# a person asks of the store (how big, the last spill and restore, reuse); the rest is in Details.
+STORE_MAIN = [("store_bytes_on_disk", "Bytes on disk", True), ("store_reused_bytes", "Reused bytes", True)]
+STORE_DETAILS = [("store_blobs_on_disk", "Blocks on disk", False), ("store_reused_blobs", "Reused blocks", False),
+                 ("store_blocks_written", "Blocks written", False), ("store_spills", "Spills", False),
+                 ("store_restores", "Restores", False), ("store_restore_bytes", "Restored bytes", True),
+                 ("store_missing_blobs", "Missing blocks", False), ("store_bad_blobs", "Bad blocks", False),
+                 ("store_sessions", "Conversations stored", False)]
+STORE_KEYS = STORE_MAIN + STORE_DETAILS
 TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encode_s", "Encode", "s"),
              ("restore_s", "Restore", "s"), ("first_token_s", "First token", "s"),
              ("tokens_per_s", "Speed", "tok/s"), ("draft_acceptance", "Drafts taken", "%"),
@@ -100,6 +103,7 @@ class VramPanel(QDockWidget):
         self.encoder_idle_left: float | None = None
         self._idle_stamp = time.monotonic()
         self.spill_states: dict[str, SpillState] = {}
+        self.last_spill: tuple[float, str, str] | None = None  # (when, conversation, detail)
         self.last_stats: dict = {}
         self.api_state, self.api_detail = "off", ""
         self.api_activity: dict = {}
@@ -133,19 +137,15 @@ class VramPanel(QDockWidget):
         el.addWidget(self.unload)
         lay.addWidget(enc)
 
-        kv = QGroupBox("Hot KV by conversation")
+        kv = QGroupBox("Conversations (hot KV and spills)")
         kl = QVBoxLayout(kv)
         self.kv = QLabel("none")
         self.kv.setObjectName("kvLabel")
         self.kv.setWordWrap(True)
-        self.spill_label = QLabel("")
-        self.spill_label.setObjectName("spillLabel")
-        self.spill_label.setWordWrap(True)
         self.spill = QPushButton("Spill now")
         self.spill.setToolTip("Write the open conversation's KV cache to disk now")
         self.spill.clicked.connect(self.spillRequested)
         kl.addWidget(self.kv)
-        kl.addWidget(self.spill_label)
         kl.addWidget(self.spill, 0, Qt.AlignmentFlag.AlignLeft)
         lay.addWidget(kv)
 
@@ -155,7 +155,20 @@ class VramPanel(QDockWidget):
         lay.addWidget(api)
 
         store = QGroupBox("SSD store")
-        self.store_rows = _Rows(QFormLayout(store))
+        sl = QVBoxLayout(store)
+        main_rows, details = QWidget(), QWidget()
+        self.store_rows = _Rows(QFormLayout(main_rows))
+        self.store_details = _Rows(QFormLayout(details))
+        self.details_toggle = QToolButton()
+        self.details_toggle.setText("Details")
+        self.details_toggle.setCheckable(True)
+        self.details_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.details_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.details_toggle.toggled.connect(lambda on: (details.setVisible(on), self.details_toggle.setArrowType(
+            Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)))
+        details.setVisible(False)
+        for w in (main_rows, self.details_toggle, details):
+            sl.addWidget(w)
         lay.addWidget(store)
         counters = QGroupBox("Counters")
         self.counter_rows = _Rows(QFormLayout(counters))
@@ -164,8 +177,10 @@ class VramPanel(QDockWidget):
         self.turn_rows = _Rows(QFormLayout(turn))
         lay.addWidget(turn)
         lay.addStretch(1)
-        for key, title, is_bytes in STORE_KEYS[:3]:
+        for key, title, _ in STORE_MAIN:
             self.store_rows.set(key, title, "—")
+        self.store_rows.set("last_spill", "Last spill", "—").setWordWrap(True)
+        self.store_rows.set("last_restore", "Last restore", "—")
         self.turn_rows.set("tokens_per_s", "Speed", "—")
 
         scroll = QScrollArea()
@@ -201,6 +216,8 @@ class VramPanel(QDockWidget):
 
     def on_spill_state(self, s: SpillState) -> None:
         self.spill_states[s.conversation_id] = s
+        if s.state == "spilled" and s.detail != "nothing hot to spill":
+            self.last_spill = (time.time(), s.conversation_id, s.detail)
         self._dirty = True
 
     def on_turn_stats(self, stats: dict) -> None:
@@ -251,27 +268,29 @@ class VramPanel(QDockWidget):
             self.bar.set_values(self._bar_segments(r), r.total_bytes, r.free_bytes)
             for k, v in segments:
                 self._legend(k, v)
-            lines = [f"{self.title(cid)}: {exact_bytes(b)}"
-                     for cid, b in sorted(r.sessions_kv.items(), key=lambda kv: -kv[1])]
-            self._set(self.kv, "\n".join(lines) or "none")
             self.store_rows.set("store_state", "State", r.store_status or "in use").setWordWrap(True)
-            for key, title, is_bytes in STORE_KEYS:
-                if key in r.counters:
-                    v = r.counters[key]
-                    self.store_rows.set(key, title, exact_bytes(v) if is_bytes else _num(v))
+            counters = dict(r.counters)
+            if "store_blocks_written" in counters:  # a partial last block is a block to a person too
+                counters["store_blocks_written"] += counters.pop("store_tails_written", 0)
             store_keys = {k for k, _, _ in STORE_KEYS}
-            for key, v in sorted(r.counters.items()):
-                if key.startswith("store_"):
-                    if key not in store_keys:
-                        title = key[len("store_"):].replace("_", " ").capitalize()
-                        text = exact_bytes(v) if key.endswith("bytes") else _num(v)
-                        self.store_rows.set(key, title, text)
-                else:
+            for key, v in sorted(counters.items()):
+                if not key.startswith("store_"):
                     self.counter_rows.set(key, key.replace("_", " "), _num(v))
-        spills = [f"{self.title(cid)}: {s.state}" + (f" — {s.detail}" if s.detail else "")
-                  for cid, s in self.spill_states.items()]
-        self._set(self.spill_label, "\n".join(spills[-4:]))
+                elif key not in store_keys:
+                    title = key[len("store_"):].replace("_", " ").capitalize()
+                    self.store_details.set(key, title, exact_bytes(v) if key.endswith("bytes") else _num(v))
+            for rows, keys in ((self.store_rows, STORE_MAIN), (self.store_details, STORE_DETAILS)):
+                for key, title, is_bytes in keys:
+                    if key in counters:
+                        rows.set(key, title, exact_bytes(counters[key]) if is_bytes else _num(counters[key]))
+        self._set(self.kv, self._conversation_lines())
         st = self.last_stats
+        if st.get("restored_tokens"):
+            self.store_rows.set("last_restore", "Last restore", f"{st['restored_tokens']:,} tokens in "
+                                f"{st.get('restore_s', 0) * 1000:.0f} ms")
+        if self.last_spill is not None:
+            at, cid, detail = self.last_spill
+            self.store_rows.set("last_spill", "Last spill", f"{self.title(cid)}: {detail} ({_ago(time.time() - at)})")
         for key, title, unit in TURN_KEYS:
             if key in st:
                 v = st[key]
@@ -283,6 +302,19 @@ class VramPanel(QDockWidget):
                     text = f"{v:,.1f} {unit}" if unit else _num(v)
                 self.turn_rows.set(key, title, text)
         self._apply_api()
+
+    def _conversation_lines(self) -> str:
+        """One line per conversation: its hot KV (if any) and its latest spill state."""
+        hot = self.report.sessions_kv if self.report is not None else {}
+        order = sorted(hot, key=lambda c: -hot[c]) + [c for c in self.spill_states if c not in hot]
+        lines = []
+        for cid in order:
+            line = f"{self.title(cid)}: " + (exact_bytes(hot[cid]) if cid in hot else "not in memory")
+            s = self.spill_states.get(cid)
+            if s is not None:
+                line += f" · {s.state}" + (f" — {s.detail}" if s.detail else "")
+            lines.append(line)
+        return "\n".join(lines) or "none"
 
     def title(self, conversation_id: str) -> str:
         """A window conversation's title, or "API conversation N" for an API client's session."""

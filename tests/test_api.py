@@ -165,6 +165,10 @@ def test_models_lists_the_loaded_model(served):
     models = served.client.models.list()
     assert [m.id for m in models.data] == [served.engine.loaded.name]
     assert served.client.models.retrieve(served.engine.loaded.name).id == served.engine.loaded.name
+    # chat clients enable their picture button from these (Ollama- and OpenRouter-style fields)
+    listed = models.data[0].model_dump()
+    assert "vision" in listed["capabilities"]
+    assert "image" in listed["architecture"]["input_modalities"]
 
 
 @pytest.mark.slow

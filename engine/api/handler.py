@@ -107,7 +107,12 @@ class ApiApp:
 
     def _models(self, wanted: str | None):
         name = self.api.model_name()
-        models = [] if name is None else [{"id": name, "object": "model", "created": 0, "owned_by": "parley"}]
+        # every model Parley loads takes pictures: said the ways chat clients look for it (Ollama's
+        # capabilities list, OpenRouter's input modalities), so their image button is enabled
+        models = [] if name is None else [{"id": name, "object": "model", "created": 0, "owned_by": "parley",
+                                           "capabilities": ["completion", "vision"],
+                                           "architecture": {"input_modalities": ["text", "image"],
+                                                            "output_modalities": ["text"]}}]
         if wanted is None:
             return JSONResponse({"object": "list", "data": models})
         for m in models:

@@ -217,9 +217,11 @@ def test_stop_sequences_cut_the_reply_and_stop_generation(served):
     stop = full[4:7]
     want = full[:full.index(stop)]
     done: list[TurnDone] = []
-    served.engine.add_listener(lambda ev: done.append(ev) if isinstance(ev, TurnDone) else None)
+    ended = threading.Event()
+    served.engine.add_listener(lambda ev: (done.append(ev), ended.set()) if isinstance(ev, TurnDone) else None)
     r = served.chat([user("Say something long.")], max_tokens=20, stop=[stop, "never-there"])
     assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+    assert ended.wait(30)  # the reply is sent at the stop string; the engine ends its turn right after
     assert done[-1].stopped and len(done[-1].token_ids) < 20  # the engine stopped early
     chunks = list(served.chat([user("Say something long.")], max_tokens=20, stop=stop, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want

@@ -3,8 +3,8 @@
 Each benchmark's output goes to docs/bench-runs/NAME.log (and NAME.json where the benchmark takes
 --json: the series the charts are drawn from); the machine it ran on goes to
 docs/bench-runs/machine.json. The report is then rendered from every log in that folder, so a
-benchmark run by hand (same folder, same names) is reported too, and `--render` alone redraws the
-report without running anything. Figures are the lines the benchmarks print with
+benchmark run by hand (same folder, same names) is reported too, `--render` alone redraws the
+report without running anything, and docs/bench-runs/notes.md (if any) is included as written. Figures are the lines the benchmarks print with
 tests/bench/_common.ratio_line: "label: value [unit]  (goal ...: yes|no)" or "label: value  (note)".
 
     python packaging/bench_report.py [--only NAME ...] [--bench-args "--quick"] [--render]
@@ -158,6 +158,7 @@ def charts(rendered: list[str], where: Path) -> list[str]:
         text = [t["s"] for t in data["text_only"]]
         if text:
             ax.axhline(sum(text) / len(text), color="grey", ls="--", lw=1, label="text-only turn (mean)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("picture turn (each a fresh conversation, encoder unloaded before it)")
         ax.set_ylabel("turn seconds")
         ax.set_ylim(bottom=0)
@@ -192,7 +193,8 @@ def render(out: Path) -> None:
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         text = log.read_text()
         mode = "quick" if "--quick" in meta.get("args", []) else "full"
-        status = "ok" if meta.get("exit", 0) == 0 else f"failed (exit {meta['exit']})"
+        status = ("no run record (running, or interrupted)" if not meta
+                  else "ok" if meta["exit"] == 0 else f"failed (exit {meta['exit']})")
         lines.append(f"| {name} | {mode} | {status} | {meta.get('seconds', '?')} s | {meta.get('finished', '?')} |")
         rendered.append(name)
         for f in figures(text):
@@ -206,6 +208,8 @@ def render(out: Path) -> None:
                      f"{f['goal']} | {f['met']} | {note} |")
     if notes:
         lines += ["", "## Not run", "", *notes]
+    if (RUNS / "notes.md").exists():  # what the person who ran them observed: kept with the runs
+        lines += ["", "## Notes on these runs", "", (RUNS / "notes.md").read_text().strip()]
     pictures = charts(rendered, out.parent)
     if pictures:
         lines += ["", "## Charts", ""] + [p + "\n" for p in pictures]

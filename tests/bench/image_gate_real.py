@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--picture", default="448x336", help="picture size WxH (Qwen2-VL: one token per 28x28 px)")
     ap.add_argument("--json", default=None, help="write the per-turn series here (for the report's charts)")
-    args = parse_args(ap, quick={"repeats": 2, "picture": "320x240"})
+    args = parse_args(ap, quick={"repeats": 1, "picture": "320x240"})
     reduce = QUICK if args.quick else {}
     spec = spec_for(SHAPE, **reduce)
     model_dir = build_published(SHAPE, **reduce)

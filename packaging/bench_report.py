@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tests" / "bench"
 DOCS = ROOT / "docs"
 RUNS = DOCS / "bench-runs"
-FIGURE = re.compile(r"^(?P<label>[^\n]{3,160}?): (?P<value>-?\d+(?:\.\d+)?)(?: (?P<unit>[^\s(\[]+))?"
-                    r"(?:  \((?P<paren>[^)]*)\))?(?:  \[(?P<note>.*)\])?\s*$")
+FIGURE = re.compile(r"^(?P<label>(?:(?!  ).){3,160}?): (?P<value>-?\d+(?:\.\d+)?)(?: (?P<unit>[^\s(\[]+))?"
+                    r"(?:  \((?P<paren>.*?)\))?(?:  \[(?P<note>.*)\])?\s*$")
 VERDICT = re.compile(r"^goal (?P<goal>.+): (?P<met>yes|no)$")
 
 

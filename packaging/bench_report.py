@@ -182,9 +182,9 @@ def render(out: Path) -> None:
              "## Machine", "",
              f"- CPU: {mach['cpu']}, {mach['cores']} cores; RAM {mach['ram_bytes'] / 2**30:.1f} GiB",
              f"- {mach['os']}; Python {mach['python']}, torch {mach['torch']}, transformers {mach['transformers']}",
-             f"- run started {mach['date']}" + (f"; load average at start {mach['load_average']:.1f} "
-                                               "(a shared machine: other work ran alongside)"
-                                               if mach.get("load_average") else ""),
+             f"- machine read {mach['date']}" + (f", load average then {mach['load_average']:.1f}"
+                                                if mach.get("load_average") else "")
+             + "; each run's finishing time is in the table below",
              "", "## Runs", "", "| benchmark | mode | status | wall time | finished |", "|---|---|---|---|---|"]
     rows, notes, rendered = [], [], []
     for log in logs:

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup clean install-desktop uninstall-desktop bundle
+.PHONY: run test bench bench-report setup clean install-desktop uninstall-desktop bundle
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ bench: $(STAMP)
 		$(PY) -u $$b $(BENCH_ARGS) 2>&1 | tee -a $$log || { echo "== $$b failed"; rm -f $$log; exit 1; }; \
 	done; \
 	echo "== goals"; grep -E '\(goal .*: (yes|no)\)' $$log; rm -f $$log
+
+# Run the benchmarks (full size unless BENCH_ARGS=--quick; BENCH_ONLY="restore_real image_gate_real"
+# for a subset) and write docs/benchmarks.md with a table of every figure, the machine and charts.
+bench-report: $(STAMP)
+	$(PY) packaging/bench_report.py --bench-args "$(BENCH_ARGS)" $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 # Linux/BSD desktops: a menu entry + icons for this user, running this checkout's venv.
 install-desktop: $(STAMP)

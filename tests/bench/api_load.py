@@ -179,7 +179,7 @@ def main() -> None:
     if len(paired) > 1:
         print(f"per-round p99 ratios (neighbouring phases): {', '.join(f'{x:.2f}' for x in paired)}; "
               f"median {statistics.median(paired):.2f}")
-    print(ratio_line("small-request p99 with a 30 MB body in flight / without", ratio, "<= 1.5"))
+    print(ratio_line("small-request p99 with a 30 MB body in flight / without", ratio, at_most=1.5))
     print(f"goal p99 ratio <= 1.5: {'yes' if ratio <= 1.5 else 'no'}")
     print(f"goal 30 MB body answered 413 in < 1 s: "
           f"{'yes' if codes == ['413'] and big_t and max(big_t) < 1.0 else 'no'} (max {max(big_t, default=0):.3f} s)")

@@ -1,0 +1,240 @@
+"""`make bench-report`: run the benchmarks and write docs/benchmarks.md from what they printed.
+
+Each benchmark's output goes to docs/bench-runs/NAME.log (and NAME.json where the benchmark takes
+--json: the series the charts are drawn from); the machine it ran on goes to
+docs/bench-runs/machine.json. The report is then rendered from every log in that folder, so a
+benchmark run by hand (same folder, same names) is reported too, `--render` alone redraws the
+report without running anything, and docs/bench-runs/notes.md (if any) is included as written. Figures are the lines the benchmarks print with
+tests/bench/_common.ratio_line: "label: value [unit]  (goal ...: yes|no)" or "label: value  (note)".
+
+    python packaging/bench_report.py [--only NAME ...] [--bench-args "--quick"] [--render]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "tests" / "bench"
+DOCS = ROOT / "docs"
+RUNS = DOCS / "bench-runs"
+FIGURE = re.compile(r"^(?P<label>(?:(?!  ).){3,160}?): (?P<value>-?\d+(?:\.\d+)?)(?: (?P<unit>[^\s(\[]+))?"
+                    r"(?:  \((?P<paren>.*?)\))?(?:  \[(?P<note>.*)\])?\s*$")
+VERDICT = re.compile(r"^goal (?P<goal>.+): (?P<met>yes|no)$")
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    versions = subprocess.run(
+        [sys.executable, "-c", "import torch, transformers; print(torch.__version__, transformers.__version__)"],
+        capture_output=True, text=True).stdout.split()
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": ram, "os": platform.platform(),
+            "python": platform.python_version(), "torch": versions[0] if versions else "?",
+            "transformers": versions[1] if len(versions) > 1 else "?",
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def run(names: list[str], bench_args: list[str]) -> None:
+    RUNS.mkdir(parents=True, exist_ok=True)
+    (RUNS / "machine.json").write_text(json.dumps(machine(), indent=1))
+    for name in names:
+        script = BENCH / f"{name}.py"
+        cmd = [sys.executable, "-u", str(script), *bench_args]
+        if '"--json"' in script.read_text():
+            cmd += ["--json", str(RUNS / f"{name}.json")]
+        print(f"== {name}", flush=True)
+        t0 = time.monotonic()
+        with open(RUNS / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+            code = proc.wait()
+        meta = {"args": bench_args, "exit": code, "seconds": round(time.monotonic() - t0, 1),
+                "finished": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        (RUNS / f"{name}.meta.json").write_text(json.dumps(meta, indent=1))
+        if code:
+            print(f"== {name} failed (exit {code}); the report says so", flush=True)
+
+
+def figures(log: str) -> list[dict]:
+    out = []
+    for line in log.splitlines():
+        m = FIGURE.match(line.strip())
+        if not m:
+            continue
+        row = {"label": m["label"], "value": m["value"], "unit": m["unit"] or "", "goal": "", "met": "",
+               "note": m["note"] or ""}
+        verdict = VERDICT.match(m["paren"] or "")
+        if verdict:
+            row["goal"], row["met"] = verdict["goal"], verdict["met"]
+        elif m["paren"]:
+            row["note"] = m["paren"]
+        out.append(row)
+    return out
+
+
+def charts(rendered: list[str], where: Path) -> list[str]:
+    """Draw the PNGs the series allow; returns markdown lines for them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    md = []
+    rr = RUNS / "restore_real.json"
+    if rr.exists() and "restore_real" in rendered:
+        data = json.loads(rr.read_text())
+        pts = data["lengths"]
+        if pts:
+            fig, ax = plt.subplots(figsize=(6, 3.6))
+            x = [p["tokens"] for p in pts]
+            ax.plot(x, [p["reprefill_s"] for p in pts], "o-", label="re-prefill (TTFT)")
+            ax.plot(x, [p["resume_ttft_s"] for p in pts], "s-", label="resume from SSD (TTFT)")
+            for s in data.get("skipped", []):
+                ax.axvline(s["tokens"], color="grey", ls=":", lw=1)
+                ax.annotate(f"{s['tokens']}: not run", (s["tokens"], ax.get_ylim()[1] * 0.5), rotation=90,
+                            fontsize=7, color="grey", ha="right")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("conversation length (tokens)")
+            ax.set_ylabel("seconds")
+            ax.set_title(f"Restore vs re-prefill, {data['shape']}{' (quick)' if data['quick'] else ''}, bf16 CPU",
+                         fontsize=9)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(where / "bench-restore-vs-prefill.png", dpi=110)
+            plt.close(fig)
+            md.append("![restore vs re-prefill against conversation length](bench-restore-vs-prefill.png)")
+        spills = data["spills"]
+        if spills:
+            fig, ax = plt.subplots(figsize=(6, 3.6))
+            for kind, marker in (("first spill", "o"), ("incremental", "s")):
+                sel = [s for s in spills if s["kind"] == kind]
+                if sel:
+                    ax.plot([s["new_tokens"] for s in sel], [s["spill_s"] for s in sel], marker, label=kind)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("new tokens written by the spill")
+            ax.set_ylabel("spill seconds")
+            ax.set_title(f"Spill time against new tokens, {data['shape']}", fontsize=9)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(where / "bench-spill-time.png", dpi=110)
+            plt.close(fig)
+            md.append("![spill time against new tokens](bench-spill-time.png)")
+    ig = RUNS / "image_gate_real.json"
+    if ig.exists() and "image_gate_real" in rendered:
+        data = json.loads(ig.read_text())
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for key, label, marker in (("gated", "gate on (cached after turn 1)", "o-"),
+                                   ("gate_off", "gate off (encoder every turn)", "s-")):
+            ys = [t["s"] for t in data[key]]
+            ax.plot(range(1, len(ys) + 1), ys, marker, label=label)
+        text = [t["s"] for t in data["text_only"]]
+        if text:
+            ax.axhline(sum(text) / len(text), color="grey", ls="--", lw=1, label="text-only turn (mean)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("picture turn (each a fresh conversation, encoder unloaded before it)")
+        ax.set_ylabel("turn seconds")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"Per-turn latency with and without the gate, {data['shape']}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(where / "bench-gate-turns.png", dpi=110)
+        plt.close(fig)
+        md.append("![per-turn latency with and without the gate](bench-gate-turns.png)")
+    return md
+
+
+def render(out: Path) -> None:
+    logs = sorted(RUNS.glob("*.log"))
+    mach = json.loads((RUNS / "machine.json").read_text()) if (RUNS / "machine.json").exists() else machine()
+    lines = ["# Benchmarks", "",
+             "Written by `make bench-report` (packaging/bench_report.py) from the runs in "
+             "[docs/bench-runs/](bench-runs/): every figure below is a line a benchmark printed. "
+             "Benchmarks at published model shapes use random weights of exactly that shape "
+             "(tests/fixtures/published_configs.py), so times are real and replies are not.", "",
+             "## Machine", "",
+             f"- CPU: {mach['cpu']}, {mach['cores']} cores; RAM {mach['ram_bytes'] / 2**30:.1f} GiB",
+             f"- {mach['os']}; Python {mach['python']}, torch {mach['torch']}, transformers {mach['transformers']}",
+             f"- machine read {mach['date']}" + (f", load average then {mach['load_average']:.1f}"
+                                                if mach.get("load_average") else "")
+             + "; each run's finishing time is in the table below",
+             "", "## Runs", "", "| benchmark | mode | status | wall time | finished |", "|---|---|---|---|---|"]
+    rows, notes, rendered = [], [], []
+    for log in logs:
+        name = log.stem
+        meta_file = RUNS / f"{name}.meta.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        text = log.read_text()
+        mode = "quick" if "--quick" in meta.get("args", []) else "full"
+        status = ("no run record (running, or interrupted)" if not meta
+                  else "ok" if meta["exit"] == 0 else f"failed (exit {meta['exit']})")
+        lines.append(f"| {name} | {mode} | {status} | {meta.get('seconds', '?')} s | {meta.get('finished', '?')} |")
+        rendered.append(name)
+        for f in figures(text):
+            rows.append((name, f))
+        notes += [f"- {name}: {ln.strip().removeprefix('NOT RUN: ')}" for ln in text.splitlines()
+                  if ln.startswith("NOT RUN:")]
+    lines += ["", "## Figures", "", "| benchmark | figure | value | goal | met | note |", "|---|---|---|---|---|---|"]
+    for name, f in rows:
+        note = f["note"].replace("|", "/")
+        lines.append(f"| {name} | {f['label']} | {f['value']}{' ' + f['unit'] if f['unit'] else ''} | "
+                     f"{f['goal']} | {f['met']} | {note} |")
+    if notes:
+        lines += ["", "## Not run", "", *notes]
+    if (RUNS / "notes.md").exists():  # what the person who ran them observed: kept with the runs
+        lines += ["", "## Notes on these runs", "", (RUNS / "notes.md").read_text().strip()]
+    pictures = charts(rendered, out.parent)
+    if pictures:
+        lines += ["", "## Charts", ""] + [p + "\n" for p in pictures]
+    out.write_text("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {out} ({len(rows)} figures from {len(logs)} benchmarks)")
+
+
+def main() -> None:
+    global RUNS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, help="benchmark names (default: all in tests/bench)")
+    ap.add_argument("--bench-args", default="", help='passed to every benchmark, e.g. "--quick"')
+    ap.add_argument("--render", action="store_true", help="only redraw docs/benchmarks.md from docs/bench-runs")
+    ap.add_argument("--out", default=str(DOCS / "benchmarks.md"))
+    ap.add_argument("--runs", default=str(RUNS), help="where the logs, series and machine.json go")
+    args = ap.parse_args()
+    RUNS = Path(args.runs).resolve()
+    if not args.render:
+        names = args.only or sorted(p.stem for p in BENCH.glob("[!_]*.py"))
+        unknown = [n for n in names if not (BENCH / f"{n}.py").exists()]
+        if unknown:
+            sys.exit(f"no such benchmark: {', '.join(unknown)} (see tests/bench/)")
+        run(names, shlex.split(args.bench_args))
+    render(Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

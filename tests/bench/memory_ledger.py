@@ -1,0 +1,97 @@
+"""How well the memory dock's total matches what the process really holds, at the published
+SmolVLM-256M shape (bf16 on CPU).
+
+The dock's total is the sum of the MemoryReport components that live in this process's memory on
+the CPU device: language model + vision encoder + hot KV + image cache (RAM). The measured figure
+is the growth of the process's resident set (RSS, /proc/self/statm) from a baseline taken after
+the engine has started and the model's code is imported, over the same steps: load the model, a
+picture turn, a long turn. Goal: |dock − measured| ÷ measured ≤ 0.05 after each step.
+
+    python tests/bench/memory_ledger.py [--long-tokens 4096] [--json PATH] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+
+from _common import parse_args, ratio_line, workdir
+
+from engine.client import load_blocking
+from engine.engine import Engine
+from engine.events import Message
+from engine.settings import EngineSettings
+from tests.engine_helpers import ask, expect_done, wait_report
+from tests.fixtures.pictures import make_picture
+from tests.fixtures.published_configs import build_published
+
+SHAPE = "SmolVLM-256M-Instruct"
+QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}
+IN_PROCESS = ("language_model", "vision_encoder", "hot_kv", "image_cache_ram")
+WORDS = ("a small red house beside a quiet river with two children playing on the grass while "
+         "a brown dog runs after a yellow ball under tall green trees ").split()
+
+
+def rss() -> int:
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--long-tokens", type=int, default=4096, help="length of the long turn's prompt")
+    ap.add_argument("--json", default=None, help="write the measured steps here")
+    args = parse_args(ap, quick={"long_tokens": 512})
+    reduce = QUICK if args.quick else {}
+    model_dir = build_published(SHAPE, **reduce)
+    d = workdir("ledger")
+    pic = make_picture(d / "p.png", 1, size=(640, 480))
+    long_text = " ".join(WORDS[i % len(WORDS)] for i in range(int(args.long_tokens * 0.7)))
+
+    # code the load will import, so the baseline already holds it (the dock counts data, not code)
+    import transformers.models.idefics3.modeling_idefics3  # noqa: F401
+    from PIL import Image  # noqa: F401
+
+    engine = Engine(EngineSettings().with_changes({"dtype": "bfloat16", "elastic_idle_s": 86400.0,
+                                                   "spill_idle_s": 86400.0}), d / "data").start()
+    steps = []
+    try:
+        base = rss()
+
+        def record(step: str, detail: str = "") -> None:
+            report = wait_report(engine)
+            parts = {k: report.components.get(k, 0) for k in IN_PROCESS}
+            dock, grown = sum(parts.values()), rss() - base
+            steps.append({"step": step, "dock": dock, "measured": grown, "components": parts})
+            shown = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in parts.items())
+            print(f"after {step}{detail}: dock {dock / 2**20:.1f} MiB ({shown}) | RSS growth {grown / 2**20:.1f} MiB")
+            print(ratio_line(f"ledger error after {step}", abs(dock - grown) / grown, at_most=0.05))
+
+        load_blocking(engine, str(model_dir))
+        record("load")
+        done = expect_done(ask(engine, "picture", [Message("user", "What is in this picture?", [str(pic)])], 8))
+        record("a picture turn", f" ({done.stats['prompt_tokens']} tokens, encoder "
+                                 f"{'resident' if done.stats['encoder_resident'] else 'unloaded'})")
+        done = expect_done(ask(engine, "long", [Message("user", long_text)], 8))
+        record("a long turn", f" ({done.stats['prompt_tokens']} tokens)")
+        # what of the gap is heap the allocator keeps after freeing (activations, workspaces)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        trimmed = rss() - base
+        print(ratio_line("RSS growth after malloc_trim(0)", trimmed / 2**20, unit="MiB", digits=1,
+                         note=f"dock {steps[-1]['dock'] / 2**20:.1f} MiB; error "
+                              f"{abs(steps[-1]['dock'] - trimmed) / trimmed:.3f} once freed heap is returned"))
+        steps.append({"step": "after malloc_trim", "dock": steps[-1]["dock"], "measured": trimmed})
+    finally:
+        engine.shutdown()
+    worst = max(abs(s["dock"] - s["measured"]) / s["measured"] for s in steps[:3])
+    print(ratio_line("worst ledger error over the steps", worst, at_most=0.05))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shape": SHAPE, "quick": bool(args.quick), "steps": steps}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The benchmark report reads back every figure line the benchmarks print (ratio_line), and
+nothing else, so docs/benchmarks.md cannot silently drop or invent a figure."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "packaging" / "bench_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_figures_are_read_from_ratio_lines():
+    log = "\n".join([
+        "shape Qwen2.5-VL-3B-Instruct: 36 layers, 2 KV heads x 128, bf16 on CPU",  # prose: not a figure
+        "TTFT resume / TTFT re-prefill at 8189 tokens: 0.0299  (goal ≤ 0.05: yes)",
+        "spill throughput at 8189 tokens: 261 MiB/s  (288 MiB of KV)",
+        "new picture: encoder load: 0.04 s",
+        "stall: 65.2 ms  (goal ≤ 50 ms: no)  [p99 14 ms]",
+        "spill time / its goal (1.2·k/N·full + 20 ms), worst k: 0.904  (goal ≤ 1 and blocks ≤ ceil(k/256) + 1: yes)",
+        "model.generate decode: 25.2 tok/s   engine decode: 22.1 tok/s",  # two figures in prose: skipped
+    ])
+    rows = _report().figures(log)
+    got = [(r["label"], r["value"], r["unit"], r["goal"], r["met"], r["note"]) for r in rows]
+    assert got == [
+        ("TTFT resume / TTFT re-prefill at 8189 tokens", "0.0299", "", "≤ 0.05", "yes", ""),
+        ("spill throughput at 8189 tokens", "261", "MiB/s", "", "", "288 MiB of KV"),
+        ("new picture: encoder load", "0.04", "s", "", "", ""),
+        ("stall", "65.2", "ms", "≤ 50 ms", "no", "p99 14 ms"),
+        ("spill time / its goal (1.2·k/N·full + 20 ms), worst k", "0.904", "", "≤ 1 and blocks ≤ ceil(k/256) + 1",
+         "yes", ""),
+    ]

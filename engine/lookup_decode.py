@@ -33,11 +33,15 @@ class NgramDrafter:
     occurrence; an n-gram ending at the current end is registered only when the next token is
     appended, so a lookup never finds the suffix itself."""
 
-    def __init__(self, ids: list[int], max_ngram: int = 3, max_draft: int = 10, eos: set[int] = frozenset()):
+    def __init__(self, ids: list[int], max_ngram: int = 3, max_draft: int = 10, eos: set[int] = frozenset(),
+                 min_ngram: int = 2):
         self.max_ngram = max_ngram
+        self.min_ngram = min_ngram  # a single repeated token predicts little: a verify pass wasted
         self.max_draft = max_draft
         self.eos = eos
         self.draft_len = 4  # adapts: grows while drafts are taken whole, shrinks when cut
+        self.rest = 0       # steps to skip drafting after drafts were refused outright
+        self._backoff = 0
         self.seq: list[int] = []
         self.follow: dict[tuple[int, ...], int] = {}
         for t in ids:
@@ -56,10 +60,13 @@ class NgramDrafter:
         n-gram last time; never a picture position or an end-of-sequence token (the reply ends
         on a token the model chose itself)."""
         k = min(limit, self.draft_len)
+        if self.rest > 0:
+            self.rest -= 1
+            return []
         if k <= 0:
             return []
         seq = self.seq
-        for n in range(min(self.max_ngram, len(seq)), 0, -1):
+        for n in range(min(self.max_ngram, len(seq)), self.min_ngram - 1, -1):
             start = self.follow.get(tuple(seq[-n:]))
             if start is None:
                 continue
@@ -77,6 +84,10 @@ class NgramDrafter:
             self.draft_len = min(self.max_draft, self.draft_len + 2)
         else:
             self.draft_len = max(1, self.draft_len - 1)
+        # text that does not repeat keeps refusing drafts: pause drafting for 1, 2, 4 ... 16 steps
+        # so a reply with nothing to look up costs about what plain decoding costs
+        self._backoff = 0 if accepted else min(16, max(1, 2 * self._backoff))
+        self.rest = self._backoff
 
 
 def accepted_prefix(draft: list[int], choices: list[int]) -> int:

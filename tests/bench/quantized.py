@@ -120,10 +120,9 @@ def main() -> None:
         size, speed = r["lm_bytes"] / bf["lm_bytes"], r["tok_s"] / bf["tok_s"]
         size_goal = 0.55 if f == "int8" else 0.35
         speed_goal = 0.9
-        print(ratio_line(f"weight bytes {f} / bf16", size, f"<= {size_goal}") + f"  met: {'yes' if size <= size_goal else 'no'}")
-        print(ratio_line(f"decode tok/s {f} / bf16", speed, f">= {speed_goal} on {args.device}")
-              + f"  met: {'yes' if speed >= speed_goal else 'no'}")
-        print(ratio_line(f"greedy next-token agreement {f} vs bf16 over {PROMPT} positions", agree, "report"))
+        print(ratio_line(f"weight bytes {f} / bf16", size, at_most=size_goal))
+        print(ratio_line(f"decode tok/s {f} / bf16 on {args.device}", speed, at_least=speed_goal))
+        print(ratio_line(f"greedy next-token agreement {f} vs bf16 over {PROMPT} positions", agree, note="reported"))
 
 
 if __name__ == "__main__":

@@ -109,9 +109,12 @@ def memory(device: torch.device) -> tuple[str, int, int]:
         return torch.cuda.get_device_name(device), int(total), int(free)
     vm = psutil.virtual_memory()
     if device.type == "mps":
-        total = int(torch.mps.recommended_max_memory())
-        held = int(torch.mps.current_allocated_memory())
-        return "Apple GPU (unified memory)", total, max(0, min(total - held, int(vm.available)))
+        try:
+            total = int(torch.mps.recommended_max_memory())
+            held = int(torch.mps.current_allocated_memory())
+            return "Apple GPU (unified memory)", total, max(0, min(total - held, int(vm.available)))
+        except RuntimeError:  # the MPS backend refused (e.g. not built in): unified memory is RAM
+            return "Apple GPU (unified memory, as system memory)", int(vm.total), int(vm.available)
     name = platform.processor() or platform.machine() or "CPU"
     return f"CPU ({name})", int(vm.total), int(vm.available)
 

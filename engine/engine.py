@@ -20,7 +20,7 @@ from .events import (
 )
 from .conversations import Conversations
 from .memory import build_report, free_for_model, model_bytes
-from .model import ModelLoadError, check_folder, free_device_cache, load_model
+from .model import ModelLoadError, check_load, free_device_cache, load_model
 from .paths import create_data_dir, default_data_dir
 from .prompt import build_prompt, render
 from .session import Session
@@ -231,7 +231,8 @@ class Engine:
     def _do_load(self, path: str) -> None:
         self._emit(ModelLoading(path))
         try:
-            check_folder(Path(path).expanduser().resolve())  # a folder that is no model keeps the old one
+            # a folder that is no model, or settings that cannot run, keep the old model
+            check_load(path, self.settings.device, self.settings.dtype, self.settings.weights)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
             return

@@ -175,6 +175,21 @@ def free_device_cache(device: torch.device | None = None) -> None:
             log.debug("MPS cache not emptied: %s", exc)
 
 
+def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto") -> None:
+    """Refuse, before anything is released or read, what load_model would refuse whatever memory
+    is free: a folder that is no model, an unknown device, a weights/dtype/device combination
+    that cannot run (ModelLoadError with one sentence)."""
+    from .weights import plan_weights
+
+    folder = Path(path).expanduser().resolve()
+    config = check_folder(folder)
+    try:
+        place = devices.choose(device, dtype)
+    except devices.DeviceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    plan_weights(folder, config["model_type"], place.device, dtype, weights, 1 << 62)
+
+
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
                budget_bytes: int | None = None) -> LoadedModel:
     from .memory import device_totals

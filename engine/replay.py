@@ -53,8 +53,8 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
     return sampling, settings, turns
 
 
-def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, remote=None,
-               overrides: dict | None = None) -> int:
+def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overrides: dict | None = None,
+               remote=None) -> int:
     """`remote` (a RemoteConfig): run the script against that server; `model_dir` is then the
     server's model name. `overrides`: engine settings from the command line (`--weights`), over
     the script's."""

@@ -202,7 +202,7 @@ class Engine:
         free_device_cache(device)
 
     def _emit_encoder_state(self, state: str) -> None:
-        left = self.gate.residency.idle_left() if self.gate is not None else None
+        left = self.gate.encoder_idle_left() if self.gate is not None else None
         self._emit(EncoderState(state, left))
 
     def _make_room(self, needed: int) -> None:
@@ -265,11 +265,11 @@ class Engine:
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
                                          "pictures are cached in memory only."))
-        if self.gate.residency.disabled_reason:
-            self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.residency.disabled_reason))
+        if self.gate.elastic_refused:
+            self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
         # elastic: the encoder's memory is only taken while pictures need encoding
         if not self.gate.unload():
-            self._emit_encoder_state(self.gate.residency.state)
+            self._emit_encoder_state(self.gate.encoder_state)
         self._emit(self._report())
 
     def _do_memory(self, _arg) -> None:
@@ -286,21 +286,15 @@ class Engine:
             self._do_load(str(self.loaded.path))
             return
         if self.gate is not None:
-            self.gate.ram.resize(self.settings.image_cache_entries, self.settings.image_cache_ram_bytes)
-            r = self.gate.residency
-            r.idle_s = self.settings.elastic_idle_s
-            if r.disabled_reason is None:
-                r.elastic = self.settings.elastic
-                if not r.elastic and r.ensure_loaded():  # non-elastic means always resident
-                    self._emit_encoder_state(r.state)
+            self.gate.apply_settings(self.settings)
+            if changes.get("elastic") and self.gate.elastic_refused:
+                self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
 
     def _do_unload_encoder(self, _arg) -> None:
         if self.gate is None:
             return
         if not self.gate.unload():
-            r = self.gate.residency
-            why = r.disabled_reason or ("elastic mode is off" if not r.elastic else f"it is {r.state}")
-            self._emit(Notice("info", f"The vision encoder was not unloaded: {why}."))
+            self._emit(Notice("info", f"The vision encoder was not unloaded: {self.gate.why_not_unloaded()}."))
         self._emit(self._report())
 
     def _do_spill(self, conversation_id: str) -> None:
@@ -322,9 +316,8 @@ class Engine:
         extra = {}
         state, left = "resident", None
         if self.gate is not None:
-            extra["image_cache_ram"] = self.gate.ram.nbytes
-            extra["image_cache_disk"] = self.gate.disk.nbytes if self.gate.disk is not None else 0
-            state, left = self.gate.residency.state, self.gate.residency.idle_left()
+            extra["image_cache_ram"], extra["image_cache_disk"] = self.gate.cache_bytes()
+            state, left = self.gate.encoder_state, self.gate.encoder_idle_left()
         counters = self._counters()
         if self.spiller is not None and self.spiller.available:
             store = self.spiller.counters()
@@ -409,7 +402,7 @@ class Engine:
             "image_cache_disk_hits": gstats.disk_hits,
             "image_cache_misses": gstats.misses,
             "pictures_encoded": gstats.encoded,
-            "encoder_resident": gate.residency.state == "resident",
+            "encoder_resident": gate.encoder_state == "resident",
             "restored_tokens": restored,
             "restore_s": round(restore_s, 6),
             "spill_blocks_written": spill_stats.get("blocks_written", 0),

@@ -6,29 +6,24 @@ state is never shared between threads. Callers only enqueue requests and receive
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 import logging
 import queue
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
 from .events import (
-    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Token, Turn,
-    TurnDone, TurnFailed, TurnStarted,
+    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
+    TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
-from .memory import build_report, free_for_model, model_bytes
+from .memory_manager import MemoryManager, idle_tick_s, memory_report
 from .model import ModelLoadError, check_load, free_device_cache, load_model
 from .paths import create_data_dir, default_data_dir
-from .prompt import build_prompt, render
-from .session import Session
 from .settings import EngineSettings
 from .spill import SessionSpiller
-from .turn_runner import run_turn
-from .vision.gate import GateTurnStats, PictureGate
-from .picture_file import PictureError
+from .turn_pipeline import TurnPipeline
+from .vision.gate import PictureGate
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +45,10 @@ class Engine:
         self.loaded = None
         self.gate: PictureGate | None = None
         self.spiller: SessionSpiller | None = None
+        self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions
+        self.pipeline: TurnPipeline | None = None     # one turn, from pictures to stats
         self.sessions = Conversations()
         self.last_turn_stats: dict = {}
-        self._active_cid: str | None = None
         self._logged_notices: set[str] = set()
 
     # ------------------------------------------------------------ public API (any thread)
@@ -163,24 +159,11 @@ class Engine:
                 log.exception("idle work failed")
 
     def _idle_tick_s(self) -> float:
-        if self.spiller is not None and self.spiller.running is not None:
-            return 0.02  # a spill is waiting for its writer: look again soon
-        return min(1.0, max(0.05, self.settings.elastic_idle_s / 4), max(0.05, self.settings.spill_idle_s / 4))
+        return self.memory.tick_s() if self.memory is not None else idle_tick_s(self.settings)
 
     def _on_idle(self) -> None:
         """Timers that run between requests (encoder unload, session spill)."""
-        changed = self.gate is not None and self.gate.unload_if_idle()
-        sp = self.spiller
-        if sp is not None and (sp.available or sp.unavailable):  # due() retries an unavailable store
-            if sp.running is None:
-                due = sp.due(self.sessions, self._active_cid)
-                if due is not None:
-                    sp.begin(due)
-            # one unit at a time, and only while no request waits: a turn is never held up
-            # for more than one unit's copy
-            if sp.running is not None and sp.step(more=self._queue.empty):
-                changed = True
-        if changed:
+        if self.memory is not None and self.memory.on_idle(more=self._queue.empty):
             self._emit(self._report())
 
     def _on_shutdown(self) -> None:
@@ -191,42 +174,18 @@ class Engine:
         encoder residency, spiller, sessions' KV) and return the device memory now. The gate and
         the spiller call back into the engine; dropping them here breaks the only cycles, so
         the model is freed by reference counting at once, not whenever the collector runs."""
-        if self.spiller is not None:
-            self.spiller.close(self.sessions)  # exit and model switch spill what is hot: nothing lost
+        if self.memory is not None:
+            self.memory.close()  # exit and model switch spill what is hot: nothing lost
         if self.gate is not None:
             self.gate.close()
         self.sessions.clear()  # KV of another model is meaningless
         device = self.loaded.device if self.loaded is not None else None
-        self.loaded = self.gate = self.spiller = None
-        self._active_cid = None
+        self.loaded = self.gate = self.spiller = self.memory = self.pipeline = None
         free_device_cache(device)
 
     def _emit_encoder_state(self, state: str) -> None:
-        left = self.gate.residency.idle_left() if self.gate is not None else None
+        left = self.gate.encoder_idle_left() if self.gate is not None else None
         self._emit(EncoderState(state, left))
-
-    def _make_room(self, needed: int) -> None:
-        """Before the encoder loads: if the device is short of memory, release hot KV of idle
-        conversations, oldest first, never the one whose turn is running."""
-        if self.loaded is None:
-            return
-        free, margin = free_for_model(self.loaded, self.sessions.kv_bytes(), self.settings.memory_budget_bytes)
-        for s in self.sessions.idle_hot(self._active_cid):
-            if free >= needed + margin:
-                break
-            freed = s.kv_bytes()
-            self._release_session(s)
-            free += freed
-
-    def _release_session(self, session: Session) -> None:
-        """Free a conversation's hot KV: spilled to SSD first when the store can take it."""
-        if self.spiller is not None and self.spiller.available and session.cache is not None:
-            try:
-                if self.spiller.spill_blocking(session):
-                    return
-            except Exception:
-                log.exception("spill before release failed")
-        session.drop_kv()
 
     def _do_load(self, path: str) -> None:
         self._emit(ModelLoading(path))
@@ -255,8 +214,11 @@ class Engine:
         elif self.spiller.error:
             self._emit(Notice("warning", f"The KV store is unavailable ({self.spiller.error}); "
                                          "idle conversations stay in memory."))
+        self.memory = MemoryManager(loaded, self.sessions, self.spiller, self.settings, self._emit)
         self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache",
-                                make_room=self._make_room, on_state=self._emit_encoder_state)
+                                make_room=self.memory.make_room, on_state=self._emit_encoder_state)
+        self.memory.attach_gate(self.gate)
+        self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spiller, self.memory)
         self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
                               str(loaded.dtype).replace("torch.", ""), loaded.name))
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
@@ -266,11 +228,11 @@ class Engine:
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
                                          "pictures are cached in memory only."))
-        if self.gate.residency.disabled_reason:
-            self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.residency.disabled_reason))
+        if self.gate.elastic_refused:
+            self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
         # elastic: the encoder's memory is only taken while pictures need encoding
         if not self.gate.unload():
-            self._emit_encoder_state(self.gate.residency.state)
+            self._emit_encoder_state(self.gate.encoder_state)
         self._emit(self._report())
 
     def _do_memory(self, _arg) -> None:
@@ -286,54 +248,31 @@ class Engine:
         if reload:  # a weight format only takes effect by loading the model again
             self._do_load(str(self.loaded.path))
             return
+        if self.memory is not None:
+            self.memory.apply_settings(self.settings)
         if self.gate is not None:
-            self.gate.ram.resize(self.settings.image_cache_entries, self.settings.image_cache_ram_bytes)
-            r = self.gate.residency
-            r.idle_s = self.settings.elastic_idle_s
-            if r.disabled_reason is None:
-                r.elastic = self.settings.elastic
-                if not r.elastic and r.ensure_loaded():  # non-elastic means always resident
-                    self._emit_encoder_state(r.state)
+            self.gate.apply_settings(self.settings)
+            if changes.get("elastic") and self.gate.elastic_refused:
+                self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
 
     def _do_unload_encoder(self, _arg) -> None:
         if self.gate is None:
             return
         if not self.gate.unload():
-            r = self.gate.residency
-            why = r.disabled_reason or ("elastic mode is off" if not r.elastic else f"it is {r.state}")
-            self._emit(Notice("info", f"The vision encoder was not unloaded: {why}."))
+            self._emit(Notice("info", f"The vision encoder was not unloaded: {self.gate.why_not_unloaded()}."))
         self._emit(self._report())
 
     def _do_spill(self, conversation_id: str) -> None:
-        session = self.sessions.get(conversation_id)
-        sp = self.spiller
-        if sp is None or not sp.retry(now=True):  # the person asked: try a full disk again now
-            why = (sp.refusal or sp.error or sp.unavailable) if sp is not None else "no model is loaded"
-            self._emit(SpillState(conversation_id, "refused", why or "the store is unavailable"))
-        elif session is None or session.cache is None:
-            self._emit(SpillState(conversation_id, "spilled", "nothing hot to spill"))
+        if self.memory is None:
+            self._emit(SpillState(conversation_id, "refused", "no model is loaded"))
         else:
-            sp.spill_blocking(session)
+            self.memory.spill_now(conversation_id)
         self._emit(self._report())
 
-    def _counters(self) -> dict:
-        return self.gate.stats_counters() if self.gate else {}
-
     def _report(self) -> MemoryReport:
-        extra = {}
-        state, left = "resident", None
-        if self.gate is not None:
-            extra["image_cache_ram"] = self.gate.ram.nbytes
-            extra["image_cache_disk"] = self.gate.disk.nbytes if self.gate.disk is not None else 0
-            state, left = self.gate.residency.state, self.gate.residency.idle_left()
-        counters = self._counters()
-        if self.spiller is not None and self.spiller.available:
-            store = self.spiller.counters()
-            extra["kv_store_disk"] = int(store.get("bytes_on_disk", 0))
-            counters.update({f"store_{k}": v for k, v in store.items()})
-        report = build_report(self.loaded, self.sessions, extra, counters, state, left)
-        report.store_status = self.spiller.status if self.spiller is not None else ""
-        return report
+        if self.memory is None:
+            return memory_report(self.loaded, self.sessions)
+        return self.memory.report()
 
     def _should_stop(self, turn_id: int) -> bool:
         return turn_id in self._stop_requested
@@ -350,74 +289,16 @@ class Engine:
             if self.loaded is None:
                 self._emit(TurnFailed(tid, cid, "No model is loaded. Choose a model folder first."))
                 return
-            self._run_turn(turn)
+            done = self.pipeline.run(turn, self.settings, self._emit, lambda: self._should_stop(tid))
+            self.last_turn_stats = done.stats  # set before TurnDone goes out: waiters read it next
+            self._emit(done)
+            self._emit(self._report())
         except ValueError as exc:  # PictureError included: a bad turn fails alone
             self._emit(TurnFailed(tid, cid, str(exc)))
         except Exception as exc:
             log.exception("turn %s failed", tid)
             self._emit(TurnFailed(tid, cid, f"The model failed on this turn ({type(exc).__name__}: {exc})"))
         finally:
-            self._active_cid = None
             with self._stop_lock:
                 self._current_turn = None
                 self._stop_requested.discard(tid)
-
-    def _run_turn(self, turn: Turn) -> None:
-        tid, cid = turn.turn_id, turn.conversation_id
-        if not turn.messages or turn.messages[-1].role != "user":
-            raise ValueError("A turn must end with a user message.")
-        loaded, gate = self.loaded, self.gate
-        gstats = GateTurnStats()
-        entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
-        prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
-        limit = loaded.context_tokens
-        if limit and len(prompt.ids) >= limit:
-            raise ValueError(f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of "
-                             f"{limit} tokens. Start a new conversation (or send fewer pictures).")
-        sampling = turn.sampling  # the caller's Turn is left as it was sent
-        if limit and len(prompt.ids) + sampling.max_new_tokens > limit:
-            sampling = replace(sampling, max_new_tokens=limit - len(prompt.ids))
-        if not cid:  # a stateless client (the API): continue whichever of its sessions fits best
-            cid = turn.conversation_id = self.sessions.match_stateless(prompt, self._release_session)
-        session = self.sessions.open(cid)
-        session.last_used = time.monotonic()
-        session.version += 1
-        self._active_cid = cid
-        restored, restore_s = 0, 0.0
-        if self.spiller is not None:
-            self.spiller.cancel_for(cid)
-            t0 = time.perf_counter()
-            restored = self.spiller.restore(session, prompt)
-            restore_s = time.perf_counter() - t0 if restored else 0.0
-        spill_stats = self.spiller.take_turn_stats(cid) if self.spiller is not None else {}
-        result = run_turn(
-            loaded, session, prompt, entries, sampling,
-            ensure_features=lambda es: gate.ensure_features(es, gstats),
-            on_text=lambda text, tok: self._emit(Token(tid, cid, text, tok)),
-            should_stop=lambda: self._should_stop(tid),
-            chunk_tokens=self.settings.prefill_chunk_tokens, lookup_decoding=self.settings.lookup_decoding,
-        )
-        self._active_cid = None
-        session.last_used = time.monotonic()
-        stats = dict(result.stats)
-        stats["reused_tokens"] -= restored  # reused = hot in RAM; restored = read from the SSD store
-        stats.update({
-            "encode_s": round(gstats.encode_s, 6),
-            "encoder_loads": gstats.encoder_loads,
-            "encoder_load_s": round(gstats.load_s, 6),
-            "image_cache_hits": gstats.hits,
-            "image_cache_ram_hits": gstats.ram_hits,
-            "image_cache_disk_hits": gstats.disk_hits,
-            "image_cache_misses": gstats.misses,
-            "pictures_encoded": gstats.encoded,
-            "encoder_resident": gate.residency.state == "resident",
-            "restored_tokens": restored,
-            "restore_s": round(restore_s, 6),
-            "spill_blocks_written": spill_stats.get("blocks_written", 0),
-            "spill_blocks_reused": spill_stats.get("blocks_reused", 0),
-            "weights": loaded.weights,
-            "weight_bytes": model_bytes(loaded)[0],
-        })
-        self.last_turn_stats = stats
-        self._emit(TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped))
-        self._emit(self._report())

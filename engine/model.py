@@ -257,7 +257,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
         merged["text_kwargs"].pop(k, None)
     merged["images_kwargs"]["return_tensors"] = "pt"
 
-    # the engine checks prompt length against the model's real context itself (engine._run_turn)
+    # the engine checks prompt length against the model's real context itself (engine/turn_pipeline.py)
     processor.tokenizer.model_max_length = 1 << 40
 
     image_token_id = getattr(model.config, "image_token_id", None)

@@ -28,6 +28,7 @@ class TurnResult:
     token_ids: list[int]
     stopped: bool
     stats: dict = field(default_factory=dict)
+    prefix_tokens: int = 0  # the prompt's opening already in the cache (hot or restored): not prefilled
 
 
 def _suffix_positions(full_pos: torch.Tensor | None, start: int, end: int, device) -> torch.Tensor:
@@ -197,7 +198,6 @@ def run_turn(
     n_gen = len(generated)
     stats = {
         "prompt_tokens": L,
-        "reused_tokens": reuse,
         "prefill_tokens": L - reuse,
         "generated_tokens": n_gen,
         "max_new_tokens": sampling.max_new_tokens,  # after the cut to the context, if any
@@ -207,4 +207,5 @@ def run_turn(
         "tokens_per_s": round(n_gen / decode_s, 3) if decode_s > 0 and n_gen else 0.0,
         **drafts.as_stats(),
     }
-    return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, stats=stats)
+    return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, stats=stats,
+                      prefix_tokens=reuse)

@@ -55,6 +55,47 @@ class PictureGate:
     def disk_error(self) -> str | None:
         return None if self.disk is None else self.disk.error
 
+    # ------------------------------------------------------------ the encoder, as others see it
+
+    @property
+    def encoder_state(self) -> str:
+        return self.residency.state
+
+    @property
+    def elastic_refused(self) -> str | None:
+        """Why this model's encoder can never be released (None when it can)."""
+        return self.residency.disabled_reason
+
+    def encoder_idle_left(self) -> float | None:
+        return self.residency.idle_left()
+
+    def encoder_weight_bytes(self) -> int:
+        return self.residency.weight_bytes()
+
+    def cache_bytes(self) -> tuple[int, int]:
+        """Bytes of cached features (RAM, disk)."""
+        return self.ram.nbytes, self.disk.nbytes if self.disk is not None else 0
+
+    def apply_settings(self, settings) -> None:
+        """New settings at run time: cache sizes, idle time and elastic residency. Turning
+        elastic off loads the encoder now (non-elastic means always resident); turning it on
+        builds the map its weights are read back with before they can be released."""
+        self.ram.resize(settings.image_cache_entries, settings.image_cache_ram_bytes)
+        r = self.residency
+        r.idle_s = settings.elastic_idle_s
+        if r.set_elastic(settings.elastic) or r.disabled_reason is not None:
+            return
+        if r.state != "resident":
+            self.on_state("loading")
+            try:
+                r.ensure_loaded()
+            finally:
+                self.on_state(r.state)
+
+    def why_not_unloaded(self) -> str:
+        r = self.residency
+        return r.disabled_reason or ("elastic mode is off" if not r.elastic else f"it is {r.state}")
+
     def lookup(self, path: str, stats: GateTurnStats) -> PictureEntry:
         data = read_bytes(path)
         key = picture_key(data, self.identity)

@@ -28,7 +28,6 @@ class ResidencyError(RuntimeError):
 class EncoderResidency:
     def __init__(self, loaded, elastic: bool, idle_s: float):
         self.loaded = loaded
-        self.elastic = elastic
         self.idle_s = idle_s
         self.state = "resident"
         self.last_used = time.monotonic()
@@ -38,13 +37,25 @@ class EncoderResidency:
         self._keymap: dict[str, tuple[Path, str]] | None = None
         self._shapes: dict[str, torch.Size] = {}
         self.disabled_reason: str | None = None
-        if elastic:
+        self.elastic = False
+        self.set_elastic(elastic)
+
+    def set_elastic(self, on: bool) -> bool:
+        """Turn elastic residency on or off; returns whether it is now on. Releasing the weights
+        needs the map to read them back, so it is built the first time elastic is turned on —
+        at load or later from the settings; a model whose files lack the vision weights stays
+        resident for good, with the reason kept."""
+        if self.disabled_reason is not None:
+            return False
+        if on and self._keymap is None:
             try:
                 self._keymap = self._build_keymap()
             except ResidencyError as exc:
                 log.warning("elastic encoder disabled: %s", exc)
-                self.elastic = False
                 self.disabled_reason = str(exc)
+                return False
+        self.elastic = on
+        return on
 
     # -------------------------------------------------------------- weights on disk
 
@@ -96,7 +107,7 @@ class EncoderResidency:
                         yield full, sub, pname, p
 
     def unload(self) -> bool:
-        if not self.elastic or self.state != "resident":
+        if not self.elastic or self._keymap is None or self.state != "resident":
             return False
         for full, sub, pname, p in list(self._params()):
             self._shapes[full] = p.shape
@@ -112,6 +123,8 @@ class EncoderResidency:
         """Load the weights if they are released; returns True when a load happened."""
         if self.state == "resident":
             return False
+        if self._keymap is None:  # never released without one (set_elastic); say so, never hang
+            raise ResidencyError("the encoder's weights were released with no map to read them back")
         t0 = time.perf_counter()
         self.state = "loading"
         by_file: dict[Path, list[tuple[str, str]]] = {}

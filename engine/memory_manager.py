@@ -1,0 +1,134 @@
+"""Device memory policy for one loaded model: make room before the encoder loads, spill idle
+conversations on their timers, release a conversation's hot KV, and the memory report.
+
+The engine owns one per loaded model and calls it between requests; the turn pipeline tells it
+which conversation is running, so that one is never spilled or released under its turn.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from .conversations import Conversations
+from .events import MemoryReport, SpillState
+from .memory import build_report, free_for_model
+from .session import Session
+from .spill import SessionSpiller
+
+log = logging.getLogger(__name__)
+
+
+def idle_tick_s(settings, spilling: bool = False) -> float:
+    """How long the owner thread waits for a request before its timers are looked at."""
+    if spilling:
+        return 0.02  # a spill is waiting for its writer: look again soon
+    return min(1.0, max(0.05, settings.elastic_idle_s / 4), max(0.05, settings.spill_idle_s / 4))
+
+
+def memory_report(loaded, sessions: Conversations, gate=None, spiller: SessionSpiller | None = None) -> MemoryReport:
+    extra = {}
+    state, left = "resident", None
+    counters = {}
+    if gate is not None:
+        extra["image_cache_ram"], extra["image_cache_disk"] = gate.cache_bytes()
+        state, left = gate.encoder_state, gate.encoder_idle_left()
+        counters = gate.stats_counters()
+    if spiller is not None and spiller.available:
+        store = spiller.counters()
+        extra["kv_store_disk"] = int(store.get("bytes_on_disk", 0))
+        counters.update({f"store_{k}": v for k, v in store.items()})
+    report = build_report(loaded, sessions, extra, counters, state, left)
+    report.store_status = spiller.status if spiller is not None else ""
+    return report
+
+
+class MemoryManager:
+    def __init__(self, loaded, sessions: Conversations, spiller: SessionSpiller, settings,
+                 emit: Callable):
+        self.loaded = loaded
+        self.sessions = sessions
+        self.spiller = spiller
+        self.settings = settings
+        self.emit = emit
+        self.gate = None  # attached once built: the gate is given make_room, so it comes second
+        self.active_cid: str | None = None  # the conversation whose turn is running
+
+    def attach_gate(self, gate) -> None:
+        self.gate = gate
+
+    def apply_settings(self, settings) -> None:
+        self.settings = settings
+
+    # ------------------------------------------------------------ a turn's conversation
+
+    def turn_started(self, conversation_id: str) -> None:
+        self.active_cid = conversation_id
+
+    def turn_ended(self) -> None:
+        self.active_cid = None
+
+    # ------------------------------------------------------------ freeing memory
+
+    def make_room(self, needed: int) -> None:
+        """Before the encoder loads: if the device is short of memory, release hot KV of idle
+        conversations, oldest first, never the one whose turn is running."""
+        free, margin = free_for_model(self.loaded, self.sessions.kv_bytes(), self.settings.memory_budget_bytes)
+        for s in self.sessions.idle_hot(self.active_cid):
+            if free >= needed + margin:
+                break
+            freed = s.kv_bytes()
+            self.release_session(s)
+            free += freed
+
+    def release_session(self, session: Session) -> None:
+        """Free a conversation's hot KV: spilled to SSD first when the store can take it."""
+        sp = self.spiller
+        if sp.available and session.cache is not None:
+            try:
+                if sp.spill_blocking(session):
+                    return
+            except Exception:
+                log.exception("spill before release failed")
+        session.drop_kv()
+
+    def spill_now(self, conversation_id: str) -> None:
+        """The person asked to spill a conversation: try a full disk again now."""
+        session = self.sessions.get(conversation_id)
+        sp = self.spiller
+        if not sp.retry(now=True):
+            why = sp.refusal or sp.error or sp.unavailable
+            self.emit(SpillState(conversation_id, "refused", why or "the store is unavailable"))
+        elif session is None or session.cache is None:
+            self.emit(SpillState(conversation_id, "spilled", "nothing hot to spill"))
+        else:
+            sp.spill_blocking(session)
+
+    # ------------------------------------------------------------ timers
+
+    def tick_s(self) -> float:
+        return idle_tick_s(self.settings, spilling=self.spiller.running is not None)
+
+    def on_idle(self, more: Callable[[], bool]) -> bool:
+        """Encoder unload and session spill, between requests; True when memory changed.
+        `more()` says no request is waiting: a turn is never held up for more than one unit's
+        copy."""
+        changed = self.gate is not None and self.gate.unload_if_idle()
+        sp = self.spiller
+        if sp.available or sp.unavailable:  # due() retries an unavailable store
+            if sp.running is None:
+                due = sp.due(self.sessions, self.active_cid)
+                if due is not None:
+                    sp.begin(due)
+            if sp.running is not None and sp.step(more=more):
+                changed = True
+        return changed
+
+    def close(self) -> None:
+        """Exit or model switch: spill what is hot, so nothing is lost. The gate is let go: it
+        holds make_room, so keeping it would be a cycle and the model would wait for the collector."""
+        self.spiller.close(self.sessions)
+        self.active_cid = None
+        self.gate = None
+
+    def report(self) -> MemoryReport:
+        return memory_report(self.loaded, self.sessions, self.gate, self.spiller)

@@ -1,0 +1,105 @@
+"""One turn, in order: pictures through the gate, the prompt, the cut to the model's context,
+which conversation a stateless client continues, its prefix restored from the SSD store, the
+run (engine/turn_runner.py), and the turn's stats.
+
+Runs on the engine's owner thread; the engine owns one per loaded model and handles the queue,
+stop requests and failures around it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+from .conversations import Conversations
+from .events import Token, Turn, TurnDone
+from .memory import model_bytes
+from .memory_manager import MemoryManager
+from .prompt import build_prompt, render
+from .spill import SessionSpiller
+from .turn_runner import TurnResult, run_turn
+from .vision.gate import GateTurnStats, PictureGate
+
+
+class TurnPipeline:
+    def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spiller: SessionSpiller,
+                 memory: MemoryManager):
+        self.loaded = loaded
+        self.gate = gate
+        self.sessions = sessions
+        self.spiller = spiller
+        self.memory = memory
+
+    def run(self, turn: Turn, settings, emit: Callable, should_stop: Callable[[], bool]) -> TurnDone:
+        """Run `turn`, emitting its tokens; returns its TurnDone for the engine to send. A bad turn
+        (too long, no user message, an unreadable picture) raises ValueError before any KV is
+        touched."""
+        tid = turn.turn_id
+        if not turn.messages or turn.messages[-1].role != "user":
+            raise ValueError("A turn must end with a user message.")
+        loaded, gate = self.loaded, self.gate
+        gstats = GateTurnStats()
+        entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
+        prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
+        sampling = self._fit_to_context(len(prompt.ids), turn.sampling)
+        if not turn.conversation_id:  # a stateless client (the API): continue whichever of its sessions fits best
+            turn.conversation_id = self.sessions.match_stateless(prompt, self.memory.release_session)
+        cid = turn.conversation_id
+        session = self.sessions.open(cid)
+        session.last_used = time.monotonic()
+        session.version += 1
+        self.memory.turn_started(cid)
+        try:
+            self.spiller.cancel_for(cid)
+            t0 = time.perf_counter()
+            restored = self.spiller.restore(session, prompt)
+            restore_s = time.perf_counter() - t0 if restored else 0.0
+            spill_stats = self.spiller.take_turn_stats(cid)
+            result = run_turn(
+                loaded, session, prompt, entries, sampling,
+                ensure_features=lambda es: gate.ensure_features(es, gstats),
+                on_text=lambda text, tok: emit(Token(tid, cid, text, tok)),
+                should_stop=should_stop,
+                chunk_tokens=settings.prefill_chunk_tokens, lookup_decoding=settings.lookup_decoding,
+            )
+        finally:
+            self.memory.turn_ended()
+        session.last_used = time.monotonic()
+        stats = self._stats(result, restored, restore_s, gstats, spill_stats)
+        return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped)
+
+    def _fit_to_context(self, n_prompt: int, sampling):
+        """Refuse a prompt the model's context cannot hold; shorten the reply to what fits.
+        The caller's Turn is left as it was sent."""
+        limit = self.loaded.context_tokens
+        if limit and n_prompt >= limit:
+            raise ValueError(f"This conversation is {n_prompt} tokens long, more than the model's context of "
+                             f"{limit} tokens. Start a new conversation (or send fewer pictures).")
+        if limit and n_prompt + sampling.max_new_tokens > limit:
+            sampling = replace(sampling, max_new_tokens=limit - n_prompt)
+        return sampling
+
+    def _stats(self, result: TurnResult, restored: int, restore_s: float, gstats: GateTurnStats,
+               spill_stats: dict) -> dict:
+        run = result.stats
+        return {
+            "prompt_tokens": run["prompt_tokens"],
+            # the prefix the turn did not prefill: reused = hot in RAM, restored = read from the SSD store
+            "reused_tokens": result.prefix_tokens - restored,
+            **run,
+            "encode_s": round(gstats.encode_s, 6),
+            "encoder_loads": gstats.encoder_loads,
+            "encoder_load_s": round(gstats.load_s, 6),
+            "image_cache_hits": gstats.hits,
+            "image_cache_ram_hits": gstats.ram_hits,
+            "image_cache_disk_hits": gstats.disk_hits,
+            "image_cache_misses": gstats.misses,
+            "pictures_encoded": gstats.encoded,
+            "encoder_resident": self.gate.encoder_state == "resident",
+            "restored_tokens": restored,
+            "restore_s": round(restore_s, 6),
+            "spill_blocks_written": spill_stats.get("blocks_written", 0),
+            "spill_blocks_reused": spill_stats.get("blocks_reused", 0),
+            "weights": self.loaded.weights,
+            "weight_bytes": model_bytes(self.loaded)[0],
+        }

@@ -75,7 +75,9 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     assert not w.vram.unload.isEnabled(), "an unloaded encoder offers no Unload button"
     w.bridge.inject(EncoderState("loading"))
     qtbot.waitUntil(lambda: w.vram.encoder.text() == "loading", timeout=5000)
+    w.vram.hide()  # no polls: the model-less engine's own reports would replace the injected one
     w.bridge.inject(SpillState(cid, "spilled", "12 blocks, 9 reused"))
+    w.bridge.inject(report)
     # one line per conversation: its hot KV and its spill state together
     qtbot.waitUntil(lambda: w.vram.kv.text() == "Holiday: 117.7 MiB (123,456,789 B) · spilled — 12 blocks, 9 reused",
                     timeout=5000)

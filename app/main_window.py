@@ -33,7 +33,7 @@ from .preferences import ApiConfig, Preferences
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
-from .vram_panel import VramPanel
+from .memory_dock import MemoryDock
 
 HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
                  "with File ▸ Models….")
@@ -85,11 +85,11 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([260, 940])
         self.setCentralWidget(self.splitter)
 
-        self.vram = VramPanel(self._title_for, self)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram)
-        self.engines = EngineSwitch(bridge, prefs.qs, self, self.vram, self.data_dir)  # built-in or a server
+        self.memory_dock = MemoryDock(self._title_for, self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
+        self.engines = EngineSwitch(bridge, prefs.qs, self, self.memory_dock, self.data_dir)  # built-in or a server
         self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
-        self.resizeDocks([self.vram], [380], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.memory_dock], [380], Qt.Orientation.Horizontal)
 
         self._build_status_bar()
         self._build_menus()
@@ -163,7 +163,7 @@ class MainWindow(QMainWindow):
         edit.addAction("Find chat", lambda: self.sidebar.search.setFocus(), QKeySequence.StandardKey.Find)
 
         view = mb.addMenu("&View")
-        toggle = self.vram.toggleViewAction()
+        toggle = self.memory_dock.toggleViewAction()
         toggle.setShortcut(QKeySequence("Ctrl+M"))
         toggle.setIcon(icon("memory"))
         view.addAction(toggle)
@@ -182,16 +182,16 @@ class MainWindow(QMainWindow):
         b.turnStarted.connect(lambda ev: self._turn_t0.__setitem__(ev.turn_id, time.monotonic()))
         b.tokens.connect(self._on_tokens)
         b.turnDone.connect(self._on_turn_done)
-        b.memoryReport.connect(self.vram.on_memory_report)
-        b.encoderState.connect(self.vram.on_encoder_state)
-        b.spillState.connect(self.vram.on_spill_state)
+        b.memoryReport.connect(self.memory_dock.on_memory_report)
+        b.encoderState.connect(self.memory_dock.on_encoder_state)
+        b.spillState.connect(self.memory_dock.on_spill_state)
         b.notice.connect(self._on_notice)
-        self.vram.reportWanted.connect(b.request_memory_report)
-        self.vram.unloadEncoderRequested.connect(b.unload_encoder)
-        self.vram.spillRequested.connect(self._spill_current)
+        self.memory_dock.reportWanted.connect(b.request_memory_report)
+        self.memory_dock.unloadEncoderRequested.connect(b.unload_encoder)
+        self.memory_dock.spillRequested.connect(self._spill_current)
         self.api.stateChanged.connect(self._on_api_state)
-        self.api.stateChanged.connect(self.vram.on_api_state)
-        self.api.activityChanged.connect(self.vram.on_api_activity)
+        self.api.stateChanged.connect(self.memory_dock.on_api_state)
+        self.api.activityChanged.connect(self.memory_dock.on_api_activity)
 
         c.conversationsChanged.connect(self.sidebar.refresh)
         c.currentChanged.connect(self._on_current_changed)
@@ -258,7 +258,7 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"{ev.name} ({ev.family})")
         self.device_label.setText(" · ".join(x for x in (ev.device, ev.dtype) if x))  # a server has no dtype
         self.composer.set_ready(True)
-        self.vram.on_model(ev.device, ev.name)
+        self.memory_dock.on_model(ev.device, ev.name)
         if ev.family != "remote":  # a server's address is not a model folder
             self.prefs.add_recent_model(ev.path)
             self.prefs.set_last_model(ev.path)
@@ -362,7 +362,7 @@ class MainWindow(QMainWindow):
         tps = ev.stats.get("tokens_per_s")
         if tps is not None:
             self.speed_label.setText(f"{tps:.1f} tok/s")
-        self.vram.on_turn_stats(ev.stats)
+        self.memory_dock.on_turn_stats(ev.stats)
 
     def _on_notice(self, ev: Notice) -> None:
         if ev.level == "info":
@@ -463,7 +463,7 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._on_color_scheme)
-        self.vram.stop()
+        self.memory_dock.stop()
         self.api.stop()  # before the engine: its in-flight turns are stopped, connections closed
         self.sidebar.stop()
         self.controller.shutdown()

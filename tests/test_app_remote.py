@@ -48,7 +48,7 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         choice = load_choice(w.prefs.qs)
         assert choice.kind == REMOTE and choice.server.url == server.url.removesuffix("/v1")
         assert w.engines.label.text().startswith("Remote: 127.0.0.1:")
-        assert w.engines.panel.isVisible() and not w.vram.isVisible()
+        assert w.engines.panel.isVisible() and not w.memory_dock.isVisible()
 
         pic = make_picture(tmp_path / "shapes.png", seed=3)
         w.composer.take_files([str(pic)])
@@ -88,7 +88,7 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         choose_engine(w, qtbot, None)  # back to the built-in engine: the conversation goes on
         assert load_choice(w.prefs.qs).kind == BUILTIN
         qtbot.waitUntil(lambda: w.model_name == builtin_name and w.model_ready, timeout=TIMEOUT_MS)
-        assert w.engines.label.text() == "Built-in engine" and w.vram.isVisible()
+        assert w.engines.label.text() == "Built-in engine" and w.memory_dock.isVisible()
         qtbot.mouseClick(w.retry, qtbot_left())
         wait_reply(qtbot, w)
         roles = [(m.role, m.status) for m in w.history.messages(cid)]

@@ -10,10 +10,9 @@ from pathlib import Path
 from PySide6.QtCore import QtMsgType, QTimer, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
-from engine.paths import create_data_dir
+from engine.paths import DEMO_MODEL, create_data_dir
 
 from .icons import app_icon
-from .model_catalog import DEMO_MODEL
 from .preferences import Preferences
 from .single_instance import SingleInstance, bring_to_front
 from .theme import apply_theme

@@ -47,7 +47,7 @@ import shapes_world as world  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from app.model_catalog import DEMO_MODEL  # noqa: E402
+from engine.paths import DEMO_MODEL  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
 from engine.history import History  # noqa: E402

@@ -124,7 +124,7 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         return 0
     apply_theme(app, prefs.theme())
 
-    from engine.history import History
+    from .history import History
     from .bridge import EngineBridge
     from .main_window import MainWindow
 

@@ -50,7 +50,7 @@ from app.main_window import MainWindow  # noqa: E402
 from engine.paths import DEMO_MODEL  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
-from engine.history import History  # noqa: E402
+from app.history import History  # noqa: E402
 
 WINDOW = (1360, 860)
 LOAD_TIMEOUT_S = 180

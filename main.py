@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-DEMO_MODEL = ROOT / "resources" / "models" / "parley-shapes"
+from engine.paths import DEMO_MODEL
 
 
 def _data_dir(arg: str | None) -> Path:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, Signal
 
 from engine.events import Message, Turn, TurnDone, TurnFailed
-from engine.history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
+from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 
 from .bridge import EngineBridge
 from .message_model import MessageItem, MessageListModel

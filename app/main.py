@@ -10,10 +10,9 @@ from pathlib import Path
 from PySide6.QtCore import QtMsgType, QTimer, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
-from engine.paths import create_data_dir
+from engine.paths import DEMO_MODEL, create_data_dir
 
 from .icons import app_icon
-from .model_catalog import DEMO_MODEL
 from .preferences import Preferences
 from .single_instance import SingleInstance, bring_to_front
 from .theme import apply_theme
@@ -125,7 +124,7 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         return 0
     apply_theme(app, prefs.theme())
 
-    from engine.history import History
+    from .history import History
     from .bridge import EngineBridge
     from .main_window import MainWindow
 

@@ -9,22 +9,23 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QUrl
-from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
-    QApplication, QInputDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter,
+    QApplication, QInputDialog, QLabel, QMainWindow, QMessageBox, QSplitter,
     QVBoxLayout, QWidget,
 )
 
 from engine.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
-from engine.history import History
 
-from .api_control import FAILED, LISTENING, OFF, ApiControl
+from .api_control import ApiControl
 from .bridge import EngineBridge
 from .chat_controller import ChatController
 from .chat_view import ChatView
 from .composer import Composer
 from .engine_switch import EngineSwitch
+from .history import History
 from .icons import app_icon, icon
+from .memory_dock import MemoryDock
 from .message_model import MessageListModel
 from .model_picker import ModelPicker
 from .picture_intake import PictureIntake, mime_has_pictures
@@ -33,7 +34,7 @@ from .preferences import ApiConfig, Preferences
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
-from .vram_panel import VramPanel
+from .window_chrome import build_menus, build_status_bar, show_api_state
 
 HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
                  "with File ▸ Models….")
@@ -85,14 +86,14 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([260, 940])
         self.setCentralWidget(self.splitter)
 
-        self.vram = VramPanel(self._title_for, self)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram)
-        self.engines = EngineSwitch(bridge, prefs.qs, self, self.vram, self.data_dir)  # built-in or a server
+        self.memory_dock = MemoryDock(self._title_for, self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
+        self.engines = EngineSwitch(bridge, prefs.qs, self, self.memory_dock, self.data_dir)  # built-in or a server
         self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
-        self.resizeDocks([self.vram], [380], Qt.Orientation.Horizontal)
+        self.resizeDocks([self.memory_dock], [380], Qt.Orientation.Horizontal)
 
-        self._build_status_bar()
-        self._build_menus()
+        build_status_bar(self)
+        build_menus(self)
         self._wire()
         self._restore_layout()
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
@@ -113,67 +114,6 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ building
 
-    def _build_status_bar(self) -> None:
-        sb = self.statusBar()
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 0)  # busy: loading reports no fraction
-        self.progress.setMaximumWidth(140)
-        self.progress.hide()
-        self.model_label = QLabel("No model")
-        self.device_label = QLabel("")
-        self.speed_label = QLabel("")
-        self.api_label = QLabel("")
-        self.api_label.setObjectName("apiStatus")
-        self.api_label.hide()
-        for w in (self.progress, self.api_label, self.engines.label, self.model_label, self.device_label,
-                  self.speed_label):
-            sb.addPermanentWidget(w)
-
-    def _build_menus(self) -> None:
-        mb = self.menuBar()
-        file = mb.addMenu("&File")
-        self.act_new = file.addAction(icon("new-chat"), "New chat", self.new_chat)
-        self.act_new.setShortcut(QKeySequence.StandardKey.New)
-        self.act_open = file.addAction(icon("model"), "Open model…", self.choose_model)
-        self.act_open.setShortcut(QKeySequence.StandardKey.Open)
-        self.act_models = file.addAction("Models…", self.open_models)
-        file.addSeparator()
-        self.act_settings = file.addAction("Settings…", self.open_settings)
-        self.act_settings.setShortcut(QKeySequence.StandardKey.Preferences)
-        self.act_settings.setMenuRole(QAction.MenuRole.PreferencesRole)
-        file.addSeparator()
-        act_quit = file.addAction("Quit", self.close)
-        act_quit.setShortcut(QKeySequence.StandardKey.Quit)
-        act_quit.setMenuRole(QAction.MenuRole.QuitRole)
-
-        edit = mb.addMenu("&Edit")
-        self.act_undo = edit.addAction("Undo delete", self.sidebar.undo_delete)
-        self.act_undo.setShortcut(QKeySequence.StandardKey.Undo)
-        self.act_undo.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-        self.sidebar.addAction(self.act_undo)
-        edit.addAction("Rename chat", self.sidebar.rename_current, QKeySequence(Qt.Key.Key_F2))
-        edit.addAction("Delete chat", self.delete_current)
-        edit.addAction("Chat instructions…", self.edit_chat_prompt)
-        edit.addSeparator()
-        self.act_regen = edit.addAction("Regenerate reply", lambda: self.controller.regenerate())
-        self.act_regen.setShortcut(QKeySequence("Ctrl+R"))
-        self.act_stop = edit.addAction("Stop reply", self.stop_or_cancel)
-        self.act_stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
-        self.act_stop.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        edit.addAction("Find chat", lambda: self.sidebar.search.setFocus(), QKeySequence.StandardKey.Find)
-
-        view = mb.addMenu("&View")
-        toggle = self.vram.toggleViewAction()
-        toggle.setShortcut(QKeySequence("Ctrl+M"))
-        toggle.setIcon(icon("memory"))
-        view.addAction(toggle)
-        help_menu = mb.addMenu("&Help")
-        help_menu.addAction("About Parley", self._about)
-
-        paste = QShortcut(QKeySequence.StandardKey.Paste, self.chat)
-        paste.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-        paste.activated.connect(self.paste_into_composer)
-
     def _wire(self) -> None:
         b, c = self.bridge, self.controller
         b.modelLoading.connect(self._on_model_loading)
@@ -182,16 +122,16 @@ class MainWindow(QMainWindow):
         b.turnStarted.connect(lambda ev: self._turn_t0.__setitem__(ev.turn_id, time.monotonic()))
         b.tokens.connect(self._on_tokens)
         b.turnDone.connect(self._on_turn_done)
-        b.memoryReport.connect(self.vram.on_memory_report)
-        b.encoderState.connect(self.vram.on_encoder_state)
-        b.spillState.connect(self.vram.on_spill_state)
+        b.memoryReport.connect(self.memory_dock.on_memory_report)
+        b.encoderState.connect(self.memory_dock.on_encoder_state)
+        b.spillState.connect(self.memory_dock.on_spill_state)
         b.notice.connect(self._on_notice)
-        self.vram.reportWanted.connect(b.request_memory_report)
-        self.vram.unloadEncoderRequested.connect(b.unload_encoder)
-        self.vram.spillRequested.connect(self._spill_current)
-        self.api.stateChanged.connect(self._on_api_state)
-        self.api.stateChanged.connect(self.vram.on_api_state)
-        self.api.activityChanged.connect(self.vram.on_api_activity)
+        self.memory_dock.reportWanted.connect(b.request_memory_report)
+        self.memory_dock.unloadEncoderRequested.connect(b.unload_encoder)
+        self.memory_dock.spillRequested.connect(self._spill_current)
+        self.api.stateChanged.connect(lambda state, detail: show_api_state(self, state, detail))
+        self.api.stateChanged.connect(self.memory_dock.on_api_state)
+        self.api.activityChanged.connect(self.memory_dock.on_api_activity)
 
         c.conversationsChanged.connect(self.sidebar.refresh)
         c.currentChanged.connect(self._on_current_changed)
@@ -258,7 +198,7 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"{ev.name} ({ev.family})")
         self.device_label.setText(" · ".join(x for x in (ev.device, ev.dtype) if x))  # a server has no dtype
         self.composer.set_ready(True)
-        self.vram.on_model(ev.device, ev.name)
+        self.memory_dock.on_model(ev.device, ev.name)
         if ev.family != "remote":  # a server's address is not a model folder
             self.prefs.add_recent_model(ev.path)
             self.prefs.set_last_model(ev.path)
@@ -362,7 +302,7 @@ class MainWindow(QMainWindow):
         tps = ev.stats.get("tokens_per_s")
         if tps is not None:
             self.speed_label.setText(f"{tps:.1f} tok/s")
-        self.vram.on_turn_stats(ev.stats)
+        self.memory_dock.on_turn_stats(ev.stats)
 
     def _on_notice(self, ev: Notice) -> None:
         if ev.level == "info":
@@ -415,18 +355,6 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"API server: {error}", 15000)
         return error
 
-    def _on_api_state(self, state: str, detail: str) -> None:
-        if state == LISTENING:
-            self.api_label.setText(f"API {detail.removeprefix('http://').removesuffix('/v1')}")
-            self.api_label.setToolTip(f"OpenAI-compatible API listening on {detail}")
-            self.statusBar().showMessage(f"API server listening on {detail}", 6000)
-        elif state == FAILED:
-            self.api_label.setText('<span style="color:#d0473f">API not running</span>')
-            self.api_label.setToolTip(detail)
-        elif state == OFF:
-            self.statusBar().showMessage("API server off", 4000)
-        self.api_label.setVisible(state != OFF)
-
     def _on_color_scheme(self, _scheme) -> None:
         if self.prefs.theme() == "system" and not self._closed:
             apply_theme(QApplication.instance(), "system")
@@ -463,7 +391,7 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._on_color_scheme)
-        self.vram.stop()
+        self.memory_dock.stop()
         self.api.stop()  # before the engine: its in-flight turns are stopped, connections closed
         self.sidebar.stop()
         self.controller.shutdown()

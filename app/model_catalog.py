@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources" / "models" / "parley-shapes"
+from engine.paths import DEMO_MODEL
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
-from engine.history import History
+from .history import History
 from engine.picture_file import MAX_PIXELS, PictureError, check
 
 from .thumbnails import read_scaled

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (
     QStyle, QStyledItemDelegate, QToolButton, QVBoxLayout, QWidget,
 )
 
-from engine.history import History
+from .history import History
 
 from .icons import icon
 from .message_delegate import mix

@@ -47,10 +47,10 @@ import shapes_world as world  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from app.model_catalog import DEMO_MODEL  # noqa: E402
+from engine.paths import DEMO_MODEL  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
-from engine.history import History  # noqa: E402
+from app.history import History  # noqa: E402
 
 WINDOW = (1360, 860)
 LOAD_TIMEOUT_S = 180
@@ -161,12 +161,12 @@ def show_whole_dock(w: MainWindow) -> None:
     """Widen the memory dock to its content (as a user drags its edge) and make the window tall
     enough for all of it, so weights, encoder, KV, caches, counters and the last turn show at once.
     The window may be taller than the screen: QWidget.grab renders it all the same."""
-    scroll = w.vram.widget()
+    scroll = w.memory_dock.widget()
     body = scroll.widget()
     frame = 2 * scroll.frameWidth()
     want_w = body.minimumSizeHint().width() + frame + 8
-    if w.vram.width() < want_w:
-        w.resizeDocks([w.vram], [want_w], Qt.Orientation.Horizontal)
+    if w.memory_dock.width() < want_w:
+        w.resizeDocks([w.memory_dock], [want_w], Qt.Orientation.Horizontal)
     settle(200)
     missing = body.sizeHint().height() + frame - scroll.height()
     if missing > 0:
@@ -223,11 +223,11 @@ def main(argv: list[str] | None = None) -> int:
             wait_until(lambda: w.model_ready or failed, LOAD_TIMEOUT_S, "the model")
             if failed:
                 raise SystemExit(f"screenshots: {failed[0]}")
-            wait_until(lambda: w.vram.report is not None, 30, "a memory report")
+            wait_until(lambda: w.memory_dock.report is not None, 30, "a memory report")
             w.composer.edit.setFocus()
             grab(w, out / "empty.png")
 
-            w.vram.hide()  # the conversation gets the room; the dock has its own screenshot
+            w.memory_dock.hide()  # the conversation gets the room; the dock has its own screenshot
             turns = [(pictures["shapes.png"], "What is in the picture?"),
                      (pictures["more-shapes.png"], "What about this one?")]
             for (picture, question), scene in zip(turns, SCENES.values()):
@@ -243,17 +243,17 @@ def main(argv: list[str] | None = None) -> int:
             grab(w, out / f"chat-{other}.png")
             set_theme(qapp, w, args.theme)
 
-            w.vram.show()
+            w.memory_dock.show()
             n_reports = [0]
             bridge.memoryReport.connect(lambda _r: n_reports.__setitem__(0, n_reports[0] + 1))
             wait_until(lambda: n_reports[0] >= 2, 30, "fresh memory reports")
-            w.vram.refresh_now()
+            w.memory_dock.refresh_now()
             settle(300)
             show_whole_dock(w)
             grab(w, out / "memory.png")
             w.resize(*WINDOW)
 
-            w.vram.hide()
+            w.memory_dock.hide()
             type_text(w, "How many shapes are there?")
             drop_files(w.composer.edit.viewport(), [pictures["star.png"]])
             settle(200)

@@ -20,7 +20,7 @@ import pytest
 
 from engine.api import ApiConfigError, ApiServer, check_bind
 from engine.api.stops import StopScanner
-from engine.events import Message, TurnDone, TurnStarted
+from engine.events import Message, Token, TurnDone, TurnStarted
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture
 
@@ -395,30 +395,32 @@ def test_token_is_required_when_set(served):
 
 # ---------------------------------------------------------------- clients that go away
 
-def _wait_done(done: list, timeout: float) -> TurnDone:
-    t0 = time.monotonic()
-    while not done and time.monotonic() - t0 < timeout:
-        time.sleep(0.02)
-    assert done, "the engine did not finish the turn"
-    return done[0]
+class _ApiTurn:
+    """Listens for the API client's turn: set when it produces a token and when it ends."""
 
+    def __init__(self):
+        self.generating, self.finished = threading.Event(), threading.Event()
+        self.done: TurnDone | None = None
 
-def _listen_for_done(engine) -> tuple[list, callable]:
-    done: list[TurnDone] = []
+    def __call__(self, ev) -> None:
+        if getattr(ev, "conversation_id", "").startswith("api:"):
+            if isinstance(ev, Token):
+                self.generating.set()
+            elif isinstance(ev, TurnDone):
+                self.done = ev
+                self.finished.set()
 
-    def listen(ev):
-        if isinstance(ev, TurnDone) and ev.conversation_id.startswith("api:"):
-            done.append(ev)
-
-    engine.add_listener(listen)
-    return done, listen
+    def wait_done(self, timeout: float) -> TurnDone:
+        assert self.finished.wait(timeout), "the engine did not finish the turn"
+        return self.done
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_stops_the_generation(served, stream):
     engine = served.engine
-    done, listen = _listen_for_done(engine)
+    listen = _ApiTurn()
+    engine.add_listener(listen)
     body = json.dumps({"model": served.model, "messages": [user(f"Tell me a very long story ({stream}).")],
                        "max_tokens": 30000, "temperature": 0, "stream": stream}).encode()
     host, port = served.server.address
@@ -434,12 +436,12 @@ def test_client_disconnect_stops_the_generation(served, stream):
                 got += chunk
             assert got.startswith(b"HTTP/1.1 200")
         else:
-            time.sleep(0.5)  # generating
+            assert listen.generating.wait(30), "the turn never started generating"
         t_close = time.monotonic()
     finally:
         sock.close()
     try:
-        ev = _wait_done(done, 20)
+        ev = listen.wait_done(20)
         assert ev.stopped and len(ev.token_ids) < 30000
         assert time.monotonic() - t_close < 5
     finally:

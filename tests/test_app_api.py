@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox
 from app.bridge import EngineBridge
 from app.main_window import MainWindow
 from app.settings_dialog import SettingsDialog
-from engine.history import History
+from app.history import History
 from tests.test_app_support import make_prefs, make_window, send, wait_reply  # noqa: F401
 
 # no proxy from the environment may stand between the test and 127.0.0.1
@@ -70,13 +70,13 @@ def ok(qtbot, w: MainWindow, dlg: SettingsDialog) -> bool:
 def test_settings_start_and_stop_the_server_and_the_dock_follows(make_window, qtbot):
     w = make_window(max_new_tokens=4)
     assert w.api.state == "off" and w.api.server is None  # off by default
-    assert w.vram.api_rows.labels["api_state"].text() == "off" and not w.api_label.isVisible()
+    assert w.memory_dock.api_rows.labels["api_state"].text() == "off" and not w.api_label.isVisible()
     port = free_port()
     assert ok(qtbot, w, settings(qtbot, w, True, port=port))
     url = f"http://127.0.0.1:{port}/v1"
     assert (w.api.state, w.api.url) == ("listening", url)
     assert w.prefs.api_config().enabled and w.prefs.api_config().port == port  # persisted
-    qtbot.waitUntil(lambda: w.vram.api_rows.labels["api_state"].text() == f"listening on {url}", timeout=5000)
+    qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels["api_state"].text() == f"listening on {url}", timeout=5000)
     assert w.api_label.isVisible() and f"127.0.0.1:{port}" in w.api_label.text()
 
     models = get(f"{url}/models")
@@ -86,7 +86,7 @@ def test_settings_start_and_stop_the_server_and_the_dock_follows(make_window, qt
     assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] >= 1
 
     # the dock: request count and last client (queued from the HTTP thread)
-    rows = w.vram.api_rows.labels
+    rows = w.memory_dock.api_rows.labels
     qtbot.waitUntil(lambda: "api_requests" in rows and rows["api_requests"].text() == "1"
                     and rows["api_active"].text() == "0", timeout=5000)
     assert rows["api_errors"].text() == "0"
@@ -95,9 +95,9 @@ def test_settings_start_and_stop_the_server_and_the_dock_follows(make_window, qt
     with qtbot.waitSignal(w.bridge.memoryReport, timeout=30000) as blocker:
         w.bridge.request_memory_report()
     assert "api:1" in blocker.args[0].sessions_kv
-    w.vram.refresh_now()
-    assert "API conversation 1: " in w.vram.kv.text()
-    assert "Hot KV, API conversation 1" in w.vram.bar.toolTip()
+    w.memory_dock.refresh_now()
+    assert "API conversation 1: " in w.memory_dock.kv.text()
+    assert "Hot KV, API conversation 1" in w.memory_dock.bar.toolTip()
 
     # the same settings again leave the server alone; a new port restarts it there
     server = w.api.server
@@ -143,7 +143,7 @@ def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot)
     w.prefs.set_api_config(dlg.api_config())
     assert w.apply_api(w.prefs.api_config()) is not None
     assert w.api.state == "failed" and "token is required" in w.statusBar().currentMessage()
-    qtbot.waitUntil(lambda: w.vram.api_rows.labels["api_state"].text().startswith("not running — An API token"),
+    qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels["api_state"].text().startswith("not running — An API token"),
                     timeout=5000)
     assert "not running" in w.api_label.text()
     # with a token it is accepted by the dialog's check (no bind here: a test must not open the network)
@@ -167,7 +167,7 @@ def test_a_busy_port_is_said_and_the_running_server_stays(make_window, qtbot):
         assert not ok(qtbot, w, dlg)  # the dialog stays open
         assert dlg.api_error.isVisibleTo(dlg) and f"Cannot listen on 127.0.0.1:{port}" in dlg.api_error.text()
         assert w.api.state == "failed" and f"127.0.0.1:{port}" in w.statusBar().currentMessage()
-        qtbot.waitUntil(lambda: "not running — Cannot listen" in w.vram.api_rows.labels["api_state"].text(),
+        qtbot.waitUntil(lambda: "not running — Cannot listen" in w.memory_dock.api_rows.labels["api_state"].text(),
                         timeout=5000)
         # a running server moved to a busy port stays where it was, and says so
         good = free_port()
@@ -234,8 +234,8 @@ def test_closing_the_window_mid_request_ends_the_request_and_the_engine(make_win
 
     t = threading.Thread(target=client, daemon=True)
     t.start()
-    qtbot.waitUntil(lambda: w.vram.api_rows.labels.get("api_active") is not None
-                    and w.vram.api_rows.labels["api_active"].text() == "1", timeout=30000)
+    qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels.get("api_active") is not None
+                    and w.memory_dock.api_rows.labels["api_active"].text() == "1", timeout=30000)
     t0 = time.monotonic()
     w.shutdown()
     t.join(15)

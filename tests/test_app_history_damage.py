@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QMessageBox
 
-from engine.history_db import DAMAGED_SUFFIX
+from app.history_db import DAMAGED_SUFFIX
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 
 

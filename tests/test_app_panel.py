@@ -19,25 +19,28 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     with qtbot.waitSignal(w.bridge.memoryReport, timeout=30000) as blocker:
         w.bridge.request_memory_report()
     report: MemoryReport = blocker.args[0]
-    w.vram.refresh_now()
+    w.memory_dock.refresh_now()
     lm = report.components["language_model"]
-    assert f"({lm:,} B)" in w.vram.component_text("language_model")
-    assert f"({report.components['vision_encoder']:,} B)" in w.vram.component_text("vision_encoder")
+    assert f"({lm:,} B)" in w.memory_dock.component_text("language_model")
+    assert f"({report.components['vision_encoder']:,} B)" in w.memory_dock.component_text("vision_encoder")
     cid = w.controller.current_id
     assert report.sessions_kv[cid] > 0
-    assert f"what is this: " in w.vram.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.vram.kv.text()
-    assert report.device_name in w.vram.device.text()
-    assert w.vram.bar.total == report.total_bytes
+    assert f"what is this: " in w.memory_dock.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.memory_dock.kv.text()
+    assert report.device_name in w.memory_dock.device.text()
+    assert w.memory_dock.bar.total == report.total_bytes
     # last turn timings arrived with TurnDone
-    assert "tok/s" in w.vram.turn_rows.labels["tokens_per_s"].text()
-    taken = w.vram.last_stats
-    assert w.vram.turn_rows.labels["draft_acceptance"].text() == (
+    assert "tok/s" in w.memory_dock.turn_rows.labels["tokens_per_s"].text()
+    taken = w.memory_dock.last_stats
+    assert w.memory_dock.turn_rows.labels["draft_acceptance"].text() == (
         f"{taken['draft_acceptance'] * 100:.0f} % of {taken['draft_tokens']}")
-    assert "ms" in w.vram.turn_rows.labels["prefill_s"].text()
+    assert "ms" in w.memory_dock.turn_rows.labels["prefill_s"].text()
 
 
 def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     w = make_window(load=False)
+    # only the reports this test injects: the dock's 1 s poll would fetch the engine's own report
+    # (no conversation in memory) and replace them at a random moment
+    w.memory_dock.reportWanted.disconnect(w.bridge.request_memory_report)
     cid = w.controller.new_conversation()
     w.controller.rename(cid, "Holiday")
     report = MemoryReport(
@@ -49,47 +52,45 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
                   "store_host_buffer_bytes": 2048, "hits": 3},
         encoder_state="resident", encoder_idle_left_s=30.0)
     w.bridge.inject(report)
-    qtbot.waitUntil(lambda: "Test GPU" in w.vram.device.text(), timeout=5000)
-    qtbot.waitUntil(lambda: "14,000,000,123 B" in w.vram.component_text("language_model"), timeout=5000)
-    assert "600,000,001 B" in w.vram.component_text("vision_encoder")
-    assert "Holiday: 117.7 MiB (123,456,789 B)" in w.vram.kv.text()
+    qtbot.waitUntil(lambda: "Test GPU" in w.memory_dock.device.text(), timeout=5000)
+    qtbot.waitUntil(lambda: "14,000,000,123 B" in w.memory_dock.component_text("language_model"), timeout=5000)
+    assert "600,000,001 B" in w.memory_dock.component_text("vision_encoder")
+    assert "Holiday: 117.7 MiB (123,456,789 B)" in w.memory_dock.kv.text()
     # the first screen: size, reuse, last spill / restore; block counts and the rest under Details
-    assert "9,999,999 B" in w.vram.store_rows.labels["store_bytes_on_disk"].text()
-    assert w.vram.store_details.labels["store_blobs_on_disk"].text() == "42"
-    assert w.vram.store_details.labels["store_reused_blobs"].text() == "17"
-    assert "2,048 B" in w.vram.store_details.labels["store_host_buffer_bytes"].text()
-    assert not w.vram.store_details.labels["store_blobs_on_disk"].isVisibleTo(w.vram)
-    w.vram.details_toggle.click()
-    assert w.vram.store_details.labels["store_blobs_on_disk"].isVisibleTo(w.vram)
-    assert w.vram.counter_rows.labels["hits"].text() == "3"
-    assert "store_reused_blobs" not in w.vram.counter_rows.labels
+    assert "9,999,999 B" in w.memory_dock.store_rows.labels["store_bytes_on_disk"].text()
+    assert w.memory_dock.store_details.labels["store_blobs_on_disk"].text() == "42"
+    assert w.memory_dock.store_details.labels["store_reused_blobs"].text() == "17"
+    assert "2,048 B" in w.memory_dock.store_details.labels["store_host_buffer_bytes"].text()
+    assert not w.memory_dock.store_details.labels["store_blobs_on_disk"].isVisibleTo(w.memory_dock)
+    w.memory_dock.details_toggle.click()
+    assert w.memory_dock.store_details.labels["store_blobs_on_disk"].isVisibleTo(w.memory_dock)
+    assert w.memory_dock.counter_rows.labels["hits"].text() == "3"
+    assert "store_reused_blobs" not in w.memory_dock.counter_rows.labels
     # disk-resident components are listed, not stacked in the device bar
-    assert "image_cache_disk" not in dict(w.vram.bar.segments)
-    assert dict(w.vram.bar.segments)[f"hot_kv#0:{cid}"] == 123_456_789  # one segment per conversation
-    assert "Hot KV, Holiday: 117.7 MiB (123,456,789 B)" in w.vram.bar.toolTip()
-    assert "unloads in" in w.vram.encoder.text()
+    assert "image_cache_disk" not in dict(w.memory_dock.bar.segments)
+    assert dict(w.memory_dock.bar.segments)[f"hot_kv#0:{cid}"] == 123_456_789  # one segment per conversation
+    assert "Hot KV, Holiday: 117.7 MiB (123,456,789 B)" in w.memory_dock.bar.toolTip()
+    assert "unloads in" in w.memory_dock.encoder.text()
 
-    legend_widgets = list(w.vram._legend_rows.values())
+    legend_widgets = list(w.memory_dock._legend_rows.values())
     w.bridge.inject(EncoderState("unloaded"))
-    qtbot.waitUntil(lambda: w.vram.encoder.text() == "unloaded", timeout=5000)
-    assert not w.vram.unload.isEnabled(), "an unloaded encoder offers no Unload button"
+    qtbot.waitUntil(lambda: w.memory_dock.encoder.text() == "unloaded", timeout=5000)
+    assert not w.memory_dock.unload.isEnabled(), "an unloaded encoder offers no Unload button"
     w.bridge.inject(EncoderState("loading"))
-    qtbot.waitUntil(lambda: w.vram.encoder.text() == "loading", timeout=5000)
-    w.vram.hide()  # no polls: the model-less engine's own reports would replace the injected one
+    qtbot.waitUntil(lambda: w.memory_dock.encoder.text() == "loading", timeout=5000)
     w.bridge.inject(SpillState(cid, "spilled", "12 blocks, 9 reused"))
-    w.bridge.inject(report)
     # one line per conversation: its hot KV and its spill state together
-    qtbot.waitUntil(lambda: w.vram.kv.text() == "Holiday: 117.7 MiB (123,456,789 B) · spilled — 12 blocks, 9 reused",
+    qtbot.waitUntil(lambda: w.memory_dock.kv.text() == "Holiday: 117.7 MiB (123,456,789 B) · spilled — 12 blocks, 9 reused",
                     timeout=5000)
-    assert "Holiday: 12 blocks, 9 reused" in w.vram.store_rows.labels["last_spill"].text()
+    assert "Holiday: 12 blocks, 9 reused" in w.memory_dock.store_rows.labels["last_spill"].text()
     w.bridge.inject(report)
-    qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("resident"), timeout=5000)
-    assert w.vram.unload.isEnabled()
-    assert list(w.vram._legend_rows.values()) == legend_widgets  # updated in place, not rebuilt
-    assert w.vram.store_rows.labels["store_state"].text() == "in use"
+    qtbot.waitUntil(lambda: w.memory_dock.encoder.text().startswith("resident"), timeout=5000)
+    assert w.memory_dock.unload.isEnabled()
+    assert list(w.memory_dock._legend_rows.values()) == legend_widgets  # updated in place, not rebuilt
+    assert w.memory_dock.store_rows.labels["store_state"].text() == "in use"
     full = "paused: the disk holding /data/kv-store is full (0 bytes free); retried every 30 s"
     w.bridge.inject(dataclasses.replace(report, store_status=full))
-    qtbot.waitUntil(lambda: w.vram.store_rows.labels["store_state"].text() == full, timeout=5000)
+    qtbot.waitUntil(lambda: w.memory_dock.store_rows.labels["store_state"].text() == full, timeout=5000)
 
 
 def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path):
@@ -97,17 +98,17 @@ def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path)
     w.composer.take_files([str(make_picture(tmp_path / "p.png", seed=9))])
     send(qtbot, w, "hi")
     wait_reply(qtbot, w)
-    w.vram.show()
-    qtbot.waitUntil(w.vram.unload.isEnabled, timeout=5000)  # the dock has seen the encoder resident
+    w.memory_dock.show()
+    qtbot.waitUntil(w.memory_dock.unload.isEnabled, timeout=5000)  # the dock has seen the encoder resident
     with qtbot.waitSignal(w.bridge.memoryReport, timeout=30000):
-        qtbot.mouseClick(w.vram.unload, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: w.vram.encoder.text().startswith("unloaded"), timeout=5000)
+        qtbot.mouseClick(w.memory_dock.unload, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.memory_dock.encoder.text().startswith("unloaded"), timeout=5000)
     states = []
     w.bridge.spillState.connect(states.append)
-    qtbot.mouseClick(w.vram.spill, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(w.memory_dock.spill, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: any(s.state == "spilled" for s in states), timeout=30000)
     assert [s.conversation_id for s in states if s.state == "spilled"] == [w.controller.current_id]
-    qtbot.waitUntil(lambda: w.vram.kv.text().startswith("hi: not in memory · spilled — "), timeout=5000)
-    assert w.vram.kv.text().count("\n") == 0  # one conversation, one line
-    qtbot.waitUntil(lambda: w.vram.store_details.labels.get("store_blocks_written") is not None, timeout=5000)
-    assert int(w.vram.store_details.labels["store_blocks_written"].text()) >= 1  # a partial block counts
+    qtbot.waitUntil(lambda: w.memory_dock.kv.text().startswith("hi: not in memory · spilled — "), timeout=5000)
+    assert w.memory_dock.kv.text().count("\n") == 0  # one conversation, one line
+    qtbot.waitUntil(lambda: w.memory_dock.store_details.labels.get("store_blocks_written") is not None, timeout=5000)
+    assert int(w.memory_dock.store_details.labels["store_blocks_written"].text()) >= 1  # a partial block counts

@@ -10,7 +10,7 @@ import pytest
 
 from app.engine_choice import BUILTIN, REMOTE, load_choice
 from app.settings_dialog import SettingsDialog
-from engine.history import COMPLETE
+from app.history import COMPLETE
 from tests.fixtures.pictures import make_picture
 from tests.remote_servers import ParleyServe
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
@@ -48,7 +48,7 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         choice = load_choice(w.prefs.qs)
         assert choice.kind == REMOTE and choice.server.url == server.url.removesuffix("/v1")
         assert w.engines.label.text().startswith("Remote: 127.0.0.1:")
-        assert w.engines.panel.isVisible() and not w.vram.isVisible()
+        assert w.engines.panel.isVisible() and not w.memory_dock.isVisible()
 
         pic = make_picture(tmp_path / "shapes.png", seed=3)
         w.composer.take_files([str(pic)])
@@ -88,7 +88,7 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         choose_engine(w, qtbot, None)  # back to the built-in engine: the conversation goes on
         assert load_choice(w.prefs.qs).kind == BUILTIN
         qtbot.waitUntil(lambda: w.model_name == builtin_name and w.model_ready, timeout=TIMEOUT_MS)
-        assert w.engines.label.text() == "Built-in engine" and w.vram.isVisible()
+        assert w.engines.label.text() == "Built-in engine" and w.memory_dock.isVisible()
         qtbot.mouseClick(w.retry, qtbot_left())
         wait_reply(qtbot, w)
         roles = [(m.role, m.status) for m in w.history.messages(cid)]
@@ -144,7 +144,7 @@ def test_several_saved_servers_and_the_chosen_one(make_window, qtbot):
 
 
 def test_a_stream_cut_mid_reply_is_kept_interrupted(make_window, qtbot):
-    from engine.history import INTERRUPTED
+    from app.history import INTERRUPTED
     from tests.remote_servers import DropsMidStream, StubServer
 
     server = StubServer(DropsMidStream)

@@ -16,7 +16,7 @@ from app.bridge import EngineBridge
 from app.main_window import MainWindow
 from app.preferences import Preferences
 from engine.events import Sampling
-from engine.history import History
+from app.history import History
 
 TIMEOUT_MS = 60_000
 

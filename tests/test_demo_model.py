@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from app.model_catalog import DEMO_MODEL as MODEL_DIR
+from engine.paths import DEMO_MODEL as MODEL_DIR
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -124,9 +124,9 @@ def test_the_dock_shows_mps_numbers(mps_memory, tiny_model, make_window, qtbot):
         ("mps", "Apple GPU (unified memory)", 24 * GiB, 19 * GiB)
     w = make_window(load=False)
     w.bridge.inject(report)
-    qtbot.waitUntil(lambda: w.vram.device.text() == "Apple GPU (unified memory) (mps)", timeout=5000)
-    assert w.vram.totals.text() == "Total 24.0 GiB · free 19.0 GiB · used 5.0 GiB"
-    assert w.vram.bar.total == 24 * GiB
+    qtbot.waitUntil(lambda: w.memory_dock.device.text() == "Apple GPU (unified memory) (mps)", timeout=5000)
+    assert w.memory_dock.totals.text() == "Total 24.0 GiB · free 19.0 GiB · used 5.0 GiB"
+    assert w.memory_dock.bar.total == 24 * GiB
 
 
 def test_unloading_the_encoder_on_mps_empties_the_mps_cache(tiny_model, monkeypatch):

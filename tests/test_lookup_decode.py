@@ -125,7 +125,7 @@ def test_accepted_and_rejected_drafts_keep_the_reply_exact(family, tiny_model, t
 
 @pytest.mark.slow
 def test_the_demo_model_restating_itself_takes_drafts(tmp_path):
-    from app.model_catalog import DEMO_MODEL
+    from engine.paths import DEMO_MODEL
 
     ref = Reference(DEMO_MODEL)
     pic = make_picture(tmp_path / "p.png", seed=5, size=(96, 96))

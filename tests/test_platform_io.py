@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine import platform_io
-from engine.history import History
+from app.history import History
 from engine.kvstore import KVStore, KVStoreError
 from engine.kvstore.blob import blob_path
 from tests import platform_sim

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Message, SpillState
+from engine.events import EncoderState, Message, SpillState
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture
 from tests.fixtures.tiny_models import FAMILIES
@@ -179,8 +179,13 @@ def test_unwritable_store_keeps_conversations_hot(tiny_model, tmp_path):
     try:
         msgs = [Message("user", "hello there")]
         d = expect_done(ask(engine, "c", msgs, NEW))
-        time.sleep(0.5)
-        assert engine.sessions["c"].cache is not None  # nothing lost: it stays hot
+        # past spill_idle_s the idle spiller has nothing it can spill (the store folder cannot be
+        # made), and the engine says so: nothing lost, the conversation stays hot
+        time.sleep(max(0.0, engine.sessions["c"].last_used + 0.1 - time.monotonic()))  # the idle time passes
+        assert engine.spiller.due(engine.sessions, None) is None
+        report = wait_report(engine)
+        assert report.sessions_kv["c"] > 0 and report.store_status.startswith("unavailable: ")
+        assert engine.sessions["c"].cache is not None
         assert spill_now(engine, "c").state == "refused"
         msgs += [Message("assistant", d.reply), Message("user", "again")]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
@@ -238,10 +243,12 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
         old = [Message("user", "An old conversation about this.", [str(a)])]
         d_old = expect_done(ask(engine, "old", old, NEW))
         expect_done(ask(engine, "newer", [Message("user", "Text only chat.")], NEW))
+        unloaded = threading.Event()
+        engine.add_listener(lambda e: unloaded.set() if isinstance(e, EncoderState) and e.state == "unloaded" else None)
         engine.unload_encoder()
         from engine.memory import model_bytes
 
-        time.sleep(0.2)
+        assert unloaded.wait(10), "the encoder was not unloaded"
         lm, _ = model_bytes(engine.loaded)
         held = lm + sum(s.kv_bytes() for s in engine.sessions.values())
         need = engine.gate.residency.weight_bytes()

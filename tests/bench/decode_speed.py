@@ -17,7 +17,7 @@ from _common import parse_args, ratio_line, workdir
 
 import torch
 
-from app.model_catalog import DEMO_MODEL
+from engine.paths import DEMO_MODEL
 from engine.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture

@@ -1,4 +1,4 @@
-"""Opening the history database: a private file, and a damaged one set aside instead of a crash.
+"""Opening the history database: its schema, a private file, and a damaged one set aside instead of a crash.
 
 A database SQLite calls corrupt or "not a database" (or that fails its quick check) is moved to
 `history.sqlite3.damaged` (one copy: a later damage replaces the earlier copy), whatever rows
@@ -15,9 +15,66 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .paths import private_file
+from engine.paths import private_file
 
 log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id            TEXT PRIMARY KEY,
+    title         TEXT NOT NULL,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL,
+    system_prompt TEXT,
+    deleted       REAL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role         TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    text         TEXT NOT NULL,
+    pictures     TEXT NOT NULL DEFAULT '[]',
+    status       TEXT NOT NULL CHECK (status IN ('complete', 'interrupted')),
+    created      REAL NOT NULL,
+    edited       REAL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
+CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
+"""
+
+# Trigram FTS gives substring search ("cat" finds "concatenate"); shorter queries fall back to LIKE.
+_FTS_SCHEMA = """
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts
+    USING fts5(text, content='messages', content_rowid='id', tokenize='trigram');
+CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_au AFTER UPDATE OF text ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
+END;
+"""
+
+
+def create_schema(db: sqlite3.Connection) -> bool:
+    """Tables, indexes and (where SQLite has it) the full-text index; True when search can use FTS."""
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA foreign_keys=ON")
+    # executescript manages its own transaction, so each script carries BEGIN/COMMIT.
+    db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+    try:
+        db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+    except sqlite3.OperationalError:  # SQLite built without FTS5 or its trigram tokenizer
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        return False
+    return True
 
 DAMAGED_SUFFIX = ".damaged"
 _DAMAGE_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)

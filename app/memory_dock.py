@@ -1,4 +1,4 @@
-"""The live memory panel (a dock): device, a stacked bar by component, encoder, KV, store, counters,
+"""The Memory dock: device, a stacked bar by component, encoder, KV, store, counters,
 and the in-app API server's activity.
 
 Events only record the latest values; a 4 Hz timer writes them into labels created once
@@ -89,14 +89,14 @@ class _Rows:
         return label
 
 
-class VramPanel(QDockWidget):
+class MemoryDock(QDockWidget):
     reportWanted = Signal()
     unloadEncoderRequested = Signal()
     spillRequested = Signal()
 
     def __init__(self, title_for: Callable[[str], str] = lambda cid: cid[:8], parent=None):
         super().__init__("Memory", parent)
-        self.setObjectName("vramPanel")
+        self.setObjectName("vramPanel")  # the name saved window layouts know this dock by
         self.title_for = title_for
         self.report: MemoryReport | None = None
         self.encoder_state = "—"

@@ -25,14 +25,13 @@ from typing import Iterable
 
 import blake3
 
-from .history_db import open_database
-from .paths import create_data_dir, private_dir
-from .platform_io import atomic_write, is_temp_name
+from .history_db import create_schema, open_database
+from engine.paths import create_data_dir, private_dir
+from engine.platform_io import atomic_write, is_temp_name
 
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
 DEFAULT_TITLE = "New chat"
-SCHEMA_VERSION = 1
 
 _REF_RE = re.compile(r"^[0-9a-f]{64}(\.[a-z0-9]{1,8})?$")
 _CHUNK = 1 << 20
@@ -68,46 +67,6 @@ class SearchHit:
     snippet: str
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id            TEXT PRIMARY KEY,
-    title         TEXT NOT NULL,
-    created       REAL NOT NULL,
-    updated       REAL NOT NULL,
-    system_prompt TEXT,
-    deleted       REAL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    conversation TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    role         TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
-    text         TEXT NOT NULL,
-    pictures     TEXT NOT NULL DEFAULT '[]',
-    status       TEXT NOT NULL CHECK (status IN ('complete', 'interrupted')),
-    created      REAL NOT NULL,
-    edited       REAL
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
-CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
-"""
-
-# Trigram FTS gives substring search ("cat" finds "concatenate"); shorter queries fall back to LIKE.
-_FTS_SCHEMA = """
-CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts
-    USING fts5(text, content='messages', content_rowid='id', tokenize='trigram');
-CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
-END;
-CREATE TRIGGER IF NOT EXISTS messages_au AFTER UPDATE OF text ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
-    INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text);
-END;
-"""
-
-
 class History:
     """The conversation store. Open one per data dir; close() when done."""
 
@@ -121,17 +80,7 @@ class History:
         self._db, self.recovery = open_database(self.db_path, int(busy_timeout_s * 1000), self._setup)
 
     def _setup(self, db: sqlite3.Connection) -> None:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA foreign_keys=ON")
-        # executescript manages its own transaction, so each script carries BEGIN/COMMIT.
-        db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
-        try:
-            db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
-        except sqlite3.OperationalError:  # SQLite built without FTS5 or its trigram tokenizer
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            self._fts = False
+        self._fts = create_schema(db)
 
     # ------------------------------------------------------------ plumbing
 

@@ -34,7 +34,7 @@ class NgramDrafter:
     appended, so a lookup never finds the suffix itself."""
 
     def __init__(self, ids: list[int], max_ngram: int = 3, max_draft: int = 10, eos: set[int] = frozenset(),
-                 min_ngram: int = 2):
+                 min_ngram: int = 2, max_rest: int = 64):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram  # a single repeated token predicts little: a verify pass wasted
         self.max_draft = max_draft
@@ -42,6 +42,7 @@ class NgramDrafter:
         self.draft_len = 4  # adapts: grows while drafts are taken whole, shrinks when cut
         self.rest = 0       # steps to skip drafting after drafts were refused outright
         self._backoff = 0
+        self.max_rest = max_rest
         self.seq: list[int] = []
         self.follow: dict[tuple[int, ...], int] = {}
         for t in ids:
@@ -84,9 +85,9 @@ class NgramDrafter:
             self.draft_len = min(self.max_draft, self.draft_len + 2)
         else:
             self.draft_len = max(1, self.draft_len - 1)
-        # text that does not repeat keeps refusing drafts: pause drafting for 1, 2, 4 ... 16 steps
+        # text that does not repeat keeps refusing drafts: pause drafting for 2, 4 ... 64 steps
         # so a reply with nothing to look up costs about what plain decoding costs
-        self._backoff = 0 if accepted else min(16, max(1, 2 * self._backoff))
+        self._backoff = 0 if accepted else min(self.max_rest, max(2, 2 * self._backoff))
         self.rest = self._backoff
 
 

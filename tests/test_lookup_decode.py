@@ -47,7 +47,7 @@ def test_refused_drafts_pause_drafting_longer_each_time():
         while d.draft(100) == []:
             n += 1
         pauses.append(n)
-    assert pauses == [1, 2, 4, 8, 16, 16]
+    assert pauses == [2, 4, 8, 16, 32, 64]
     d.feedback(4, 2)  # a draft taken (even in part) ends the pause
     assert d.draft(100) != []
     assert accepted_prefix([1, 2, 3], [1, 2, 4, 9]) == 2 and accepted_prefix([1], [2, 1]) == 0

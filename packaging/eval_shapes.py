@@ -77,7 +77,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     processor, model = load(args.model)
     if args.types is None:
-        args.types = DRAWN_TYPES if args.picture_set == "drawn" else sd.EVAL_TYPES
+        args.types = {"drawn": DRAWN_TYPES, "world": sd.EVAL_TYPES,  # the grid world has no photos
+                      "grid": [t for t in sd.EVAL_TYPES if t != "unknown"]}[args.picture_set]
     t0 = time.time()
     results = {}
     for qtype in args.types:

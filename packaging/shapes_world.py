@@ -33,6 +33,8 @@ COLOURS: dict[str, tuple[tuple[float, float], tuple[float, float], tuple[float, 
     "purple": ((272, 300), (0.5, 1.0), (0.45, 0.95)),
 }
 COLOUR_NAMES = list(COLOURS)
+TYPICAL = {"red": (220, 30, 30), "orange": (255, 140, 0), "yellow": (250, 220, 30), "green": (40, 170, 60),
+           "blue": (30, 90, 220), "purple": (150, 60, 200)}  # for hand-built scenes (Obj.rgb None)
 
 BACKGROUNDS: dict[str, tuple[int, int]] = {  # name -> grey level range
     "white": (232, 255),
@@ -212,7 +214,7 @@ def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None
         draw.rectangle([0, H // 2, W, H], fill=bg[1])
     short = min(W, H)
     for o in scene.objects:
-        fill = o.rgb or random_rgb(rng, o.colour)
+        fill = o.rgb or TYPICAL[o.colour]
         style = "outline" if o.outline and o.style == "fill" else o.style
         rad = o.half * short
         pts = _shape_points(o.kind, o.cx * W, o.cy * H, rad, rad, o.angle)

@@ -5,7 +5,9 @@ processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=Fal
 processor(text=..., images=[...]), greedy generate until the EOS token. Earlier turns of a
 conversation are given (as the app re-sends them); the reply to the last user message is checked.
 
-    .venv/bin/python packaging/eval_shapes.py                 # 100 per type
+    .venv/bin/python packaging/eval_shapes.py                 # 100 per type, the training renderer
+    .venv/bin/python packaging/eval_shapes.py --set drawn     # pictures drawn another way (shapes_drawn.py)
+    .venv/bin/python packaging/eval_shapes.py --set grid      # the first model's 96x96 3x3-grid world
     .venv/bin/python packaging/eval_shapes.py --n 30 --show 3 # quicker, print some failures
 """
 from __future__ import annotations
@@ -20,9 +22,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes_data as sd  # noqa: E402
+import shapes_drawn  # noqa: E402
+import shapes_grid  # noqa: E402
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "resources" / "models" / "parley-shapes"
 EVAL_SEED = 20240601  # far from the training seeds
+DRAWN_TYPES = ["colour", "shape", "count", "describe", "two_shapes", "unknown"]
+
+
+def conversation(rng: random.Random, qtype: str, picture_set: str) -> sd.Conversation:
+    """One held-out question of a type, its pictures from the chosen set."""
+    if picture_set == "grid":
+        return sd.eval_conversation(rng, qtype, shapes_grid.random_scene, shapes_grid.render)
+    if picture_set == "world":
+        return sd.eval_conversation(rng, qtype)
+    if qtype == "two_shapes":  # two shapes in one picture, one asked by the other's name
+        return sd.eval_conversation(rng, rng.choice(["colour", "shape"]), lambda r: shapes_drawn.drawn_scene(r, 2),
+                                    shapes_drawn.draw)
+    return sd.eval_conversation(rng, qtype, shapes_drawn.drawn_scene, shapes_drawn.draw, shapes_drawn.drawn_unknown)
 
 
 def load(model_dir: Path | str):
@@ -50,12 +67,18 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=100, help="conversations per question type")
     ap.add_argument("--seed", type=int, default=EVAL_SEED)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--types", nargs="*", default=sd.EVAL_TYPES)
+    ap.add_argument("--set", dest="picture_set", choices=["world", "drawn", "grid"], default="world",
+                    help="world: the training renderer (held-out scenes); drawn: another generator; "
+                         "grid: the first model's world")
+    ap.add_argument("--types", nargs="*", default=None, help="default: all of the set's types")
     ap.add_argument("--show", type=int, default=2, help="failures to print per type")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     processor, model = load(args.model)
+    if args.types is None:
+        args.types = {"drawn": DRAWN_TYPES, "world": sd.EVAL_TYPES,  # the grid world has no photos
+                      "grid": [t for t in sd.EVAL_TYPES if t != "unknown"]}[args.picture_set]
     t0 = time.time()
     results = {}
     for qtype in args.types:
@@ -63,7 +86,7 @@ def main(argv=None) -> None:
         ok = 0
         shown = 0
         for _ in range(args.n):
-            conv = sd.eval_conversation(rng, qtype)
+            conv = conversation(rng, qtype, args.picture_set)
             want = conv.messages[-1]["content"][0]["text"]
             got = reply(processor, model, conv.messages[:-1], conv.images)
             if got == want:

@@ -19,6 +19,8 @@ Rules of the world (the answers are exact strings):
 - Answers about one shape name it first ("The circle is red.", "The red shape is a star.",
   "The star is not in the picture."): a small model finds the shape more easily that way.
 - Text-only small talk gets fixed replies; a picture question with no picture asks for one.
+- A picture that is not simple shapes (a photo, a screenshot: packaging/shapes_unknown.py) gets
+  one line, whatever the question: UNKNOWN_REPLY.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Callable
 
 from PIL import Image
 
+from shapes_unknown import random_unknown
 from shapes_world import COLOUR_NAMES, SHAPES, Obj, Scene, random_scene, render
 
 
@@ -106,6 +109,13 @@ OFF_TOPIC_REPLY = "Sorry, I only know about shapes in pictures."
 NO_PICTURE_REPLY = "Please send me a picture first."
 NOT_THERE = "is not in the picture."
 ONE_PICTURE_REPLY = "There is only one picture."
+UNKNOWN_REPLY = "I can only describe simple shapes \u2014 load a bigger model from the Models page."
+UNKNOWN_SHARE = 0.07  # of the pictures in training conversations
+
+
+def random_picture(rng: random.Random) -> Scene:
+    """A training picture: mostly shapes, sometimes a photo or a screenshot."""
+    return random_unknown(rng) if rng.random() < UNKNOWN_SHARE else random_scene(rng)
 
 SYSTEM_PROMPTS = [
     "You are a helpful assistant.",
@@ -255,6 +265,9 @@ def _attribute_question(rng: random.Random, at: _Attribute, objs: list[Obj], pic
 def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: int,
                     qtype: str | None = None) -> tuple[str, str, str]:
     """One (type, question, answer) about `scene`."""
+    if scene.unknown:  # any question about a photo or a screenshot gets the same one line
+        _, q, _ = visual_question(rng, random_scene(rng), picref, n_pictures, qtype)
+        return "unknown", q, UNKNOWN_REPLY
     n = len(scene.objects)
     objs = scene.objects
     if qtype is None:
@@ -357,8 +370,9 @@ def _assistant(text: str) -> dict:
 
 
 class _Builder:
-    def __init__(self, rng: random.Random, system: bool):
+    def __init__(self, rng: random.Random, system: bool, draw: Callable = render):
         self.rng = rng
+        self.draw = draw  # Scene, rng -> picture
         self.conv = Conversation([], [])
         self.scenes: list[Scene] = []
         if system:
@@ -368,7 +382,7 @@ class _Builder:
         for s in new_scenes:
             self.scenes.append(s)
             self.conv.scenes.append(s)
-            self.conv.images.append(render(s, self.rng))
+            self.conv.images.append(self.draw(s, self.rng))
         self.conv.messages.append(_user(question, len(new_scenes)))
         self.conv.messages.append(_assistant(answer))
         self.conv.answers.append((qtype, answer))
@@ -398,38 +412,38 @@ def random_conversation(rng: random.Random) -> Conversation:
     kind = rng.choices(["one", "two_at_once", "two_turns", "talk", "talk_then_picture", "edge"],
                        weights=[0.3, 0.25, 0.3, 0.04, 0.06, 0.05])[0]
     if kind == "one":
-        b.visual([random_scene(rng)])
+        b.visual([random_picture(rng)])
         for _ in range(rng.choice([0, 1, 2, 2, 3, 4])):
             if rng.random() < 0.1:
                 b.ask(*smalltalk(rng))
             else:
                 b.visual()
     elif kind == "two_at_once":
-        b.visual([random_scene(rng), random_scene(rng)])
+        b.visual([random_picture(rng), random_scene(rng)])
         for _ in range(rng.choice([0, 1, 2])):
             b.visual(refer=True)
     elif kind == "two_turns":
-        b.visual([random_scene(rng)])
+        b.visual([random_picture(rng)])
         if rng.random() < 0.3:
             b.visual()
-        b.visual([random_scene(rng)], refer=rng.random() < 0.3)
+        b.visual([random_picture(rng)], refer=rng.random() < 0.3)
         for _ in range(rng.choice([0, 1, 2])):
             b.visual()
         if rng.random() < 0.15:
-            b.visual([random_scene(rng)])
+            b.visual([random_picture(rng)])
     elif kind == "talk":
         for _ in range(rng.choice([1, 1, 2])):
             b.ask(*smalltalk(rng))
     elif kind == "talk_then_picture":
         b.ask(*smalltalk(rng))
-        b.visual([random_scene(rng)])
+        b.visual([random_picture(rng)])
         if rng.random() < 0.5:
             b.visual()
     else:  # edge cases: a picture question with no picture; "the second picture" with one
         if rng.random() < 0.5:
             b.visual([])
             if rng.random() < 0.5:
-                b.visual([random_scene(rng)])
+                b.visual([random_picture(rng)])
         else:
             scene = random_scene(rng)
             _, q, _ = visual_question(rng, scene, 2, 2, rng.choice(["describe", "count", "colour"]))
@@ -441,16 +455,19 @@ def random_conversation(rng: random.Random) -> Conversation:
     return b.conv
 
 
-def eval_conversation(rng: random.Random, qtype: str) -> Conversation:
-    """A held-out single question of one type (the answer to check is the last one)."""
+def eval_conversation(rng: random.Random, qtype: str, new_scene: Callable = random_scene,
+                      draw: Callable = render, new_unknown: Callable = random_unknown) -> Conversation:
+    """A held-out single question of one type (the answer to check is the last one); pictures
+    come from new_scene(rng) (photos and screenshots from new_unknown(rng)), drawn by draw(scene, rng)."""
+    random_scene = new_scene  # noqa: F811 (the evaluation's own scenes below)
     if qtype in ("smalltalk", "offtopic"):
         while True:
             t, q, a = smalltalk(rng)
             if t == qtype:
-                b = _Builder(rng, system=False)
+                b = _Builder(rng, system=False, draw=draw)
                 b.ask(t, q, a)
                 return b.conv
-    b = _Builder(rng, system=rng.random() < 0.2)
+    b = _Builder(rng, system=rng.random() < 0.2, draw=draw)
     if qtype == "second_picture":  # two pictures in one message, ask about a named one
         b.visual([random_scene(rng), random_scene(rng)], qtype="describe", refer=True)
     elif qtype == "two_turns":  # a picture turn, then a new picture; ask about the new one
@@ -462,9 +479,11 @@ def eval_conversation(rng: random.Random, qtype: str) -> Conversation:
         b.visual(qtype=rng.choice(["colour", "shape", "count", "where"]))
     elif qtype == "nopicture":
         b.visual([])
+    elif qtype == "unknown":  # a photo or a screenshot, any question
+        b.visual([new_unknown(rng)])
     else:
         while True:
-            b2 = _Builder(rng, system=b.conv.messages != [])
+            b2 = _Builder(rng, system=b.conv.messages != [], draw=draw)
             ask = rng.choice(["colour", "shape", "where"]) if qtype == "absent" else qtype
             b2.visual([random_scene(rng)], qtype=ask)
             if b2.conv.answers[-1][0] == qtype:
@@ -474,7 +493,7 @@ def eval_conversation(rng: random.Random, qtype: str) -> Conversation:
 
 EVAL_TYPES = ["colour", "shape", "count", "where", "describe", "yesno", "background", "list",
               "absent", "second_picture", "two_turns", "followup", "smalltalk", "offtopic",
-              "nopicture"]
+              "nopicture", "unknown"]
 
 
 # ---------------------------------------------------------------- chat template

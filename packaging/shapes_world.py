@@ -1,49 +1,62 @@
 """The pictures of "Parley Shapes": scenes of one to three flat shapes and their rendering.
 
-A scene holds 1-3 shapes, each of a different kind and a different colour, each in its own cell
-of a 3x3 grid, on a plain or two-tone background. packaging/shapes_data.py writes the
-conversations about them. Pure Python + Pillow; no torch here.
+Drawn the way people's pictures come: any size and aspect ratio, shapes of any size anywhere
+(each centre in a different cell of a 3x3 grid over the whole picture, which names its position;
+neighbours may overlap a little, shapes may touch the edge), plain, noisy or two-tone
+backgrounds, filled, outlined, black-edged or hand-drawn-looking (wobbly) shapes, anti-aliased
+edges, blur and JPEG artefacts. The processor squashes every picture to its square input, so the
+grid cell of a shape's centre is also the picture token it lands on. The look of a picture is part
+of its Scene, so a hand-built Scene (packaging/screenshots.py) renders clean.
+packaging/shapes_data.py writes the conversations; packaging/shapes_unknown.py draws the
+pictures it should not describe. Python + Pillow + numpy; no torch here.
 """
 from __future__ import annotations
 
+import colorsys
+import io
 import math
 import random
 from dataclasses import dataclass
 
-from PIL import Image, ImageDraw
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
 
 SHAPES = ["circle", "square", "triangle", "star", "diamond", "heart"]
 
-# colour name -> reference RGB values (Pillow's named colours first); each draw adds jitter
-COLOURS: dict[str, list[tuple[int, int, int]]] = {
-    "red": [(255, 0, 0), (220, 30, 30), (200, 20, 40), (235, 50, 40)],
-    "orange": [(255, 165, 0), (255, 140, 0), (240, 120, 30), (250, 150, 50)],
-    "yellow": [(255, 255, 0), (250, 220, 30), (240, 230, 60), (255, 235, 0)],
-    "green": [(0, 128, 0), (0, 200, 0), (40, 170, 60), (0, 255, 0), (30, 140, 70)],
-    "blue": [(0, 0, 255), (30, 90, 220), (20, 60, 180), (30, 144, 255), (0, 0, 160)],
-    "purple": [(128, 0, 128), (150, 60, 200), (110, 40, 160), (160, 32, 240)],
+# colour name -> (hue range in degrees, saturation range, value range); each shape draws from it
+COLOURS: dict[str, tuple[tuple[float, float], tuple[float, float], tuple[float, float]]] = {
+    "red": ((-10, 8), (0.7, 1.0), (0.7, 1.0)),
+    "orange": ((22, 38), (0.8, 1.0), (0.9, 1.0)),
+    "yellow": ((49, 60), (0.7, 1.0), (0.88, 1.0)),
+    "green": ((95, 150), (0.55, 1.0), (0.45, 0.95)),
+    "blue": ((205, 240), (0.6, 1.0), (0.6, 1.0)),
+    "purple": ((272, 300), (0.5, 1.0), (0.45, 0.95)),
 }
 COLOUR_NAMES = list(COLOURS)
+TYPICAL = {"red": (220, 30, 30), "orange": (255, 140, 0), "yellow": (250, 220, 30), "green": (40, 170, 60),
+           "blue": (30, 90, 220), "purple": (150, 60, 200)}  # for hand-built scenes (Obj.rgb None)
 
-BACKGROUNDS: dict[str, list[tuple[int, int, int]]] = {
-    "white": [(255, 255, 255), (245, 245, 245), (250, 248, 240), (238, 238, 238)],
-    "grey": [(128, 128, 128), (150, 150, 150), (170, 170, 170), (110, 110, 110)],
-    "black": [(0, 0, 0), (20, 20, 20), (35, 35, 35)],
+BACKGROUNDS: dict[str, tuple[int, int]] = {  # name -> grey level range
+    "white": (232, 255),
+    "grey": (105, 175),
+    "black": (0, 40),
 }
 BACKGROUND_NAMES = list(BACKGROUNDS)
-
+STYLES = ["fill", "fill", "fill", "edged", "outline", "hand"]  # how a shape is drawn
 
 
 @dataclass
 class Obj:
     kind: str
     colour: str
-    cell: int  # 0..8, row-major in the 3x3 grid
+    cell: int  # 0..8, row-major in the 3x3 grid: where the centre is
     cx: float  # centre, as a fraction of width / height
     cy: float
-    half: float  # half-size, as a fraction of the picture side
+    half: float  # half-size, as a fraction of the picture's shorter side
     angle: float = 0.0
-    outline: bool = False
+    outline: bool = False  # drawn as an outline only (kept for hand-built scenes)
+    style: str = "fill"  # one of STYLES
+    rgb: tuple[int, int, int] | None = None  # None: a typical shade of the colour
 
 
 @dataclass
@@ -51,34 +64,66 @@ class Scene:
     objects: list[Obj]
     background: list[str]  # one name, or two for a two-tone background
     split: str = "none"  # "none" | "vertical" (left | right) | "horizontal" (top / bottom)
+    size: tuple[int, int] | None = None  # None: render picks one
+    noise: float = 0.0  # std of per-pixel noise, in grey levels
+    blur: float = 0.0  # Gaussian blur radius, as a fraction of the shorter side
+    jpeg: int = 0  # JPEG quality the picture went through; 0: none
+    unknown: str = ""  # not shapes at all: "photo" | "screen" (see shapes_unknown.py)
 
     def sorted_objects(self) -> list[Obj]:
         return sorted(self.objects, key=lambda o: o.cell)
 
 
+def cell_of(cx: float, cy: float) -> int:
+    return min(2, int(cy * 3)) * 3 + min(2, int(cx * 3))
+
+
+def random_rgb(rng: random.Random, colour: str) -> tuple[int, int, int]:
+    (h0, h1), (s0, s1), (v0, v1) = COLOURS[colour]
+    r, g, b = colorsys.hsv_to_rgb((rng.uniform(h0, h1) % 360) / 360, rng.uniform(s0, s1), rng.uniform(v0, v1))
+    return round(r * 255), round(g * 255), round(b * 255)
+
+
 def random_scene(rng: random.Random, n: int | None = None) -> Scene:
     if n is None:
         n = rng.choices([1, 2, 3], weights=[0.45, 0.3, 0.25])[0]
+    u = rng.random()
+    if u < 0.25:
+        size = (rng.randint(64, 160),) * 2
+    else:
+        side = rng.choice([rng.randint(64, 256), rng.randint(96, 480), rng.randint(200, 800)])
+        aspect = math.exp(rng.uniform(math.log(0.5), math.log(2.0))) if u < 0.85 else 1.0
+        size = (max(40, round(side * aspect)), side)
+    w, h = size
+    short = min(w, h)
     kinds = rng.sample(SHAPES, n)
     colours = rng.sample(COLOUR_NAMES, n)
-    if n == 1:
-        # lone shapes are often centred and big, like a picture a person draws
-        cells = [4] if rng.random() < 0.35 else [rng.randrange(9)]
-    else:
-        cells = rng.sample(range(9), n)
-    objects = []
+    objects: list[Obj] = []
+    cells = rng.sample(range(9), n)
     for kind, colour, cell in zip(kinds, colours, cells):
         r, c = divmod(cell, 3)
-        cx = (c + 0.5) / 3 + rng.uniform(-0.05, 0.05)
-        cy = (r + 0.5) / 3 + rng.uniform(-0.05, 0.05)
-        if n == 1:
-            room = min(cx, 1 - cx, cy, 1 - cy) - 0.02  # stay inside the picture
-            half = rng.uniform(0.085, max(0.09, min(0.40, room)))
-        else:
-            room = min(abs(cx - c / 3), abs((c + 1) / 3 - cx), abs(cy - r / 3), abs((r + 1) / 3 - cy))
-            half = rng.uniform(0.08, max(0.085, min(0.15, room - 0.005)))
-        angle = rng.uniform(-12, 12) if kind in ("triangle", "star", "heart") else rng.uniform(-4, 4)
-        objects.append(Obj(kind, colour, cell, cx, cy, half, angle, outline=rng.random() < 0.08))
+        for attempt in range(30):
+            if n == 1:
+                half = rng.uniform(0.07, 0.42)
+                if rng.random() < 0.35:
+                    cx, cy = 0.5 + rng.uniform(-0.08, 0.08), 0.5 + rng.uniform(-0.08, 0.08)
+                else:
+                    cx, cy = rng.uniform(c / 3, (c + 1) / 3), rng.uniform(r / 3, (r + 1) / 3)
+            else:
+                half = rng.uniform(0.06, 0.22) * (0.8 ** attempt)
+                cx, cy = rng.uniform(c / 3, (c + 1) / 3), rng.uniform(r / 3, (r + 1) / 3)
+            # at least ~70% of the shape inside the picture, the centre well inside its cell's side
+            mx, my = 0.4 * half * short / w, 0.4 * half * short / h
+            cx, cy = min(max(cx, mx, 0.01), 1 - max(mx, 0.01)), min(max(cy, my, 0.01), 1 - max(my, 0.01))
+            cx = min(max(cx, c / 3 + 0.005), (c + 1) / 3 - 0.005)
+            cy = min(max(cy, r / 3 + 0.005), (r + 1) / 3 - 0.005)
+            # neighbours may overlap a little, never hide each other
+            if all(math.hypot((cx - o.cx) * w, (cy - o.cy) * h) > 0.75 * (half + o.half) * short for o in objects):
+                break
+        angle = rng.uniform(-15, 15) if kind in ("triangle", "star", "heart", "circle") else rng.uniform(-8, 8)
+        style = rng.choice(STYLES)
+        objects.append(Obj(kind, colour, cell_of(cx, cy), cx, cy, half, angle, style == "outline", style,
+                           random_rgb(rng, colour)))
     u = rng.random()
     if u < 0.5:
         background, split = ["white"], "none"
@@ -87,11 +132,10 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
     else:
         background = rng.sample(BACKGROUND_NAMES, 2)
         split = rng.choice(["vertical", "horizontal"])
-    return Scene(objects, background, split)
-
-
-def _jitter(rng: random.Random, rgb: tuple[int, int, int], amount: int) -> tuple[int, int, int]:
-    return tuple(max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
+    noise = rng.choice([0.0, 0.0, rng.uniform(2, 10), rng.uniform(5, 22)])
+    blur = rng.choice([0.0, 0.0, rng.uniform(0.0, 0.012), rng.uniform(0.005, 0.02)])
+    jpeg = rng.choice([0, 0, rng.randint(10, 50), rng.randint(40, 95)])
+    return Scene(objects, background, split, size, noise, blur, jpeg)
 
 
 def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float) -> list[tuple[float, float]]:
@@ -124,26 +168,79 @@ def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: 
     return [(cx + (x * ca - y * sa) * rx, cy + (x * sa + y * ca) * ry) for x, y in pts]
 
 
+def _wobble(rng: random.Random, pts: list[tuple[float, float]], amount: float) -> list[tuple[float, float]]:
+    """A hand-drawn look: more points along each edge, pushed sideways by a smooth random wave."""
+    dense = []
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:] + pts[:1]):
+        steps = max(1, int(math.hypot(x1 - x0, y1 - y0) / max(2.0, amount * 2)))
+        dense += [(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps) for i in range(steps)]
+    phase, freq = rng.uniform(0, 2 * math.pi), rng.randint(2, 5)
+    out = []
+    for i, (x, y) in enumerate(dense):
+        t = 2 * math.pi * i / len(dense)
+        d = amount * (math.sin(freq * t + phase) + 0.5 * math.sin(2.3 * freq * t + phase * 2))
+        out.append((x + d * math.cos(3 * t + phase), y + d * math.sin(2 * t)))
+    return out
+
+
+def _jitter(rng: random.Random, rgb: tuple[int, int, int], amount: int) -> tuple[int, int, int]:
+    return tuple(max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
+
+
+def _background(rng: random.Random, name: str) -> tuple[int, int, int]:
+    lo, hi = BACKGROUNDS[name]
+    v = rng.randint(lo, hi)
+    return _jitter(rng, (v, v, v), 5)  # a faint tint, like paper or a dim screen
+
+
 def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None) -> Image.Image:
-    """Draw the scene. Canvas size varies (the processor resizes to its own square size)."""
+    """Draw the scene at its size (or `size`); the processor then squashes it to its input."""
+    if scene.unknown:
+        import shapes_unknown
+        return shapes_unknown.render(scene, rng)
+    size = size or scene.size
     if size is None:
-        side = rng.choice([96, 96, 112, 128, 160, 200, 256, rng.randint(64, 320)])
-        aspect = rng.uniform(0.8, 1.25) if rng.random() < 0.3 else 1.0
-        size = (max(48, int(side * aspect)), side)
+        side = rng.choice([96, 128, 160, 200, 256])
+        size = (side, side)
     w, h = size
-    bg = [_jitter(rng, rng.choice(BACKGROUNDS[name]), 6) for name in scene.background]
-    img = Image.new("RGB", (w, h), bg[0])
+    ss = 3 if max(w, h) <= 200 else 2 if max(w, h) <= 400 else 1  # draw large, shrink: anti-aliased edges
+    W, H = w * ss, h * ss
+    bg = [_background(rng, name) for name in scene.background]
+    img = Image.new("RGB", (W, H), bg[0])
     draw = ImageDraw.Draw(img)
     if scene.split == "vertical":
-        draw.rectangle([w // 2, 0, w, h], fill=bg[1])
+        draw.rectangle([W // 2, 0, W, H], fill=bg[1])
     elif scene.split == "horizontal":
-        draw.rectangle([0, h // 2, w, h], fill=bg[1])
-    side = min(w, h)
+        draw.rectangle([0, H // 2, W, H], fill=bg[1])
+    short = min(W, H)
     for o in scene.objects:
-        fill = _jitter(rng, rng.choice(COLOURS[o.colour]), 14)
-        pts = _shape_points(o.kind, o.cx * w, o.cy * h, o.half * side * w / side, o.half * side * h / side, o.angle)
-        if o.outline:
-            draw.polygon(pts, outline=fill, width=max(2, round(side * 0.03)))
-        else:
+        fill = o.rgb or TYPICAL[o.colour]
+        style = "outline" if o.outline and o.style == "fill" else o.style
+        rad = o.half * short
+        pts = _shape_points(o.kind, o.cx * W, o.cy * H, rad, rad, o.angle)
+        # strokes stay at least ~1.5 pixels wide once the processor has shrunk the picture
+        line = max(2 * ss, round(1.5 * max(W, H) / 96), round(rad * rng.uniform(0.08, 0.2)))
+        if style == "fill":
             draw.polygon(pts, fill=fill)
+        elif style == "edged":  # a coloured shape with a dark (or white, on black) edge
+            edge = (255, 255, 255) if scene.background == ["black"] and rng.random() < 0.5 else _jitter(rng, (20, 20, 20), 20)
+            draw.polygon(pts, fill=fill, outline=edge, width=max(ss, line // 2))
+        elif style == "outline":
+            draw.polygon(pts, outline=fill, width=line)
+        else:  # hand: a wobbly stroke, sometimes coloured in
+            wob = _wobble(rng, pts, rad * rng.uniform(0.02, 0.06))
+            if rng.random() < 0.5:
+                draw.polygon(wob, fill=fill)
+            draw.line(wob + wob[:1], fill=fill, width=line, joint="curve")
+    if ss > 1:
+        img = img.resize((w, h), Image.Resampling.LANCZOS)
+    if scene.noise > 0:  # sensor / paper grain; numpy seeded from rng, so the same seed gives the same pixels
+        grain = np.random.default_rng(rng.getrandbits(32)).normal(0.0, scene.noise, (h, w, 1))
+        img = Image.fromarray(np.clip(np.asarray(img, dtype=np.float32) + grain, 0, 255).astype(np.uint8))
+    if scene.blur > 0:
+        img = img.filter(ImageFilter.GaussianBlur(scene.blur * min(w, h)))
+    if scene.jpeg:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=scene.jpeg)
+        img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
     return img

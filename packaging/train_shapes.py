@@ -1,11 +1,14 @@
 """Train "Parley Shapes", the tiny built-in vision-language model Parley ships with.
 
 A LLaVA model (small CLIP vision tower + small Llama), a byte-level BPE tokenizer trained here,
-a LlavaProcessor and a chat template, trained from scratch on the synthetic world of
-packaging/shapes_world.py + shapes_data.py and written to resources/models/parley-shapes/ with save_pretrained.
+a LlavaProcessor and a chat template, trained on the synthetic world of
+packaging/shapes_world.py + shapes_data.py (pictures of any size and aspect ratio, shapes
+anywhere, noise, blur, JPEG; photos and screenshots from shapes_unknown.py get a one-line
+"I can only describe simple shapes" answer), written to resources/models/parley-shapes/ with
+save_pretrained. Every picture goes through the model's own image processor, as in the app.
 Nothing is downloaded.
 
-Recipe:
+Recipe (from scratch):
   stage 1  the vision tower and projector alone learn to see: a training-only linear probe
            reads each 3x3 cell's picture token (RMS-normalised, as the language model sees it) and
            predicts the shape kind, colour (or empty) and the cell; the mean token predicts the
@@ -16,11 +19,13 @@ Recipe:
            keeps running (so the picture tokens stay readable), and a second probe asks the
            picture tokens, two layers into the language model, which picture they belong to
            (packaging/shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
+Fine-tune (--init FOLDER): start from a trained folder's weights, tokenizer and processor and
+run the stages on today's pictures (the shipped weights: see the model README for the command).
 
-    .venv/bin/python packaging/train_shapes.py            # full run (~22 min on 2 CPU cores)
+    .venv/bin/python packaging/train_shapes.py            # full run from scratch
     .venv/bin/python packaging/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
 
-Reproducible: the same seed, steps, batch sizes and thread count give the same weights.
+Reproducible: the same seed, steps, batch sizes, thread count (and --init folder) give the same weights.
 """
 from __future__ import annotations
 
@@ -58,7 +63,7 @@ def build_tokenizer(seed: int):
     # the small-talk lines are rare in the corpus above; repeat them so they become whole words
     for prompts, reply in sd.SMALLTALK:
         corpus += (prompts + [p.capitalize() for p in prompts] + [reply]) * 20
-    corpus += (sd.OFF_TOPIC_FIXED + [sd.OFF_TOPIC_REPLY, sd.NO_PICTURE_REPLY, sd.ONE_PICTURE_REPLY]
+    corpus += (sd.OFF_TOPIC_FIXED + [sd.OFF_TOPIC_REPLY, sd.NO_PICTURE_REPLY, sd.ONE_PICTURE_REPLY, sd.UNKNOWN_REPLY]
                + sd.SYSTEM_PROMPTS) * 20
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -177,6 +182,10 @@ def fmt_time(seconds: float) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="fine-tune: start from this model folder (its weights, tokenizer and processor)")
+    ap.add_argument("--probe-warmup", type=int, default=100,
+                    help="with --init: stage-1 steps that train only the (new) probes, the model held still")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vision-steps", type=int, default=3000, help="stage 1: vision tower + cell probe")
@@ -198,10 +207,17 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     t_start = time.time()
 
-    tokenizer = build_tokenizer(args.seed)
-    processor = build_processor(tokenizer)
+    if args.init:  # fine-tune: the folder's own tokenizer, processor and weights
+        from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+        processor = AutoProcessor.from_pretrained(args.init)
+        tokenizer = processor.tokenizer
+        model = LlavaForConditionalGeneration.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        tokenizer = build_tokenizer(args.seed)
+        processor = build_processor(tokenizer)
+        model = build_model(processor)
     check_rendering(processor, random.Random(args.seed + 1))
-    model = build_model(processor)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
           f"({n_params * 4 / 2**20:.1f} MiB fp32); {GRID ** 2} tokens per picture", flush=True)
@@ -214,6 +230,9 @@ def main(argv=None) -> None:
     def probe_loss(image_outputs, scenes):
         vis = image_outputs.last_hidden_state[:, 1:]
         lm = lm_view(torch.stack(list(image_outputs.pooler_output)))
+        shapes = [i for i, sc in enumerate(scenes) if not sc.unknown]  # photos/screens have no cells to read
+        if len(shapes) < len(scenes):
+            vis, lm, scenes = vis[shapes], lm[shapes], [scenes[i] for i in shapes]
         l1, acc = head.loss(vis, scenes)
         l2, _ = head_lm.loss(lm, scenes)
         return l1 + l2 + words.loss(lm, scenes, embed), acc
@@ -231,6 +250,10 @@ def main(argv=None) -> None:
     for step in range(args.vision_steps):
         for g in opt.param_groups:
             g["lr"] = cosine_lr(args.vision_lr, 50, args.vision_steps, step)
+        for p in (vision.parameters() if args.init else ()):  # fresh probes first learn to read the model
+            p.requires_grad_(step >= args.probe_warmup)
+        for p in (projector.parameters() if args.init else ()):
+            p.requires_grad_(step >= args.probe_warmup)
         scenes = [world.random_scene(rng) for _ in range(args.vision_batch)]
         pixels = processor.image_processor([world.render(sc, rng) for sc in scenes], return_tensors="pt")["pixel_values"]
         loss, acc = probe_loss(model.model.get_image_features(pixel_values=pixels), scenes)
@@ -244,6 +267,8 @@ def main(argv=None) -> None:
                   f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
                   flush=True)
 
+    for p in list(vision.parameters()) + list(projector.parameters()):
+        p.requires_grad_(True)
     model.zero_grad(set_to_none=True)  # the word probe left gradients on the (not yet trained) embeddings
 
     # ---- stage 2: the whole model on conversations rendered as the app renders them

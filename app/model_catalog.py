@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.paths import DEMO_MODEL
+from engine.library.installed import snapshot_for
 
 
 @dataclass
@@ -42,18 +43,6 @@ def is_vision_language(config: dict) -> bool:
         k in config for k in ("image_token_index", "image_token_id", "vision_start_token_id"))
 
 
-def _snapshot(repo_dir: Path) -> Path | None:
-    ref = repo_dir / "refs" / "main"
-    try:
-        snap = repo_dir / "snapshots" / ref.read_text().strip()
-        if snap.is_dir():
-            return snap
-    except OSError:
-        pass
-    snaps = [p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()]
-    return max(snaps, key=lambda p: p.stat().st_mtime) if snaps else None
-
-
 def scan_hf_cache(hub: Path | None = None,
                   check: Callable[[Path], str | None] | None = None) -> list[ModelEntry]:
     """Vision-language models in the HF hub cache (text-only models are left out)."""
@@ -62,7 +51,7 @@ def scan_hf_cache(hub: Path | None = None,
     if not hub.is_dir():
         return out
     for repo_dir in sorted(hub.glob("models--*")):
-        snap = _snapshot(repo_dir)
+        snap = snapshot_for(repo_dir)
         if snap is None:
             continue
         config = read_config(snap)

@@ -20,7 +20,7 @@ class InstalledModel:
     model_type: str | None
 
 
-def _snapshot_for(repo_dir: Path, revision: str = "main") -> Path | None:
+def snapshot_for(repo_dir: Path, revision: str = "main") -> Path | None:
     ref = repo_dir / "refs" / revision
     try:
         snap = repo_dir / "snapshots" / ref.read_text().strip()
@@ -59,7 +59,7 @@ def installed_models(cache: Path | None = None) -> list[InstalledModel]:
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model":
             continue
-        snap = _snapshot_for(repo.repo_path)
+        snap = snapshot_for(repo.repo_path)
         if snap is None:
             continue
         config = repo_check.read_json(snap / "config.json") or {}
@@ -76,7 +76,7 @@ def resolve_model(text: str, cache: Path | None = None, revision: str = "main") 
     repo_dir = repo_folder(text, cache)
     if not repo_dir.is_dir():
         return None
-    snap = _snapshot_for(repo_dir, revision)
+    snap = snapshot_for(repo_dir, revision)
     return snap if snap is not None and is_complete(snap) else None
 
 

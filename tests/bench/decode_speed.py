@@ -6,6 +6,7 @@
    (its replies never repeat the prompt; goal >= 0.97: drafting must cost next to nothing).
 generate's decode rate is taken from the difference of two runs (N and 1 new tokens) so its
 prefill cancels out; the engine's from its decode_s. The engine without drafts is printed too.
+`--quick`: one round, a small random model for the second turn kind.
 """
 from __future__ import annotations
 

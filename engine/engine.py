@@ -219,12 +219,13 @@ class Engine:
                                 make_room=self.memory.make_room, on_state=self._emit_encoder_state)
         self.memory.attach_gate(self.gate)
         self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spiller, self.memory)
-        self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
-                              str(loaded.dtype).replace("torch.", ""), loaded.name))
+        # said before ModelReady, so whoever waits for "ready" has heard how the model was placed
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
             self._emit(Notice("warning", note))
         if loaded.weights_note:  # `auto` weights chose a smaller format: say which and why
             self._emit(Notice("info", loaded.weights_note))
+        self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
+                              str(loaded.dtype).replace("torch.", ""), loaded.name))
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
                                          "pictures are cached in memory only."))

@@ -5,12 +5,9 @@ state is never shared between threads. Callers only enqueue requests and receive
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
-import threading
 from pathlib import Path
-from typing import Callable
 
 from .events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
@@ -23,6 +20,7 @@ from .paths import create_data_dir, default_data_dir
 from .settings import EngineSettings
 from .spill import SessionSpiller
 from .turn_pipeline import TurnPipeline
+from .worker import EngineWorker
 from .vision.gate import PictureGate
 
 log = logging.getLogger(__name__)
@@ -30,18 +28,14 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
-class Engine:
+class Engine(EngineWorker):
+    thread_name = "parley-model-owner"
+
     def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
+        super().__init__()
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
         create_data_dir(self.data_dir)
-        self._queue: queue.Queue = queue.Queue()
-        self._listeners: list[Callable[[Event], None]] = []
-        self._thread: threading.Thread | None = None
-        self._ids = itertools.count(1)
-        self._stop_lock = threading.Lock()
-        self._stop_requested: set[int] = set()
-        self._current_turn: int | None = None
         self.loaded = None
         self.gate: PictureGate | None = None
         self.spiller: SessionSpiller | None = None
@@ -53,38 +47,8 @@ class Engine:
 
     # ------------------------------------------------------------ public API (any thread)
 
-    def add_listener(self, fn: Callable[[Event], None]) -> None:
-        self._listeners.append(fn)
-
-    def remove_listener(self, fn: Callable[[Event], None]) -> None:
-        if fn in self._listeners:
-            self._listeners.remove(fn)
-
-    def start(self) -> "Engine":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="parley-model-owner", daemon=True)
-            self._thread.start()
-        return self
-
     def load_model(self, path: str) -> None:
         self._queue.put(("load", str(path)))
-
-    def new_turn_id(self) -> int:
-        return next(self._ids)
-
-    def submit(self, turn: Turn) -> int:
-        """Queue a turn; a turn_id already taken from new_turn_id() is kept."""
-        if not turn.turn_id:
-            turn.turn_id = next(self._ids)
-        self._queue.put(("turn", turn))
-        return turn.turn_id
-
-    def stop(self, turn_id: int | None = None) -> None:
-        """Stop the running turn (or a queued one) before its next token."""
-        with self._stop_lock:
-            target = turn_id if turn_id is not None else self._current_turn
-            if target is not None:
-                self._stop_requested.add(target)
 
     def request_memory_report(self) -> None:
         self._queue.put(("memory", None))
@@ -110,20 +74,12 @@ class Engine:
         self._thread.join(timeout)
         self._thread = None
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     # ------------------------------------------------------------ owner thread
 
     def _emit(self, event: Event) -> None:
         if isinstance(event, Notice):
             self._log_notice(event)
-        for fn in list(self._listeners):
-            try:
-                fn(event)
-            except Exception:  # a broken listener must not take the engine down
-                log.exception("engine listener failed on %s", type(event).__name__)
+        super()._emit(event)
 
     def _log_notice(self, notice: Notice) -> None:
         """Notices reach the log too, each distinct one once: headless commands have no window

@@ -7,22 +7,19 @@ server owns the model, its memory and its caches (prefix caching is the server's
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import queue
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import openai
 
 from ..events import (
-    Event, ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone,
+    ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone,
     TurnFailed, TurnStarted,
 )
 from ..settings import EngineSettings
+from ..worker import EngineWorker
 from .config import RemoteConfig
 from .failures import describe
 from .messages import chat_messages
@@ -65,9 +62,12 @@ def list_models(cfg: RemoteConfig, client: openai.OpenAI | None = None) -> list[
     return names
 
 
-class RemoteEngine:
+class RemoteEngine(EngineWorker):
+    thread_name = "parley-remote"
+
     def __init__(self, config: RemoteConfig, settings: EngineSettings | None = None,
                  data_dir: str | Path | None = None):
+        super().__init__()
         self.config = config
         # kept so Settings can still edit the built-in engine's values while a server is in use
         self.settings = settings or EngineSettings()
@@ -75,53 +75,21 @@ class RemoteEngine:
         self.model_name: str | None = None  # set once the server confirmed the model
         self.last_turn_stats: dict = {}
         self._client = make_client(config)
-        self._queue: queue.Queue = queue.Queue()
-        self._listeners: list[Callable[[Event], None]] = []
-        self._thread: threading.Thread | None = None
-        self._ids = itertools.count(1)
-        self._stop_lock = threading.Lock()
-        self._stop_requested: set[int] = set()
-        self._current_turn: int | None = None
         self._submitted: dict[int, float] = {}  # turn id -> when submit() queued it (for queue_s)
         self._report = ServerReport(config.server, config.model, "connecting")
 
     # ------------------------------------------------------------ public API (any thread)
-
-    def add_listener(self, fn: Callable[[Event], None]) -> None:
-        self._listeners.append(fn)
-
-    def remove_listener(self, fn: Callable[[Event], None]) -> None:
-        if fn in self._listeners:
-            self._listeners.remove(fn)
-
-    def start(self) -> "RemoteEngine":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="parley-remote", daemon=True)
-            self._thread.start()
-        return self
 
     def load_model(self, name: str = "") -> None:
         """Check the server and choose its model: `name`, else the configured one, else the
         first the server lists. Answers ModelReady or ModelFailed, as a local load does."""
         self._queue.put(("load", name))
 
-    def new_turn_id(self) -> int:
-        return next(self._ids)
-
     def submit(self, turn: Turn) -> int:
         if not turn.turn_id:
             turn.turn_id = next(self._ids)
         self._submitted[turn.turn_id] = time.perf_counter()
-        self._queue.put(("turn", turn))
-        return turn.turn_id
-
-    def stop(self, turn_id: int | None = None) -> None:
-        """Stop the running turn (or a queued one): its stream is closed at the next chunk,
-        which ends the request on the server."""
-        with self._stop_lock:
-            target = turn_id if turn_id is not None else self._current_turn
-            if target is not None:
-                self._stop_requested.add(target)
+        return super().submit(turn)
 
     def request_memory_report(self) -> None:
         self._queue.put(("report", None))
@@ -149,21 +117,10 @@ class RemoteEngine:
         self._thread = None
 
     @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    @property
     def report(self) -> ServerReport:
         return self._report
 
     # ------------------------------------------------------------ worker thread
-
-    def _emit(self, event: Event) -> None:
-        for fn in list(self._listeners):
-            try:
-                fn(event)
-            except Exception:  # a broken listener must not take the engine down
-                log.exception("engine listener failed on %s", type(event).__name__)
 
     def _loop(self) -> None:
         while True:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.paths import private_file
+from engine.platform_io import sqlite_durable
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     db.row_factory = sqlite3.Row
     db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    sqlite_durable(db)
     return db
 
 

@@ -91,6 +91,14 @@ def capabilities() -> dict[str, bool | str]:
             "write_through_rename": _move_file_ex is not None, "fcntl": _fcntl is not None}
 
 
+def sqlite_durable(db) -> None:
+    """Make a SQLite connection's commits reach the disk, not the drive's cache: on macOS SQLite's
+    own fsync is a plain fsync unless told to use F_FULLFSYNC (for the WAL checkpoint too)."""
+    if _F_FULLFSYNC is not None:
+        db.execute("PRAGMA fullfsync=ON")
+        db.execute("PRAGMA checkpoint_fullfsync=ON")
+
+
 # ---------------------------------------------------------------- opening and positional I/O
 
 def open_read(path: str | os.PathLike) -> int:

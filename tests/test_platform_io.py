@@ -89,6 +89,23 @@ def test_macos_blobs_and_their_directory_reach_the_platter(tmp_path):
     assert platform_sim.full_fsync_calls - before >= 4
 
 
+def test_sqlite_commits_use_full_fsync_where_the_os_needs_it(tmp_path):
+    # macOS: SQLite's plain fsync leaves commits in the drive's cache; the store's manifest and
+    # the chat history both ask for F_FULLFSYNC there (and only there)
+    from app.history_db import create_schema, open_database
+    from engine.kvstore.manifest import Manifest
+    want = 1 if SIMULATED == "macos" else 0
+    manifest = Manifest(str(tmp_path / "manifest.sqlite"))
+    history, _ = open_database(tmp_path / "history.sqlite", 1000, create_schema)
+    try:
+        for db in (manifest.db, history):
+            assert db.execute("PRAGMA fullfsync").fetchone()[0] == want
+            assert db.execute("PRAGMA checkpoint_fullfsync").fetchone()[0] == want
+    finally:
+        manifest.close()
+        history.close()
+
+
 # ---------------------------------------------------------------- positional I/O
 
 def test_positional_io_reads_and_writes_at_offsets_and_keeps_the_position(tmp_path):

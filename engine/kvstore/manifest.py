@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..platform_io import sqlite_durable
 from .keys import KEY_BYTES, PictureSpan
 from .layout import KVLayout
 
@@ -130,6 +131,7 @@ class Manifest:
         self.db.execute("PRAGMA journal_mode=WAL")
         # FULL: a committed row survives power loss, so blobs released by it are truly unneeded
         self.db.execute("PRAGMA synchronous=FULL")
+        sqlite_durable(self.db)
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"manifest schema {version}, expected {SCHEMA_VERSION}")

@@ -159,7 +159,10 @@ class PictureStore:
         for mtime, name in sorted((_mtime(self.path(n)), n) for n in self._sizes):
             if total <= self.max_transient_bytes * 0.9:
                 break
-            if name == keep or now - mtime < self.keep_s or not self._is_transient(name):
+            if not self._is_transient(name):  # kept since (the window imported it): not ours to count
+                total -= self._sizes.pop(name, 0)
+                continue
+            if name == keep or now - mtime < self.keep_s:
                 continue
             try:
                 self.path(name).unlink(missing_ok=True)

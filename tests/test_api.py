@@ -154,15 +154,17 @@ def test_the_api_cap_never_removes_a_picture_the_history_keeps(tmp_path):
     from engine.picture_store import PictureStore
     from tests.fixtures.pictures import picture_bytes
 
-    store = PictureStore(tmp_path / "pictures", max_transient_bytes=1, keep_s=0)
+    window = PictureStore(tmp_path / "pictures")  # as in the app: the history's store and the API's,
+    api = PictureStore(tmp_path / "pictures", max_transient_bytes=1, keep_s=0)  # one folder
     a, b, c = picture_bytes(1), picture_bytes(2), picture_bytes(3)
-    window = store.put(a, ".png")  # the window's import: kept
-    assert Path(store_upload(store, a, "p").path) == store.path(window)  # the API's copy is the same file
-    sent = store_upload(store, c, "p")  # transient
-    assert store.put(c, ".png") == Path(sent.path).name  # then imported in the window: kept from now on
-    store_upload(store, b, "p")  # over the cap
-    assert store.path(window).exists() and Path(sent.path).exists()
-    assert store.pruned == 0 and not store.is_transient(window)
+    imported = window.put(a, ".png")
+    assert Path(store_upload(api, a, "p").path) == window.path(imported)  # the API's copy is the same file
+    sent = store_upload(api, c, "p")  # transient
+    assert window.put(c, ".png") == Path(sent.path).name  # then imported in the window: kept from now on
+    store_upload(api, b, "p")  # over the cap
+    assert window.path(imported).exists() and Path(sent.path).exists()
+    assert api.pruned == 0 and not api.is_transient(imported) and not api.is_transient(Path(sent.path).name)
+    assert len(list(api.names())) == 3  # one file per content
 
 
 def test_network_bind_without_token_is_refused():

@@ -80,8 +80,11 @@ def drop_legacy_folder(data_dir: Path) -> int:
         return 0
     for entry in entries:
         if entry.is_file(follow_symlinks=False) and (NAME_RE.match(entry.name) or is_temp_name(entry.name)):
-            os.unlink(entry.path)
-            gone += 1
+            try:
+                os.unlink(entry.path)
+                gone += 1
+            except OSError:  # left for the next start; serving does not wait on it
+                pass
     try:
         folder.rmdir()
     except OSError:  # something of the user's is in there: leave it

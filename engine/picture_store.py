@@ -95,7 +95,10 @@ class PictureStore:
                     if sum(self._sizes.values()) > self.max_transient_bytes:
                         self._prune(keep=name)
                 return name
-            _touch(self.path(name))  # a use: LRU and age count from now
+            path = self.path(name)
+            if _size(path) != len(data):  # a copy damaged outside Parley: this put heals it
+                atomic_write(path, data)
+            _touch(path)  # a use: LRU and age count from now
             if not transient and self._is_transient(name):
                 self._unmark(name)
             return name
@@ -211,6 +214,13 @@ def _touch(path: Path) -> None:
         os.utime(path)
     except OSError:
         pass
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def _mtime(path: Path) -> float:

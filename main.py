@@ -50,8 +50,15 @@ def _add_weights(sub) -> None:
 def cmd_ask(args) -> int:
     from engine.client import EngineError, load_blocking, run_blocking
     from engine.events import Message, Sampling, Turn, TurnFailed
+    from engine.picture_file import PictureError
+    from engine.picture_ref import as_refs
     from engine.remote import RemoteConfigError, RemoteEngine
 
+    try:
+        images = as_refs(args.image or [])  # each file hashed once, here, before any model loads
+    except PictureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         remote = _remote_config(args) if args.remote else None
     except RemoteConfigError as exc:
@@ -67,7 +74,7 @@ def cmd_ask(args) -> int:
         load_blocking(engine, remote.model if remote else _model_dir(args.model))
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
-        turn = Turn("ask", [Message("user", args.prompt, list(args.image or []))], sampling, args.system)
+        turn = Turn("ask", [Message("user", args.prompt, images)], sampling, args.system)
         streamed = []
 
         def on_token(ev):

@@ -208,7 +208,7 @@ class ChatController(QObject):
         for m in msgs:
             if m.role == "system" or (m.role == "assistant" and not m.text):
                 continue
-            images = [str(self.history.picture_path(r)) for r in m.pictures]
+            images = [self.history.picture_ref(r) for r in m.pictures]  # digest from the name: no read
             if out and out[-1].role == m.role:
                 out[-1].text = (out[-1].text + "\n\n" + m.text).strip()
                 out[-1].images.extend(images)

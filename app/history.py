@@ -1,8 +1,9 @@
-"""Conversations on disk: one SQLite database (WAL) plus a content-addressed picture folder.
+"""Conversations on disk: one SQLite database (WAL) plus the content-addressed picture store.
 
 Layout under the data dir:
     history.sqlite3             conversations, messages, full-text index
-    pictures/ab/abcdef….png     attached pictures, named by BLAKE3 of their bytes
+    pictures/ab/abcdef….png     pictures, named by BLAKE3 of their bytes (engine/picture_store.py,
+                                shared with the API; a message's picture ref is the file's name)
 
 Durability: every finished message is committed with synchronous=FULL (survives power loss);
 the text of a reply still streaming is rewritten now and then with synchronous=NORMAL, which in
@@ -14,7 +15,6 @@ No Qt here: the UI calls this from its own thread; a lock makes it safe from any
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 import time
@@ -23,18 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import blake3
-
 from .history_db import create_schema, open_database
 from engine.paths import create_data_dir, private_dir
-from engine.platform_io import atomic_write, is_temp_name
+from engine.picture_ref import PictureRef
+from engine.picture_store import NAME_RE, PictureStore, check_name
+from engine.platform_io import is_temp_name
 
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
 DEFAULT_TITLE = "New chat"
 
-_REF_RE = re.compile(r"^[0-9a-f]{64}(\.[a-z0-9]{1,8})?$")
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -73,6 +71,7 @@ class History:
     def __init__(self, data_dir: Path | str, busy_timeout_s: float = 5.0):
         self.data_dir = create_data_dir(data_dir)
         self.pictures_dir = private_dir(self.data_dir / "pictures")
+        self.pictures = PictureStore(self.pictures_dir)  # shared with the API (engine/picture_store.py)
         self.db_path = self.data_dir / "history.sqlite3"
         self._lock = threading.RLock()
         self._fts = True
@@ -308,51 +307,42 @@ class History:
     def add_picture(self, path: Path | str) -> str:
         """Copy a picture into the store (if not there yet); returns its ref."""
         src = Path(path)
-        hasher = blake3.blake3()
-        with open(src, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                hasher.update(chunk)
-        ref = hasher.hexdigest() + _extension(src.suffix)
-        dest = self.picture_path(ref)
-        if not (dest.exists() and dest.stat().st_size == src.stat().st_size):
-            with open(src, "rb") as f:
-                self._write_atomic(dest, f)
-        return ref
+        return self.pictures.put(src.read_bytes(), src.suffix)
 
     def add_picture_bytes(self, data: bytes, extension: str = ".png") -> str:
-        """Store picture bytes that came without a file (pasted or dragged image data)."""
-        ref = blake3.blake3(data).hexdigest() + _extension(extension)
-        dest = self.picture_path(ref)
-        if not (dest.exists() and dest.stat().st_size == len(data)):
-            import io
-            self._write_atomic(dest, io.BytesIO(data))
-        return ref
+        """Store picture bytes (checked by the caller) and keep them: the API's size cap never
+        removes a picture the history holds. Returns its ref (the stored file's name)."""
+        return self.pictures.put(data, extension)
 
     def picture_path(self, ref: str) -> Path:
-        self._check_ref(ref)
-        return self.pictures_dir / ref[:2] / ref
+        return self.pictures.path(ref)
+
+    def picture_ref(self, ref: str) -> PictureRef:
+        """What the engine is sent: the stored file and its digest (from the name, no read)."""
+        return self.pictures.ref(ref)
 
     def purge_orphan_pictures(self, keep: Iterable[str] = ()) -> int:
-        """Remove stored pictures that no message references (nor `keep`, e.g. a draft's)."""
+        """Remove stored pictures that no message references (nor `keep`, e.g. a draft's).
+        Transient pictures (the API's) are the API's to expire: a queued request may need one."""
         used = set(keep)
         for (refs,) in self._query("SELECT pictures FROM messages WHERE pictures != '[]'"):
             used.update(json.loads(refs))
         removed = 0
-        for p in self.pictures_dir.glob("*/*"):
-            if p.name not in used and (_REF_RE.match(p.name) or is_temp_name(p.name)
-                                         or p.name.startswith(".tmp")):  # ".tmp-*": older versions' temp files
-                p.unlink(missing_ok=True)
-                removed += 1
+        for name, path in list(self.pictures.names()):
+            if name in used:
+                continue
+            if is_temp_name(name) or name.startswith(".tmp"):  # ".tmp-*": older versions' temp files
+                path.unlink(missing_ok=True)
+            elif NAME_RE.match(name) and not self.pictures.is_transient(name):
+                self.pictures.remove(name)
+            else:
+                continue
+            removed += 1
         return removed
-
-    def _write_atomic(self, dest: Path, src) -> None:
-        private_dir(dest.parent)
-        atomic_write(dest, src)  # bytes and name durable before the message row names the picture
 
     @staticmethod
     def _check_ref(ref: str) -> None:
-        if not isinstance(ref, str) or not _REF_RE.match(ref):
-            raise ValueError(f"not a picture ref: {ref!r}")
+        check_name(ref)
 
 
 # ---------------------------------------------------------------- helpers
@@ -365,11 +355,6 @@ def _conversation(r: sqlite3.Row) -> Conversation:
 def _message(r: sqlite3.Row) -> StoredMessage:
     return StoredMessage(r["id"], r["conversation"], r["role"], r["text"],
                          tuple(json.loads(r["pictures"])), r["status"], r["created"], r["edited"])
-
-
-def _extension(suffix: str) -> str:
-    s = suffix.lower().lstrip(".")
-    return "." + s if s and re.fullmatch(r"[a-z0-9]{1,8}", s) else ""
 
 
 def _snippet(text: str, query: str, width: int = 80) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .picture_ref import PictureRef
+
 
 # Conversations the engine opens for stateless clients (the API) are named "api:N".
 STATELESS_PREFIX = "api:"
@@ -17,7 +19,13 @@ STATELESS_PREFIX = "api:"
 class Message:
     role: str  # "system" | "user" | "assistant"
     text: str
-    images: list[str] = field(default_factory=list)  # picture file paths (user messages)
+    images: list[PictureRef] = field(default_factory=list)  # user messages' pictures, hashed where they came in
+
+    def __post_init__(self):
+        for p in self.images:  # a bare path here would make the engine hash it every turn
+            if not isinstance(p, PictureRef):
+                raise TypeError(f"Message.images holds PictureRef, not {type(p).__name__} "
+                                "(hash a typed path once with PictureRef.of_file)")
 
 
 @dataclass

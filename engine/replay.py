@@ -2,7 +2,8 @@
 
 Script: {"settings": {...}, "turns": [{"user": "...", "images": ["a.png"], "wait_s": 0,
 "conversation": "main", "system": "...", "restart": false}, ...]}. Picture paths are relative
-to the script's folder. Settings take sampling keys and any EngineSettings field.
+to the script's folder; each is hashed once, when its turn is sent (a missing one fails that
+turn with one line, as a failed turn does). Settings take sampling keys and any EngineSettings field.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import TextIO
 
 from .client import EngineError, load_blocking, run_blocking
 from .events import Message, Sampling, Turn, TurnFailed
+from .picture_file import PictureError
+from .picture_ref import as_refs
 from .settings import EngineSettings
 
 SAMPLING_KEYS = {"max_new_tokens", "greedy", "temperature", "top_p", "seed"}
@@ -94,7 +97,13 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
             history = conversations.setdefault(cid, [])
             if not history and t.get("system"):
                 systems[cid] = t["system"]
-            history.append(Message("user", t["user"], t["images"]))
+            try:
+                history.append(Message("user", t["user"], as_refs(t["images"])))
+            except PictureError as exc:
+                failures += 1
+                out.write(json.dumps({"turn": i, "conversation": cid, "error": str(exc)}) + "\n")
+                out.flush()
+                continue
             result = run_blocking(engine, Turn(cid, list(history), sampling, systems.get(cid)))
             if isinstance(result, TurnFailed):
                 history.pop()

@@ -39,7 +39,7 @@ class Reference:
     def prompt_ids(self, messages: list[Message], system: str | None = None) -> tuple[list[int], dict]:
         processor = self.loaded.processor
         text = render(processor, messages, system)
-        images = [Image.open(p).convert("RGB") for m in messages for p in m.images]
+        images = [Image.open(p.path).convert("RGB") for m in messages for p in m.images]
         if self.loaded.adapter.nested_images and images:
             images = [images]
         inputs = processor(text=text, images=images or None, return_tensors="pt")

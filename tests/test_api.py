@@ -22,7 +22,7 @@ from engine.api import ApiConfigError, ApiServer, check_bind
 from engine.api.stops import StopScanner
 from engine.events import Message, Token, TurnDone, TurnStarted
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
-from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture
+from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture, pics
 
 openai = pytest.importorskip("openai")
 
@@ -125,25 +125,46 @@ def test_stop_scanner_releases_only_safe_text(stops, pieces, sent, hit):
 
 def test_picture_store_is_content_addressed_validated_and_capped(tmp_path):
     from engine.api import ApiError
-    from engine.api.pictures import PictureStore
+    from engine.api.pictures import store_upload
+    from engine.picture_store import PictureStore
     from tests.fixtures.pictures import picture_bytes
 
-    store = PictureStore(tmp_path / "pics", max_bytes=1, keep_s=0)
+    store = PictureStore(tmp_path / "pics", max_transient_bytes=1, keep_s=0)
     a, b = picture_bytes(1), picture_bytes(2, fmt="JPEG")
-    pa = store.put(a, "p")
-    assert pa.name == blake3.blake3(a).hexdigest() + ".png" and pa.read_bytes() == a
-    assert store.put(a, "p") == pa  # same bytes, same file
-    pb = store.put(b, "p")
+    ra = store_upload(store, a, "p")
+    pa = Path(ra.path)
+    assert ra.digest == blake3.blake3(a).hexdigest()
+    assert pa.name == ra.digest + ".png" and pa.parent.name == ra.digest[:2] and pa.read_bytes() == a
+    assert store_upload(store, a, "p") == ra  # same bytes, same file
+    pb = Path(store_upload(store, b, "p").path)
     assert pb.suffix == ".jpg" and pb.exists()
     assert not pa.exists() and store.pruned == 1  # over the cap: the older picture went, the new one stays
-    assert store.put(a, "p").exists()  # and comes back when sent again
+    assert Path(store_upload(store, a, "p").path).exists()  # and comes back when sent again
     with pytest.raises(ApiError) as err:
-        store.put(b"%PDF-1.4 not a picture", "messages[0].content[1]")
+        store_upload(store, b"%PDF-1.4 not a picture", "messages[0].content[1]")
     assert err.value.status == 400 and err.value.param == "messages[0].content[1]"
-    kept = PictureStore(tmp_path / "kept", max_bytes=1)  # recently used pictures are never pruned
-    p1, p2 = kept.put(a, "p"), kept.put(b, "p")
-    assert p1.exists() and p2.exists()
-    assert not list((tmp_path / "pics").glob(".*.tmp"))
+    kept = PictureStore(tmp_path / "kept", max_transient_bytes=1)  # recently used pictures are never pruned
+    p1, p2 = store_upload(kept, a, "p"), store_upload(kept, b, "p")
+    assert Path(p1.path).exists() and Path(p2.path).exists()
+    assert not list((tmp_path / "pics").rglob("*.tmp"))
+
+
+def test_the_api_cap_never_removes_a_picture_the_history_keeps(tmp_path):
+    from engine.api.pictures import store_upload
+    from engine.picture_store import PictureStore
+    from tests.fixtures.pictures import picture_bytes
+
+    window = PictureStore(tmp_path / "pictures")  # as in the app: the history's store and the API's,
+    api = PictureStore(tmp_path / "pictures", max_transient_bytes=1, keep_s=0)  # one folder
+    a, b, c = picture_bytes(1), picture_bytes(2), picture_bytes(3)
+    imported = window.put(a, ".png")
+    assert Path(store_upload(api, a, "p").path) == window.path(imported)  # the API's copy is the same file
+    sent = store_upload(api, c, "p")  # transient
+    assert window.put(c, ".png") == Path(sent.path).name  # then imported in the window: kept from now on
+    store_upload(api, b, "p")  # over the cap
+    assert window.path(imported).exists() and Path(sent.path).exists()
+    assert api.pruned == 0 and not api.is_transient(imported) and not api.is_transient(Path(sent.path).name)
+    assert len(list(api.names())) == 3  # one file per content
 
 
 def test_network_bind_without_token_is_refused():
@@ -175,7 +196,7 @@ def test_models_lists_the_loaded_model(served):
 def test_replies_equal_the_engines_greedy_reply(served, tmp_path):
     pic = make_picture(tmp_path / "p.png", 11)
     convo = [user("What is in this picture?", pic)]
-    want, ids = served.ref_text([Message("user", "What is in this picture?", [str(pic)])], 8)
+    want, ids = served.ref_text([Message("user", "What is in this picture?", pics(pic))], 8)
     r = served.chat(convo, max_tokens=8)
     assert r.choices[0].message.content == want
     assert r.usage.completion_tokens == len(ids)
@@ -194,7 +215,8 @@ def test_replies_equal_the_engines_greedy_reply(served, tmp_path):
     assert usage.prompt_tokens_details.cached_tokens > 0  # the same conversation again: its prefix is hot
 
     # the picture is stored once, under its content hash, with the client's bytes
-    stored = served.root / "data" / "api-pictures" / (blake3.blake3(pic.read_bytes()).hexdigest() + ".png")
+    digest = blake3.blake3(pic.read_bytes()).hexdigest()
+    stored = served.root / "data" / "pictures" / digest[:2] / (digest + ".png")
     assert stored.read_bytes() == pic.read_bytes()
 
 
@@ -236,14 +258,14 @@ def test_resent_picture_conversation_reuses_prefix_and_image_cache(served, tmp_p
     picture never wakes the encoder (it is in the reused prefix, or an image-cache hit)."""
     engine = served.engine
     pic = make_picture(tmp_path / "resent.png", 21)
-    msgs = [Message("user", "Describe this picture.", [str(pic)])]
+    msgs = [Message("user", "Describe this picture.", pics(pic))]
     convo = [user("Describe this picture.", pic)]
     reply = served.chat(convo).choices[0].message.content
     assert engine.last_turn_stats["pictures_encoded"] == 1
-    for text, pics in [("And the colours?", []), ("Compare it with this one again.", [pic])]:
+    for text, sent in [("And the colours?", []), ("Compare it with this one again.", [pic])]:
         engine.unload_encoder()  # not resident: any need for the encoder would show as a load
-        convo += [{"role": "assistant", "content": reply}, user(text, *pics)]
-        msgs += [Message("assistant", reply), Message("user", text, [str(p) for p in pics])]
+        convo += [{"role": "assistant", "content": reply}, user(text, *sent)]
+        msgs += [Message("assistant", reply), Message("user", text, pics(*sent))]
         loads = engine.gate.residency.loads
         r = served.chat(convo)
         s = engine.last_turn_stats

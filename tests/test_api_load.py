@@ -10,13 +10,15 @@ import socket
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from engine.api import ApiServer
-from engine.api.pictures import PictureStore
+from engine.api.pictures import store_upload
 from engine.api.prompt_size import CHEAP_CHARS_PER_TOKEN
 from engine.events import TurnStarted
+from engine.picture_store import PictureStore
 from tests.engine_helpers import open_engine
 from tests.fixtures.pictures import picture_bytes
 
@@ -253,34 +255,38 @@ def test_text_that_cannot_fit_never_reaches_the_model_thread(engine, serve, turn
 # ---------------------------------------------------------------- pictures are private and expire
 
 def test_api_pictures_are_private_and_expire(tmp_path):
-    folder = tmp_path / "api-pictures"
+    folder = tmp_path / "pictures"
     store = PictureStore(folder, keep_s=60, max_age_s=3600)
-    old, fresh = store.put(picture_bytes(1), "p"), store.put(picture_bytes(2), "p")
+    old, fresh = (Path(store_upload(store, picture_bytes(i), "p").path) for i in (1, 2))
+    kept = store.path(store.put(picture_bytes(5), ".png"))  # the window's: never aged out here
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE(old.stat().st_mode) == 0o600 and stat.S_IMODE(fresh.stat().st_mode) == 0o600
-    legacy = folder / ("0" * 64 + ".png")  # left world-readable by an older version
+    legacy = folder / "00" / ("0" * 64 + ".png")  # left world-readable by an older version
+    legacy.parent.mkdir()
     legacy.write_bytes(picture_bytes(3))
     os.chmod(legacy, 0o644)
     os.chmod(folder, 0o755)
-    stale_tmp = folder / ".x.png.1.2.tmp"  # a crash mid-write
+    stale_tmp = old.parent / ".x.png.1.2.tmp"  # a crash mid-write
     stale_tmp.write_bytes(b"partial")
     day_ago = time.time() - 86400
-    os.utime(old, (day_ago, day_ago))
-    os.utime(stale_tmp, (day_ago, day_ago))
+    for p in (old, stale_tmp, kept):
+        os.utime(p, (day_ago, day_ago))
     assert store.sweep() == 2
-    assert not old.exists() and not stale_tmp.exists() and fresh.exists()
+    assert not old.exists() and not stale_tmp.exists() and fresh.exists() and kept.exists()
     assert stat.S_IMODE(legacy.stat().st_mode) == 0o600 and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert store.put(picture_bytes(1), "p").exists()  # sent again: stored again
+    assert Path(store_upload(store, picture_bytes(1), "p").path).exists()  # sent again: stored again
 
 
 @pytest.mark.slow
 def test_server_start_sweeps_aged_pictures(engine, tmp_path):
-    folder = tmp_path / "api-pictures"
-    aged = PictureStore(folder).put(picture_bytes(4), "p")
+    aged = Path(store_upload(PictureStore(tmp_path / "pictures"), picture_bytes(4), "p").path)
     long_ago = time.time() - 30 * 86400
     os.utime(aged, (long_ago, long_ago))
+    legacy = tmp_path / "api-pictures"  # where older versions kept the API's pictures
+    legacy.mkdir()
+    (legacy / ("1" * 64 + ".png")).write_bytes(picture_bytes(6))
     server = ApiServer(engine, "127.0.0.1", 0, data_dir=tmp_path).start()
     try:
-        assert not aged.exists()
+        assert not aged.exists() and not legacy.exists()
     finally:
         server.stop()

@@ -1,6 +1,7 @@
 """Pictures into the composer: real drop events (file URLs, image data), paste, refusals."""
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import blake3
@@ -148,3 +149,27 @@ def test_chat_thumbnails_decode_off_the_ui_thread(qtbot, tmp_path):
     with qtbot.waitSignal(cache.ready, timeout=10000):
         cache.get(str(broken), 112)
     assert cache.get(str(broken), 112).isNull()  # unreadable: drawn as "picture missing"
+
+
+def test_a_picture_from_the_window_and_from_the_api_is_one_file(make_window, qtbot, tmp_path):
+    """One picture store: the API finds the window's copy (one file) and the engine's cache entry
+    (one encode), and the API's size cap can never take a picture a conversation keeps."""
+    from tests.test_app_api import free_port, ok, post, settings
+
+    w = make_window(max_new_tokens=3)
+    pic = make_picture(tmp_path / "shared.png", seed=7)
+    assert drop(w.composer.edit.viewport(), file_mime(pic))
+    send(qtbot, w, "What is it?")
+    wait_reply(qtbot, w)
+    name = w.history.messages(w.controller.current_id)[0].pictures[0]
+    port = free_port()
+    assert ok(qtbot, w, settings(qtbot, w, True, port=port))
+    url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
+    reply = post(f"http://127.0.0.1:{port}/v1/chat/completions", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                     {"type": "text", "text": "And this?"}]}]})
+    assert reply["usage"]["parley"]["image_cache_hits"] == 1 and reply["usage"]["parley"]["pictures_encoded"] == 0
+    assert [path for _, path in w.history.pictures.names()] == [w.history.picture_path(name)]
+    assert w.history.picture_path(name).read_bytes() == pic.read_bytes()
+    assert not w.history.pictures.is_transient(name)  # still the conversation's, whatever the API's cap
+    assert not (w.data_dir / "api-pictures").exists()

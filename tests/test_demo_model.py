@@ -13,6 +13,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from engine.paths import DEMO_MODEL as MODEL_DIR
+from tests.fixtures.pictures import pics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -126,7 +127,7 @@ def test_red_circle_through_the_engine(tmp_path):
     picture("circle", "red").save(path)
     engine = open_engine(MODEL_DIR, tmp_path / "data")
     try:
-        first = [Message("user", "What is in the picture?", [str(path)])]
+        first = [Message("user", "What is in the picture?", pics(path))]
         reply = expect_done(engine_ask(engine, "c", first, 40)).reply
         assert "red circle" in reply.lower(), reply
         follow_up = first + [Message("assistant", reply), Message("user", "What shape is it?")]

@@ -6,7 +6,7 @@ import pytest
 
 from engine.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 NEW = 6
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ def test_elastic_turned_on_at_run_time_reloads_the_encoder(tiny_model, tmp_path)
         rep = wait_report(engine, lambda r: r.encoder_state == "unloaded")
         assert rep.components["vision_encoder"] == 0  # the weights really went
 
-        convo = [Message("user", "What is this?", [str(a)])]
+        convo = [Message("user", "What is this?", pics(a))]
         d = expect_done(ask(engine, "c", convo, NEW))
         assert d.stats["encoder_loads"] == 1 and d.stats["pictures_encoded"] == 1
         assert d.token_ids == ref.reply_ids(convo, NEW)  # read back, not left empty or stale
@@ -45,7 +45,7 @@ def test_elastic_turned_off_again_loads_the_encoder_back(tiny_model, tmp_path):
         engine.update_settings(elastic=False)  # non-elastic means always resident: load now
         rep = wait_report(engine, lambda r: r.encoder_state == "resident")
         assert rep.components["vision_encoder"] > 0
-        convo = [Message("user", "And this?", [str(a)])]
+        convo = [Message("user", "And this?", pics(a))]
         d = expect_done(ask(engine, "c", convo, NEW))
         assert d.stats["encoder_loads"] == 0 and d.token_ids == ref.reply_ids(convo, NEW)
     finally:

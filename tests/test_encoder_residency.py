@@ -9,7 +9,7 @@ import pytest
 
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")]
@@ -34,10 +34,10 @@ def test_reloaded_encoder_weights_are_in_memory_not_mapped_from_the_file(tiny_mo
     model_dir = tiny_model("llava")
     engine = open_engine(model_dir, tmp_path / "d", elastic_idle_s=3600)
     try:
-        expect_done(ask(engine, "c", [Message("user", "What is this?", [str(make_picture(tmp_path / "a.png", 1))])], 2))
+        expect_done(ask(engine, "c", [Message("user", "What is this?", pics(make_picture(tmp_path / "a.png", 1)))], 2))
         engine.unload_encoder()  # queued before the next turn: that turn reads the weights back
         pic = make_picture(tmp_path / "b.png", 2)
-        done = expect_done(ask(engine, "c", [Message("user", "And this?", [str(pic)])], 2))
+        done = expect_done(ask(engine, "c", [Message("user", "And this?", pics(pic))], 2))
         assert done.stats["encoder_loads"] == 1 and done.stats["encoder_load_s"] > 0
         weights = [p for p in engine.loaded.vision_parameters() if p.numel() > 0]
         assert weights

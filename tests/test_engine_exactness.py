@@ -7,7 +7,7 @@ import pytest
 from engine.events import Message
 from engine.prompt import build_prompt, render
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def test_multi_turn_with_pictures_matches_full_prefill(family, tiny_model, tmp_p
         messages: list[Message] = []
         previous_prompt = 0
         for n, (text, imgs) in enumerate(script):
-            messages.append(Message("user", text, [str(p) for p in imgs]))
+            messages.append(Message("user", text, pics(*imgs)))
             done = expect_done(ask(engine, "c1", messages, NEW, system="You are terse."))
             expected = ref.reply_ids(messages, NEW, system="You are terse.")
             assert done.token_ids == expected, f"turn {n}: engine {done.token_ids} != reference {expected}"
@@ -66,8 +66,8 @@ def test_prompt_ids_equal_the_processor(family, tiny_model, tmp_path, pictures):
     from engine.settings import EngineSettings
 
     gate = PictureGate(ref.loaded, EngineSettings())
-    messages = [Message("user", "two pictures", [str(pictures[0]), str(pictures[1])]),
-                Message("assistant", "ok"), Message("user", "a third", [str(pictures[2])])]
+    messages = [Message("user", "two pictures", pics(pictures[0], pictures[1])),
+                Message("assistant", "ok"), Message("user", "a third", pics(pictures[2]))]
     entries = [gate.lookup(p, GateTurnStats()) for m in messages for p in m.images]
     prompt = build_prompt(ref.loaded, render(ref.loaded.processor, messages, None), entries)
     expected, _ = ref.prompt_ids(messages)
@@ -81,9 +81,9 @@ def test_edit_and_regenerate_crop_the_cache(family, tiny_model, tmp_path, pictur
     ref = Reference(model_dir)
     engine = open_engine(model_dir, tmp_path / "data")
     try:
-        m1 = Message("user", "Describe this.", [str(pictures[0])])
+        m1 = Message("user", "Describe this.", pics(pictures[0]))
         d1 = expect_done(ask(engine, "c", [m1], NEW))
-        m2 = Message("user", "Now this one, please.", [str(pictures[1])])
+        m2 = Message("user", "Now this one, please.", pics(pictures[1]))
         convo = [m1, Message("assistant", d1.reply), m2]
         d2 = expect_done(ask(engine, "c", convo, NEW))
 
@@ -94,7 +94,7 @@ def test_edit_and_regenerate_crop_the_cache(family, tiny_model, tmp_path, pictur
 
         # edit the first message (different picture, different text): the cache is cropped to
         # the template's opening, and the reply equals a fresh prefill
-        edited = [Message("user", "Describe that.", [str(pictures[2])])]
+        edited = [Message("user", "Describe that.", pics(pictures[2]))]
         d3 = expect_done(ask(engine, "c", edited, NEW))
         assert d3.token_ids == ref.reply_ids(edited, NEW)
         assert d3.stats["reused_tokens"] < d1.stats["prompt_tokens"]
@@ -109,8 +109,8 @@ def test_same_tokens_for_a_different_picture_are_not_reused(tiny_model, tmp_path
     ref = Reference(model_dir)
     engine = open_engine(model_dir, tmp_path / "data")
     try:
-        expect_done(ask(engine, "c", [Message("user", "What is it?", [str(pictures[0])])], NEW))
-        swapped = [Message("user", "What is it?", [str(make_picture(tmp_path / "other.png", seed=9, size=(40, 36)))])]
+        expect_done(ask(engine, "c", [Message("user", "What is it?", pics(pictures[0]))], NEW))
+        swapped = [Message("user", "What is it?", pics(make_picture(tmp_path / "other.png", seed=9, size=(40, 36))))]
         d = expect_done(ask(engine, "c", swapped, NEW))
         assert d.token_ids == ref.reply_ids(swapped, NEW)
         assert d.stats["pictures_encoded"] == 1
@@ -131,10 +131,10 @@ def test_chunked_prefill_is_exact_and_never_splits_a_picture(family, tiny_model,
     ref = Reference(model_dir)
     engine = open_engine(model_dir, tmp_path / "data", prefill_chunk_tokens=5)
     try:
-        messages = [Message("user", "Two pictures, described at some length please.", [str(pictures[0]), str(pictures[1])])]
+        messages = [Message("user", "Two pictures, described at some length please.", pics(pictures[0], pictures[1]))]
         d = expect_done(ask(engine, "c", messages, NEW))
         assert d.token_ids == ref.reply_ids(messages, NEW)
-        messages += [Message("assistant", d.reply), Message("user", "And the third?", [str(pictures[2])])]
+        messages += [Message("assistant", d.reply), Message("user", "And the third?", pics(pictures[2]))]
         d2 = expect_done(ask(engine, "c", messages, NEW))
         assert d2.token_ids == ref.reply_ids(messages, NEW)
     finally:

@@ -12,7 +12,7 @@ import torch
 from engine.client import load_blocking
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def used_engine(model_dir, tmp_path, **settings):
     """An engine after a picture turn: features cached, a session hot, the encoder loaded."""
     engine = open_engine(model_dir, tmp_path / "d", elastic_idle_s=3600, **settings)
     pic = make_picture(tmp_path / "a.png", 1)
-    expect_done(ask(engine, "c", [Message("user", "What is this?", [str(pic)])], 4))
+    expect_done(ask(engine, "c", [Message("user", "What is this?", pics(pic))], 4))
     assert engine.gate.ram.nbytes > 0 and engine.sessions.kv_bytes() > 0
     return engine
 
@@ -73,7 +73,7 @@ def test_model_switch_frees_the_old_model_before_the_new_one_serves(tiny_model, 
             assert old_alive and not any(old_alive)  # two models never held at once
             assert [r() is None for r in refs] == [True] * len(refs)
             pic = make_picture(tmp_path / "b.png", 2)
-            done = expect_done(ask(engine, "c2", [Message("user", "And this?", [str(pic)])], 4))
+            done = expect_done(ask(engine, "c2", [Message("user", "And this?", pics(pic))], 4))
             assert done.stats["pictures_encoded"] == 1
         finally:
             engine.shutdown()

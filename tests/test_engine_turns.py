@@ -11,8 +11,9 @@ from engine.client import EngineError, load_blocking, run_blocking
 from engine.detok import IncrementalDetokenizer
 from engine.engine import Engine
 from engine.events import MemoryReport, Message, Sampling, Token, Turn, TurnDone, TurnFailed
+from engine.picture_ref import PictureRef
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
-from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture
+from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture, pics
 
 
 @pytest.fixture
@@ -101,19 +102,19 @@ def test_model_without_chat_template_is_refused(llava, tmp_path):
 def test_bad_pictures_fail_the_turn_clearly_and_the_next_turn_works(llava, tmp_path):
     engine = open_engine(llava, tmp_path / "d")
     good = make_picture(tmp_path / "good.png", seed=1)
-    cases = [
-        (str(tmp_path / "missing.png"), "not found"),
-        (str(make_broken_picture(tmp_path / "broken.png")), "damaged"),
-        (str(make_not_a_picture(tmp_path / "doc.pdf")), "not a picture"),
-        (str(tmp_path), "folder"),
+    cases = [  # refs whose files went, or never were pictures: each fails its own turn
+        (PictureRef(str(tmp_path / "missing.png"), "0" * 64), "not found"),
+        (pics(make_broken_picture(tmp_path / "broken.png"))[0], "damaged"),
+        (pics(make_not_a_picture(tmp_path / "doc.pdf"))[0], "not a picture"),
+        (PictureRef(str(tmp_path), "1" * 64), "folder"),
     ]
     try:
-        for path, needle in cases:
-            res = ask(engine, "c", [Message("user", "look", [str(good), path])], 4)
-            assert isinstance(res, TurnFailed), path
+        for bad, needle in cases:
+            res = ask(engine, "c", [Message("user", "look", pics(good) + [bad])], 4)
+            assert isinstance(res, TurnFailed), bad
             assert needle in res.message
-        ok = expect_done(ask(engine, "c", [Message("user", "look", [str(good)])], 4))
-        assert ok.token_ids == Reference(llava).reply_ids([Message("user", "look", [str(good)])], 4)
+        ok = expect_done(ask(engine, "c", [Message("user", "look", pics(good))], 4))
+        assert ok.token_ids == Reference(llava).reply_ids([Message("user", "look", pics(good))], 4)
     finally:
         engine.shutdown()
 
@@ -152,7 +153,7 @@ def test_memory_report_has_exact_component_bytes(llava, tmp_path):
 
     engine.add_listener(listen)
     try:
-        expect_done(ask(engine, "c", [Message("user", "hi", [str(make_picture(tmp_path / "a.png", 1))])], 4))
+        expect_done(ask(engine, "c", [Message("user", "hi", pics(make_picture(tmp_path / "a.png", 1)))], 4))
         engine.request_memory_report()
         assert got.wait(10)
         rep = reports[-1]
@@ -180,8 +181,8 @@ def test_stateless_turns_continue_the_best_matching_session(llava, tmp_path):
     pic = make_picture(tmp_path / "a.png", 2)
     try:
         # a window conversation with the same opening is never borrowed
-        expect_done(ask(engine, "window", [Message("user", "What is it?", [str(pic)])], 4))
-        convo = [Message("user", "What is it?", [str(pic)])]
+        expect_done(ask(engine, "window", [Message("user", "What is it?", pics(pic))], 4))
+        convo = [Message("user", "What is it?", pics(pic))]
         d1 = expect_done(ask(engine, "", convo, 4))
         assert d1.conversation_id.startswith("api:") and d1.stats["reused_tokens"] == 0
         convo += [Message("assistant", d1.reply), Message("user", "More?")]

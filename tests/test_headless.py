@@ -12,7 +12,7 @@ import pytest
 
 from engine.events import Message
 from tests.engine_helpers import Reference
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def test_ask_prints_the_reference_reply(tiny_model, tmp_path):
                    "--max-new-tokens", "6", "What is this?")
     assert res.returncode == 0, res.stderr
     ref = Reference(model)
-    ids = ref.reply_ids([Message("user", "What is this?", [str(pic)])], 6)
+    ids = ref.reply_ids([Message("user", "What is this?", pics(pic))], 6)
     expected = ref.loaded.tokenizer.decode(ids, skip_special_tokens=True)
     assert res.stdout == expected + "\n"
 
@@ -73,9 +73,9 @@ def test_replay_interleaves_conversations_and_reports_stats(tiny_model, tmp_path
     assert lines[1]["stats"]["reused_tokens"] == 0  # a different conversation has its own cache
     # the replies equal a fresh full prefill of the same conversation
     ref = Reference(model)
-    convo = [Message("user", "What is in the picture?", [str(tmp_path / "a.png")])]
+    convo = [Message("user", "What is in the picture?", pics(tmp_path / "a.png"))]
     assert lines[0]["reply_token_ids"] == ref.reply_ids(convo, 5, system="Be brief.")
-    convo += [Message("assistant", lines[0]["reply"]), Message("user", "And this one?", [str(tmp_path / "b.png")])]
+    convo += [Message("assistant", lines[0]["reply"]), Message("user", "And this one?", pics(tmp_path / "b.png"))]
     assert lines[2]["reply_token_ids"] == ref.reply_ids(convo, 5, system="Be brief.")
 
 

@@ -236,3 +236,11 @@ def test_sigkill_mid_reply_loses_nothing_completed(tmp_path):
     assert last.role == "assistant" and last.status == INTERRUPTED
     assert last.text.startswith("tok0 tok1 ") and "tok20 " in last.text
     h.close()
+
+
+def test_a_damaged_stored_picture_is_healed_by_the_next_import(history, tmp_path):
+    data = os.urandom(3000)
+    ref = history.add_picture_bytes(data, ".png")
+    history.picture_path(ref).write_bytes(data[:100])  # cut short outside Parley
+    assert history.add_picture_bytes(data, ".png") == ref
+    assert history.picture_path(ref).read_bytes() == data

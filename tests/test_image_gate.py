@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import EncoderState, Message
+from engine.events import EncoderState, Message, TurnFailed
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,11 +26,11 @@ def test_cached_features_give_the_fresh_encoding_reply(family, tiny_model, tmp_p
     a, b = make_picture(tmp_path / "a.png", 1), make_picture(tmp_path / "b.png", 2, size=(60, 44))
     engine = open_engine(model_dir, tmp_path / "d")
     try:
-        first = [Message("user", "What is this?", [str(a), str(b)])]
+        first = [Message("user", "What is this?", pics(a, b))]
         d1 = expect_done(ask(engine, "one", first, NEW))
         assert d1.stats["image_cache_misses"] == 2 and d1.stats["pictures_encoded"] == 2
         # another conversation: no KV to reuse past the opening, both pictures come from the cache
-        other = [Message("user", "Tell me about these.", [str(b), str(a)])]
+        other = [Message("user", "Tell me about these.", pics(b, a))]
         d2 = expect_done(ask(engine, "two", other, NEW))
         assert d2.stats["image_cache_hits"] == 2 and d2.stats["pictures_encoded"] == 0
         assert d2.token_ids == ref.reply_ids(other, NEW)
@@ -47,12 +47,12 @@ def test_all_hit_turn_never_wakes_the_unloaded_encoder(tiny_model, tmp_path):
     states: list[str] = []
     engine.add_listener(lambda e: states.append(e.state) if isinstance(e, EncoderState) else None)
     try:
-        expect_done(ask(engine, "x", [Message("user", "first", [str(a), str(b)])], NEW))
+        expect_done(ask(engine, "x", [Message("user", "first", pics(a, b))], NEW))
         rep = wait_report(engine, lambda r: r.encoder_state == "unloaded", timeout=10)
         assert rep.components["vision_encoder"] == 0
         idle_before = engine.gate.residency.last_used
 
-        convo = [Message("user", "again", [str(b), str(a)])]
+        convo = [Message("user", "again", pics(b, a))]
         d = expect_done(ask(engine, "y", convo, NEW))
         assert d.stats["encoder_loads"] == 0 and d.stats["image_cache_hits"] == 2
         assert d.stats["encoder_resident"] is False
@@ -61,7 +61,7 @@ def test_all_hit_turn_never_wakes_the_unloaded_encoder(tiny_model, tmp_path):
         assert d.token_ids == ref.reply_ids(convo, NEW)
 
         # a new picture beside cached ones: one load, only the new picture encoded
-        convo2 = [Message("user", "and now", [str(a), str(c), str(b)])]
+        convo2 = [Message("user", "and now", pics(a, c, b))]
         d2 = expect_done(ask(engine, "z", convo2, NEW))
         assert d2.stats["encoder_loads"] == 1 and d2.stats["pictures_encoded"] == 1
         assert d2.stats["image_cache_hits"] == 2 and d2.stats["image_cache_misses"] == 1
@@ -77,8 +77,8 @@ def test_non_elastic_keeps_the_encoder_and_still_skips_hits(tiny_model, tmp_path
     a = make_picture(tmp_path / "a.png", 1)
     engine = open_engine(model_dir, tmp_path / "d", elastic=False)
     try:
-        expect_done(ask(engine, "x", [Message("user", "q", [str(a)])], NEW))
-        d = expect_done(ask(engine, "y", [Message("user", "r", [str(a)])], NEW))
+        expect_done(ask(engine, "x", [Message("user", "q", pics(a))], NEW))
+        d = expect_done(ask(engine, "y", [Message("user", "r", pics(a))], NEW))
         assert d.stats["pictures_encoded"] == 0 and d.stats["encoder_resident"] is True
         engine.unload_encoder()
         assert wait_report(engine).components["vision_encoder"] > 0
@@ -93,12 +93,12 @@ def test_picture_used_every_turn_survives_64_others(tiny_model, tmp_path):
     try:
         for i in range(66):
             other = make_picture(tmp_path / f"o{i}.png", i, size=(30, 30))
-            d = expect_done(ask(engine, f"c{i}", [Message("user", "hi", [str(keep), str(other)])], 1))
+            d = expect_done(ask(engine, f"c{i}", [Message("user", "hi", pics(keep, other))], 1))
             if i > 0:
                 assert d.stats["image_cache_ram_hits"] == 1, f"turn {i}: the picture used every turn was evicted"
         assert engine.gate.ram.evictions >= 2  # the others really did push entries out
         first_other = make_picture(tmp_path / "o0.png", 0, size=(30, 30))
-        d = expect_done(ask(engine, "last", [Message("user", "hi", [str(first_other)])], 1))
+        d = expect_done(ask(engine, "last", [Message("user", "hi", pics(first_other))], 1))
         assert d.stats["image_cache_misses"] == 1  # the oldest unused one is gone
     finally:
         engine.shutdown()
@@ -108,12 +108,62 @@ def test_renamed_picture_is_still_a_hit(tiny_model, tmp_path):
     engine = open_engine(tiny_model("llava"), tmp_path / "d")
     a = make_picture(tmp_path / "a.png", 5)
     try:
-        expect_done(ask(engine, "x", [Message("user", "q", [str(a)])], 2))
+        expect_done(ask(engine, "x", [Message("user", "q", pics(a))], 2))
         moved = tmp_path / "sub" / "renamed.png"
         moved.parent.mkdir()
         a.rename(moved)
-        d = expect_done(ask(engine, "y", [Message("user", "q", [str(moved)])], 2))
+        d = expect_done(ask(engine, "y", [Message("user", "q", pics(moved))], 2))
         assert d.stats["image_cache_hits"] == 1
+    finally:
+        engine.shutdown()
+
+
+def test_all_hit_turns_open_no_picture_file(tiny_model, tmp_path):
+    """The ref's digest is the cache key: a hit (RAM, or disk after a restart) never opens the
+    file, so a picture moved away after its first turn still answers, exactly."""
+    model_dir = tiny_model("qwen2_vl")
+    a = make_picture(tmp_path / "a.png", 4)
+    convo = [Message("user", "What is this?", pics(a))]
+    want = Reference(model_dir).reply_ids(convo, NEW)
+    data = tmp_path / "d"
+    engine = open_engine(model_dir, data)
+    try:
+        assert expect_done(ask(engine, "one", convo, NEW)).token_ids == want
+        loads = engine.gate.residency.loads
+        a.rename(tmp_path / "elsewhere.png")  # the ref now names no file at all
+        d = expect_done(ask(engine, "two", convo, NEW))  # another conversation: no KV, only the cache
+        assert d.stats["image_cache_ram_hits"] == 1 and d.stats["pictures_encoded"] == 0
+        assert d.token_ids == want and engine.gate.residency.loads == loads
+    finally:
+        engine.shutdown()
+    engine = open_engine(model_dir, data)
+    try:
+        d = expect_done(ask(engine, "three", convo, NEW))
+        assert d.stats["image_cache_disk_hits"] == 1 and d.stats["encoder_loads"] == 0
+        assert d.token_ids == want
+    finally:
+        engine.shutdown()
+
+
+def test_a_picture_changed_behind_its_ref_fails_that_turn_alone(tiny_model, tmp_path):
+    model_dir = tiny_model("llava")
+    ref = Reference(model_dir)
+    a, b = make_picture(tmp_path / "a.png", 1), make_picture(tmp_path / "b.png", 2)
+    engine = open_engine(model_dir, tmp_path / "d")
+    try:
+        convo = [Message("user", "Describe this.", pics(b))]
+        d1 = expect_done(ask(engine, "c", convo, NEW))
+        stale = pics(a)
+        make_picture(a, 3)  # the file is overwritten after it was attached
+        convo += [Message("assistant", d1.reply), Message("user", "And this?", stale)]
+        res = ask(engine, "c", convo, NEW)
+        assert isinstance(res, TurnFailed)
+        assert res.message == "The picture a.png changed on disk after it was attached; attach it again."
+        assert engine.gate.counters["encodes"] == 1  # nothing of the changed file was encoded or cached
+        convo[-1] = Message("user", "And this?", pics(a))  # attached again: its new content
+        d2 = expect_done(ask(engine, "c", convo, NEW))
+        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]  # the conversation's KV was kept
+        assert d2.token_ids == ref.reply_ids(convo, NEW)
     finally:
         engine.shutdown()
 
@@ -145,7 +195,7 @@ def test_damaged_disk_entry_is_a_miss_that_re_encodes(tiny_model, tmp_path):
     a = make_picture(tmp_path / "a.png", 3)
     data = tmp_path / "data"
     engine = open_engine(model, data)
-    expect_done(ask(engine, "x", [Message("user", "q", [str(a)])], NEW))
+    expect_done(ask(engine, "x", [Message("user", "q", pics(a))], NEW))
     engine.shutdown()
     # flip bytes in every stored value (diskcache keeps larger values in files, small in SQLite)
     import diskcache
@@ -157,7 +207,7 @@ def test_damaged_disk_entry_is_a_miss_that_re_encodes(tiny_model, tmp_path):
             dc[k] = bytes(blob)
     engine = open_engine(model, data)
     try:
-        convo = [Message("user", "q", [str(a)])]
+        convo = [Message("user", "q", pics(a))]
         d = expect_done(ask(engine, "y", convo, NEW))
         assert d.stats["image_cache_misses"] == 1 and d.stats["pictures_encoded"] == 1
         assert engine.gate.disk.damaged == 1
@@ -174,8 +224,8 @@ def test_unwritable_cache_dir_works_uncached_and_says_so(tiny_model, tmp_path):
     engine = open_engine(tiny_model("llava"), data, notices)
     try:
         a = make_picture(tmp_path / "a.png", 3)
-        d = expect_done(ask(engine, "x", [Message("user", "q", [str(a)])], 3))
-        d2 = expect_done(ask(engine, "y", [Message("user", "q", [str(a)])], 3))
+        d = expect_done(ask(engine, "x", [Message("user", "q", pics(a))], 3))
+        d2 = expect_done(ask(engine, "y", [Message("user", "q", pics(a))], 3))
         assert d2.stats["image_cache_ram_hits"] == 1 and d.token_ids == d2.token_ids
         assert any("picture cache on disk is unavailable" in n for n in notices)
     finally:
@@ -188,7 +238,7 @@ def test_unloading_the_encoder_really_frees_cuda_memory(tiny_model, tmp_path):
 
     engine = open_engine(tiny_model("llava"), tmp_path / "d", device="cuda", elastic_idle_s=3600)
     try:
-        expect_done(ask(engine, "x", [Message("user", "q", [str(make_picture(tmp_path / "a.png", 1))])], 2))
+        expect_done(ask(engine, "x", [Message("user", "q", pics(make_picture(tmp_path / "a.png", 1)))], 2))
         need = engine.gate.residency.weight_bytes()
         before = torch.cuda.memory_allocated()
         engine.unload_encoder()

@@ -7,7 +7,7 @@ import pytest
 from engine.events import Message
 from engine.lookup_decode import PICTURE, NgramDrafter, accepted_prefix
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
 
 NEW = 24
@@ -62,7 +62,7 @@ def test_lookup_replies_equal_plain_greedy(family, tiny_model, tmp_path):
     engine = open_engine(model_dir, tmp_path / "data")
     plain = open_engine(model_dir, tmp_path / "plain", lookup_decoding=False)
     try:
-        messages = [Message("user", "Describe the picture, then say it again word for word.", [str(pic)])]
+        messages = [Message("user", "Describe the picture, then say it again word for word.", pics(pic))]
         for n in range(3):
             done = expect_done(ask(engine, "c", messages, NEW))
             assert done.token_ids == ref.reply_ids(messages, NEW), f"turn {n}"
@@ -104,7 +104,7 @@ def test_accepted_and_rejected_drafts_keep_the_reply_exact(family, tiny_model, t
     model_dir = tiny_model(family)
     ref = Reference(model_dir)
     pic = make_picture(tmp_path / "p.png", seed=4)
-    messages = [Message("user", "What do you see here?", [str(pic)])]
+    messages = [Message("user", "What do you see here?", pics(pic))]
     expected = ref.reply_ids(messages, NEW)
     monkeypatch.setattr(OracleDrafter, "expected", expected)
     monkeypatch.setattr(turn_runner, "NgramDrafter", OracleDrafter)
@@ -131,7 +131,7 @@ def test_the_demo_model_restating_itself_takes_drafts(tmp_path):
     pic = make_picture(tmp_path / "p.png", seed=5, size=(96, 96))
     engine = open_engine(DEMO_MODEL, tmp_path / "data")
     try:
-        messages = [Message("user", "Describe the picture.", [str(pic)])]
+        messages = [Message("user", "Describe the picture.", pics(pic))]
         first = expect_done(ask(engine, "c", messages, 40))
         messages += [Message("assistant", first.reply), Message("user", "Describe the picture.")]
         second = expect_done(ask(engine, "c", messages, 40))

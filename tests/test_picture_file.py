@@ -13,6 +13,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from engine.events import Message
+from tests.fixtures.pictures import pics
 from engine.picture_file import PictureError, check, decode
 from engine.vision.entry import picture_key
 from tests.engine_helpers import ask, expect_done, open_engine
@@ -65,12 +66,12 @@ def test_rotated_jpeg_gets_the_features_and_reply_of_the_upright_one(tiny_model,
     rotated.write_bytes(rotated_jpeg(upright_picture()))
     engine = open_engine(tiny_model("llava"), tmp_path / "d")
     try:
-        a = expect_done(ask(engine, "a", [Message("user", "Where is the square?", [str(upright)])], 8))
-        b = expect_done(ask(engine, "b", [Message("user", "Where is the square?", [str(rotated)])], 8))
+        a = expect_done(ask(engine, "a", [Message("user", "Where is the square?", pics(upright))], 8))
+        b = expect_done(ask(engine, "b", [Message("user", "Where is the square?", pics(rotated))], 8))
         assert a.stats["pictures_encoded"] == 1 and b.stats["pictures_encoded"] == 1  # two keys
         gate = engine.gate
-        fa = gate.ram.get(picture_key(upright.read_bytes(), gate.identity)).features
-        fb = gate.ram.get(picture_key(rotated.read_bytes(), gate.identity)).features
+        fa = gate.ram.get(picture_key(pics(upright)[0].digest, gate.identity)).features
+        fb = gate.ram.get(picture_key(pics(rotated)[0].digest, gate.identity)).features
         assert fa.shape == fb.shape and bool((fa == fb).all())
         assert b.token_ids == a.token_ids
     finally:

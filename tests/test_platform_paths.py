@@ -8,7 +8,7 @@ import pytest
 
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ def test_odd_model_data_and_picture_paths_give_the_same_replies(tiny_model, tmp_
     shutil.copytree(tiny_model("llava"), model)
     picture = make_picture(odd / "Bild süß — 写真 1.png", seed=3)
     plain_picture = make_picture(tmp_path / "p.png", seed=3)
-    turn = [Message("user", "what colour is the shape?", [str(picture)])]
+    turn = [Message("user", "what colour is the shape?", pics(picture))]
 
     engine = open_engine(model, odd / "data dir")
     try:
@@ -34,7 +34,7 @@ def test_odd_model_data_and_picture_paths_give_the_same_replies(tiny_model, tmp_
     assert again.stats["restored_tokens"] > 0
     plain = open_engine(tiny_model("llava"), tmp_path / "plain")
     try:
-        want = expect_done(ask(plain, "c", [Message("user", "what colour is the shape?", [str(plain_picture)])]))
+        want = expect_done(ask(plain, "c", [Message("user", "what colour is the shape?", pics(plain_picture))]))
     finally:
         plain.shutdown()
     assert first.token_ids == again.token_ids == want.token_ids

@@ -9,13 +9,15 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from engine.client import EngineError, load_blocking, run_blocking
 from engine.events import Message, ModelReady, Sampling, Token, Turn, TurnDone, TurnFailed
+from engine.picture_ref import PictureRef
 from engine.remote import RemoteConfig, RemoteConfigError, RemoteEngine, normalize_base_url
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics as picture_refs
 from tests.remote_servers import (
     ROOT, DropsMidStream, Forbidden, NeverAnswers, ParleyServe, PlainWebsite, Strict, StubServer, Unauthorized, free_port,
 )
@@ -70,7 +72,7 @@ def as_openai(messages: list[Message]) -> list[dict]:
     out = []
     for m in messages:
         if m.images:
-            out.append({"role": m.role, "content": [{"type": "image_url", "image_url": {"url": data_url(p)}}
+            out.append({"role": m.role, "content": [{"type": "image_url", "image_url": {"url": data_url(Path(p.path))}}
                                                     for p in m.images] + [{"type": "text", "text": m.text}]})
         else:
             out.append({"role": m.role, "content": m.text})
@@ -83,7 +85,7 @@ def three_turns(engine, pictures, cid: str) -> list[TurnDone]:
     history: list[Message] = []
     done = []
     for text, pics in asks:
-        history.append(Message("user", text, list(pics)))
+        history.append(Message("user", text, picture_refs(*pics)))
         r = run_blocking(engine, Turn(cid, list(history), Sampling(max_new_tokens=N)), timeout=300)
         assert isinstance(r, TurnDone), r
         history.append(Message("assistant", r.reply))
@@ -112,7 +114,7 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
     history: list[Message] = []
     for r, (text, pics) in zip(turns, [("What is in this picture?", [pictures[0]]),
                                        ("And this one?", [pictures[1]]), ("Which of them is brighter?", [])]):
-        history.append(Message("user", text, list(pics)))
+        history.append(Message("user", text, picture_refs(*pics)))
         direct = client.chat.completions.create(model=ready.name, messages=as_openai(history),
                                                 max_tokens=N, temperature=0)
         assert r.reply == direct.choices[0].message.content
@@ -132,7 +134,7 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
 def test_400_too_many_pictures_from_parley_serve(parley, pictures):
     engine = remote(parley.url)
     try:
-        r = fail_turn(engine, [Message("user", "Compare them all.", [str(pictures[0])] * 17)])
+        r = fail_turn(engine, [Message("user", "Compare them all.", picture_refs(pictures[0]) * 17)])
         assert "rejected the request (400): Too many pictures: at most 16 per request" in r.message
         ok = run_blocking(engine, Turn("c", [Message("user", "hi")], Sampling(max_new_tokens=2)), timeout=300)
         assert isinstance(ok, TurnDone)  # the next turn is fine
@@ -169,7 +171,7 @@ def test_headless_ask_and_replay_against_a_server(parley, pictures, tmp_path):
     client = openai.OpenAI(base_url=parley.url, api_key="x", max_retries=0, timeout=300)
     name = client.models.list().data[0].id
     direct = client.chat.completions.create(
-        model=name, messages=as_openai([Message("user", "Describe it.", [pictures[0]])]), max_tokens=N, temperature=0)
+        model=name, messages=as_openai([Message("user", "Describe it.", picture_refs(pictures[0]))]), max_tokens=N, temperature=0)
     ask = subprocess.run([sys.executable, str(ROOT / "main.py"), "ask", "--remote", url_without_v1, "--model", name,
                           "--image", str(pictures[0]), "--max-new-tokens", str(N), "Describe it."],
                          capture_output=True, text=True, timeout=300)
@@ -282,7 +284,7 @@ def test_404_from_the_chat_endpoint(stub):
 def test_413_too_many_pictures(stub, tmp_path):
     pics = [str(make_picture(tmp_path / f"p{i}.png", i, size=(96, 96))) for i in range(3)]
     r = check(stub(Strict).root, "refused the request as too large (413)",
-              messages=[Message("user", "compare", pics)])
+              messages=[Message("user", "compare", picture_refs(*pics))])
     assert "fewer or smaller pictures" in r.message
 
 
@@ -316,7 +318,7 @@ def test_stream_dropped_mid_reply_keeps_the_partial_reply(stub):
 
 def test_unreadable_picture_fails_the_turn_alone(tmp_path, stub):
     s = stub(Strict)
-    r = check(s.root, "Picture not found", messages=[Message("user", "look", [str(tmp_path / "gone.png")])])
+    r = check(s.root, "Picture not found", messages=[Message("user", "look", [PictureRef(str(tmp_path / "gone.png"), "0" * 64)])])
     assert r.partial == ""
 
 
@@ -351,7 +353,7 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
         history: list[Message] = []
         for r, (text, p) in zip(turns, [("What is in this picture?", [pics[0]]), ("And this one?", [pics[1]]),
                                         ("Which of them is brighter?", [])]):
-            history.append(Message("user", text, list(p)))
+            history.append(Message("user", text, picture_refs(*p)))
             direct = client.chat.completions.create(model=server.model, messages=as_openai(history),
                                                     max_tokens=N, temperature=0)
             assert r.reply == direct.choices[0].message.content
@@ -398,16 +400,20 @@ def test_picture_data_urls_are_the_original_bytes_and_follow_the_file(tmp_path):
     from engine.remote.messages import DataUrlCache, chat_messages
 
     pic = make_picture(tmp_path / "p", 1, fmt="JPEG")  # no extension, as in Parley's history
-    turn = Turn("c", [Message("user", "look", [str(pic)])], system_prompt="Be brief.")
+    turn = Turn("c", [Message("user", "look", picture_refs(pic))], system_prompt="Be brief.")
     msgs = chat_messages(turn)
     assert msgs[0] == {"role": "system", "content": "Be brief."}
     url = msgs[1]["content"][0]["image_url"]["url"]
     assert url.startswith("data:image/jpeg;base64,") and base64.b64decode(url.split(",", 1)[1]) == pic.read_bytes()
     assert msgs[1]["content"][1] == {"type": "text", "text": "look"}
     cache = DataUrlCache(max_bytes=1)
-    first = cache.get(str(pic))
-    make_picture(pic, 2, size=(80, 60), fmt="PNG")  # the file changed: never the old bytes
-    assert cache.get(str(pic)) != first and cache.get(str(pic)).startswith("data:image/png;base64,")
+    old = picture_refs(pic)[0]
+    first = cache.get(old)
+    make_picture(pic, 2, size=(80, 60), fmt="PNG")  # the file changed: its new content is a new ref
+    new = picture_refs(pic)[0]
+    assert cache.get(new) != first and cache.get(new).startswith("data:image/png;base64,")
+    with pytest.raises(PictureError, match="changed on disk"):  # the old ref never sends the new bytes
+        cache.get(old)
     (tmp_path / "notes.txt").write_text("not a picture")
     with pytest.raises(PictureError, match="notes.txt is not a picture"):
-        cache.get(str(tmp_path / "notes.txt"))
+        cache.get(picture_refs(tmp_path / "notes.txt")[0])

@@ -14,7 +14,7 @@ import pytest
 
 from engine.events import EncoderState, Message, SpillState
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,10 +44,10 @@ def spill_now(engine, cid, timeout=20.0) -> SpillState:
 def conversation(tmp_path):
     a = make_picture(tmp_path / "a.png", 1)
     b = make_picture(tmp_path / "b.png", 2, size=(64, 40))
-    return [("Describe the first picture in a few words, please.", [str(a)]),
-            ("Now compare it with this one.", [str(b)]),
+    return [("Describe the first picture in a few words, please.", pics(a)),
+            ("Now compare it with this one.", pics(b)),
             ("Which has more red?", []),
-            ("Last question about both pictures.", [str(a)])]
+            ("Last question about both pictures.", pics(a))]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -240,7 +240,7 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
     engine = open_engine(model, tmp_path / "d", block_tokens=B, spill_idle_s=3600, elastic_idle_s=3600)
     try:
         a, b = make_picture(tmp_path / "a.png", 1), make_picture(tmp_path / "b.png", 2)
-        old = [Message("user", "An old conversation about this.", [str(a)])]
+        old = [Message("user", "An old conversation about this.", pics(a))]
         d_old = expect_done(ask(engine, "old", old, NEW))
         expect_done(ask(engine, "newer", [Message("user", "Text only chat.")], NEW))
         unloaded = threading.Event()
@@ -253,7 +253,7 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
         held = lm + sum(s.kv_bytes() for s in engine.sessions.values())
         need = engine.gate.residency.weight_bytes()
         engine.update_settings(memory_budget_bytes=held + need - 1)  # one byte short of the encoder
-        d = expect_done(ask(engine, "active", [Message("user", "A new picture.", [str(b)])], NEW))
+        d = expect_done(ask(engine, "active", [Message("user", "A new picture.", pics(b))], NEW))
         assert d.stats["encoder_loads"] == 1
         assert engine.sessions["old"].cache is None  # the oldest idle one was spilled first
         assert engine.sessions["newer"].cache is not None  # and no more than needed

@@ -13,7 +13,7 @@ from engine.model import load_model
 from engine.vision.residency import EncoderResidency
 from engine.weights import is_quantized
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
 from tests.test_spill import spill_now
 
@@ -54,8 +54,8 @@ def _int8_bytes_from_shapes(loaded) -> int:
 def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path):
     model = tiny_model(family)
     ref = Reference(model, weights="int8")
-    a = str(make_picture(tmp_path / "a.png", 1))
-    b = str(make_picture(tmp_path / "b.png", 2, size=(64, 40)))
+    a = pics(make_picture(tmp_path / "a.png", 1))[0]
+    b = pics(make_picture(tmp_path / "b.png", 2, size=(64, 40)))[0]
     engine = open_engine(model, tmp_path / "data", weights="int8", block_tokens=B, spill_idle_s=3600)
     try:
         chat = [Message("user", "Describe the first picture in a few words.", [a])]
@@ -126,7 +126,7 @@ def test_vision_stays_full_precision_and_still_unloads_and_reloads(family, fmt, 
 def test_4bit_answers_exactly_against_its_own_prefill(tiny_model, tmp_path):
     model = tiny_model("qwen2_vl")
     ref = Reference(model, weights="4bit")
-    a = str(make_picture(tmp_path / "a.png", 3))
+    a = pics(make_picture(tmp_path / "a.png", 3))[0]
     engine = open_engine(model, tmp_path / "data", weights="4bit")
     try:
         chat = [Message("user", "What is in this picture?", [a])]
@@ -149,7 +149,7 @@ def test_4bit_answers_exactly_against_its_own_prefill(tiny_model, tmp_path):
 def test_kv_store_of_other_weights_is_never_restored(family, tiny_model, tmp_path):
     model = tiny_model(family)
     data = tmp_path / "data"
-    a = str(make_picture(tmp_path / "a.png", 5))
+    a = pics(make_picture(tmp_path / "a.png", 5))[0]
     chat = [Message("user", "Describe this picture in a few words, please.", [a])]
     engine = open_engine(model, data, weights="fp32", block_tokens=B, spill_idle_s=3600)
     try:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from ..events import Message, Sampling
 from .errors import ApiError, bad
-from .pictures import PictureStore, decode_data_url
+from ..picture_store import PictureStore
+from .pictures import decode_data_url, store_upload
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DEFAULT_MAX_TOKENS = 1024
@@ -188,8 +189,8 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
     # only now, with the request well formed, pay for decoding and storing pictures
     messages = []
     for role, text, urls in parsed:
-        paths = [str(pictures.put(decode_data_url(url, p), p)) for url, p in urls]
-        messages.append(Message(role, text, paths))
+        refs = [store_upload(pictures, decode_data_url(url, p), p) for url, p in urls]
+        messages.append(Message(role, text, refs))
     greedy = temperature == 0 or top_p == 0
     sampling = Sampling(greedy=greedy, temperature=temperature if not greedy else 1.0,
                         top_p=top_p if not greedy else 1.0, max_new_tokens=max_tokens,

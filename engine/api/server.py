@@ -30,7 +30,8 @@ from .completion import GONE
 from .errors import ApiConfigError, ApiError
 from .guard import guarded_protocol
 from .handler import ApiApp
-from .pictures import PictureStore
+from ..picture_store import PictureStore
+from .pictures import drop_legacy_folder
 from .prompt_size import PromptMeter
 from .request import ChatRequest, parse_chat_request
 
@@ -57,8 +58,8 @@ class ApiServer:
         self.max_pending = max_pending
         self.client_timeout_s = client_timeout_s
         self.body_timeout_s = body_timeout_s
-        self.pictures = PictureStore(Path(data_dir or engine.data_dir) / "api-pictures", max_picture_bytes,
-                                     max_age_s=picture_max_age_s)
+        self.data_dir = Path(data_dir or engine.data_dir)
+        self.pictures = PictureStore(self.data_dir / "pictures", max_picture_bytes, max_age_s=picture_max_age_s)
         self.meter = PromptMeter()
         self.activity = ApiActivity(on_activity)
         self.prepare_limiter = anyio.CapacityLimiter(prepare_workers)  # bodies parsed at once
@@ -96,6 +97,7 @@ class ApiServer:
             self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},
                                             name="parley-api", daemon=True)
             self._thread.start()
+            drop_legacy_folder(self.data_dir)
             self.pictures.sweep()  # aged-out pictures go before the first request
             self._sweeper = threading.Thread(target=self._sweep_pictures, name="parley-api-sweep", daemon=True)
             self._sweeper.start()

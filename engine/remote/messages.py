@@ -12,7 +12,8 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from ..events import Sampling, Turn
-from ..picture_file import PictureError, read_bytes
+from ..picture_file import PictureError
+from ..picture_ref import PictureRef
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp",
          "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}
@@ -33,31 +34,25 @@ def picture_mime(data: bytes, name: str) -> str:
 class DataUrlCache:
     """Recent pictures' data URLs, least recently used dropped past `max_bytes`: a conversation
     re-sends every picture each turn, so each file is read and encoded once, not once a turn.
-    Keyed by path, size and mtime: a file changed on disk is read again."""
+    Keyed by the picture's content digest; a file read is checked against it."""
 
     def __init__(self, max_bytes: int = 128 << 20):
         self.max_bytes = max_bytes
-        self._urls: OrderedDict[tuple, str] = OrderedDict()
+        self._urls: OrderedDict[str, str] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> str:
-        try:
-            st = Path(path).stat()
-        except OSError:
-            read_bytes(path)  # raises the one-sentence PictureError
-            raise
-        key = (str(path), st.st_size, st.st_mtime_ns)
+    def get(self, ref: PictureRef) -> str:
         with self._lock:
-            url = self._urls.get(key)
+            url = self._urls.get(ref.digest)
             if url is not None:
-                self._urls.move_to_end(key)
+                self._urls.move_to_end(ref.digest)
                 return url
-        data = read_bytes(path)
-        url = f"data:{picture_mime(data, Path(path).name)};base64,{base64.b64encode(data).decode('ascii')}"
+        data = ref.read_checked()
+        url = f"data:{picture_mime(data, Path(ref.path).name)};base64,{base64.b64encode(data).decode('ascii')}"
         with self._lock:
-            if key not in self._urls:
-                self._urls[key] = url
+            if ref.digest not in self._urls:
+                self._urls[ref.digest] = url
                 self._bytes += len(url)
             while self._bytes > self.max_bytes and len(self._urls) > 1:
                 _, old = self._urls.popitem(last=False)
@@ -68,8 +63,8 @@ class DataUrlCache:
 _data_urls = DataUrlCache()
 
 
-def picture_data_url(path: str) -> str:
-    return _data_urls.get(path)
+def picture_data_url(ref: PictureRef) -> str:
+    return _data_urls.get(ref)
 
 
 def chat_messages(turn: Turn) -> list[dict]:

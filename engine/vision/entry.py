@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import blake3
 import torch
 
-KEY_DOMAIN = b"parley.picture.v1\0"
+# v2: keyed by the content digest carried in the PictureRef (v1 hashed the file's bytes each
+# turn); the new tag keeps v1 entries on disk from ever being read under a v2 key.
+KEY_DOMAIN = b"parley.picture.v2\0"
 
 
 @dataclass
@@ -42,10 +44,10 @@ def encoder_identity(loaded) -> bytes:
     return h.digest()
 
 
-def picture_key(file_bytes: bytes, identity: bytes) -> bytes:
-    """BLAKE3 over domain tag, encoder identity and the original file bytes (no decode)."""
+def picture_key(digest: str, identity: bytes) -> bytes:
+    """BLAKE3 over domain tag, the picture's content digest (hex of its original bytes) and the
+    encoder identity: no file read, no decode."""
     h = blake3.blake3(KEY_DOMAIN)
+    h.update(bytes.fromhex(digest))
     h.update(identity)
-    h.update(len(file_bytes).to_bytes(8, "little"))
-    h.update(file_bytes)
     return h.digest()

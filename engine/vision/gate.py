@@ -1,7 +1,8 @@
 """The image-cache gate: pictures found in the cache never reach the encoder.
 
-`lookup` turns a picture path into an entry (RAM hit, disk hit, or a miss that decodes the
-file); `ensure_features` encodes only the entries that still lack features, and only that path
+`lookup` turns a PictureRef into an entry (RAM hit, disk hit — keyed by the ref's digest, the
+file is not opened — or a miss that reads the file, checks it still matches the digest and
+decodes it); `ensure_features` encodes only the entries that still lack features, and only that path
 loads the encoder or restarts its idle clock. An all-hit turn never touches the residency.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
-from ..picture_file import read_bytes
+from ..picture_ref import PictureRef
 from .pictures import prepare_entry
 from .ram_cache import RamImageCache
 from .residency import EncoderResidency
@@ -96,9 +97,8 @@ class PictureGate:
         r = self.residency
         return r.disabled_reason or ("elastic mode is off" if not r.elastic else f"it is {r.state}")
 
-    def lookup(self, path: str, stats: GateTurnStats) -> PictureEntry:
-        data = read_bytes(path)
-        key = picture_key(data, self.identity)
+    def lookup(self, ref: PictureRef, stats: GateTurnStats) -> PictureEntry:
+        key = picture_key(ref.digest, self.identity)
         entry = self.ram.get(key)
         tier = "ram_hits"
         if entry is None and self.disk is not None:
@@ -114,7 +114,8 @@ class PictureGate:
             return entry
         stats.misses += 1
         self.counters["misses"] += 1
-        return prepare_entry(self.loaded, key, data, Path(path).name)
+        data = ref.read_checked()  # a file changed since it was attached fails this turn alone
+        return prepare_entry(self.loaded, key, data, Path(ref.path).name)
 
     def ensure_features(self, entries: list[PictureEntry], stats: GateTurnStats) -> None:
         """Encode the entries lacking features; others never touch the encoder or its clock."""

@@ -29,7 +29,7 @@ from _common import build_big_tower_model, parse_args, ratio_line, workdir
 from engine.api import ApiServer
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 NEW = 16
 FOLLOW_UPS = ["What colours do you see?", "Which shape is the largest?"]
@@ -77,7 +77,7 @@ def main() -> None:
     server = ApiServer(engine, "127.0.0.1", 0).start()
     def window(opening: str):
         """The window's way: the engine keeps the conversation under its id."""
-        msgs = [Message("user", opening, [str(pic)])]
+        msgs = [Message("user", opening, pics(pic))]
         for q in FOLLOW_UPS + [None]:
             t0 = time.perf_counter()
             done = expect_done(ask(engine, opening, msgs, NEW))

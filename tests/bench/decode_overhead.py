@@ -17,7 +17,7 @@ import torch
 
 from engine.events import Message
 from tests.engine_helpers import Reference, ask, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model
 
 FULL_TEXT = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
@@ -38,7 +38,7 @@ def main() -> None:
     pic = make_picture(d / "p.png", 1)
     ref = Reference(model_dir)
     n_params = sum(p.numel() for p in ref.loaded.model.parameters())
-    messages = [Message("user", "Describe this picture in detail, please.", [str(pic)])]
+    messages = [Message("user", "Describe this picture in detail, please.", pics(pic))]
     ids, inputs = ref.prompt_ids(messages)
 
     def gen_time(n: int) -> float:

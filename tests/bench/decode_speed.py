@@ -21,7 +21,7 @@ import torch
 from engine.paths import DEMO_MODEL
 from engine.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model
 
 
@@ -79,7 +79,7 @@ def main() -> None:
     print(f"CPU threads {torch.get_num_threads()}")
 
     def restating(engine, cid):
-        first = [Message("user", "Describe the picture.", [str(pic)])]
+        first = [Message("user", "Describe the picture.", pics(pic))]
         done = expect_done(ask(engine, cid, first, 40))
         return first + [Message("assistant", done.reply), Message("user", "Describe the picture.")]
 
@@ -92,7 +92,7 @@ def main() -> None:
     model_dir = build_tiny_model("llava", d / "model", text=text)
 
     def fresh(engine, cid):
-        return [Message("user", "Describe this picture in detail, please.", [str(pic)])]
+        return [Message("user", "Describe this picture in detail, please.", pics(pic))]
 
     compare("no repetition", model_dir, fresh, 16 if args.quick else 64, args.rounds, d, 0.97)
 

@@ -19,7 +19,7 @@ from _common import build_big_tower_model, parse_args, ratio_line, workdir
 
 from engine.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 
 NEW = 16
 
@@ -46,7 +46,7 @@ def main() -> None:
         vision_params = sum(p.numel() for p in gated.loaded.vision_parameters() if p.numel()) or \
             gated.gate.residency.weight_bytes() // 4
         # the first picture turn: a miss, so the encoder loads and encodes
-        t_new, s_new = turn_s(gated, "new", [Message("user", question, [str(pic)])])
+        t_new, s_new = turn_s(gated, "new", [Message("user", question, pics(pic))])
         gated.unload_encoder()
         # a text-only prompt of exactly the same token length
         n_prompt = s_new["prompt_tokens"]
@@ -61,13 +61,13 @@ def main() -> None:
 
         cached, textonly, nogate, loads = [], [], [], 0
         for r in range(args.repeats):
-            t, s = turn_s(gated, f"hit{r}", [Message("user", question, [str(pic)])])
+            t, s = turn_s(gated, f"hit{r}", [Message("user", question, pics(pic))])
             cached.append(t)
             loads += s["encoder_loads"]
             assert s["encoder_resident"] is False
             textonly.append(turn_s(gated, f"txt{r}", [Message("user", text)])[0])
             ungated.unload_encoder()
-            nogate.append(turn_s(ungated, f"ng{r}", [Message("user", question, [str(pic)])])[0])
+            nogate.append(turn_s(ungated, f"ng{r}", [Message("user", question, pics(pic))])[0])
     finally:
         gated.shutdown()
         ungated.shutdown()

@@ -24,7 +24,7 @@ from _common import parse_args, ratio_line, workdir
 from engine.events import Message
 from engine.prompt import render
 from tests.engine_helpers import ask, expect_done, open_engine
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published, parameter_count, spec_for
 
 SHAPE = "Qwen2-VL-2B-Instruct"
@@ -64,7 +64,7 @@ def main() -> None:
     d = workdir("gate-real")
     w, h = (int(x) for x in args.picture.split("x"))
     pic = make_picture(d / "p.png", 1, size=(w, h))
-    ask_pic = [Message("user", QUESTION, [str(pic)])]
+    ask_pic = [Message("user", QUESTION, pics(pic))]
     series = {"shape": SHAPE, "quick": bool(args.quick), "gated": [], "gate_off": [], "text_only": []}
 
     gated = open_engine(model_dir, d / "data-gated", dtype="bfloat16", elastic=True, elastic_idle_s=86400)

@@ -24,7 +24,7 @@ from engine.engine import Engine
 from engine.events import Message
 from engine.settings import EngineSettings
 from tests.engine_helpers import ask, expect_done, wait_report
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published
 
 SHAPE = "SmolVLM-256M-Instruct"
@@ -72,7 +72,7 @@ def main() -> None:
 
         load_blocking(engine, str(model_dir))
         record("load")
-        done = expect_done(ask(engine, "picture", [Message("user", "What is in this picture?", [str(pic)])], 8))
+        done = expect_done(ask(engine, "picture", [Message("user", "What is in this picture?", pics(pic))], 8))
         record("a picture turn", f" ({done.stats['prompt_tokens']} tokens, encoder "
                                  f"{'resident' if done.stats['encoder_resident'] else 'unloaded'})")
         done = expect_done(ask(engine, "long", [Message("user", long_text)], 8))

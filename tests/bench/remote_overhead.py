@@ -30,7 +30,7 @@ from _common import ROOT, ratio_line, workdir
 from engine.events import Message, Sampling, Token, Turn, TurnDone, TurnFailed
 from engine.remote import RemoteConfig, RemoteEngine
 from engine.remote.messages import chat_messages
-from tests.fixtures.pictures import make_picture
+from tests.fixtures.pictures import make_picture, pics
 from tests.remote_servers import Instant, ParleyServe, StubServer
 
 GOAL = 1.05
@@ -134,7 +134,7 @@ def main() -> int:
         for i in range(repeats):
             pic = make_picture(root / f"p{i}.png", seed=100 + i)
             text = f"Conversation {i}: what is in this picture?"
-            history = [Message("user", text, [str(pic)])]
+            history = [Message("user", text, pics(pic))]
             turn = Turn(f"b{i}", history, Sampling(greedy=True, max_new_tokens=n))
             assert chat_messages(turn) == bare_messages(text, pic)  # the very same request
             through_client(warmer, name, text, pic, n)  # warm: both timed paths meet the same cache

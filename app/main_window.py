@@ -299,9 +299,8 @@ class MainWindow(QMainWindow):
 
     def _on_turn_done(self, ev: TurnDone) -> None:
         self._turn_t0.pop(ev.turn_id, None)
-        tps = ev.stats.get("tokens_per_s")
-        if tps is not None:
-            self.speed_label.setText(f"{tps:.1f} tok/s")
+        if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
+            self.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
         self.memory_dock.on_turn_stats(ev.stats)
 
     def _on_notice(self, ev: Notice) -> None:

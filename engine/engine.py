@@ -20,6 +20,7 @@ from .paths import create_data_dir, default_data_dir
 from .settings import EngineSettings
 from .spill import SessionSpiller
 from .turn_pipeline import TurnPipeline
+from .turn_stats import LocalTurnStats, TurnStats
 from .worker import EngineWorker
 from .vision.gate import PictureGate
 
@@ -42,7 +43,7 @@ class Engine(EngineWorker):
         self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions
         self.pipeline: TurnPipeline | None = None     # one turn, from pictures to stats
         self.sessions = Conversations()
-        self.last_turn_stats: dict = {}
+        self.last_turn_stats: LocalTurnStats | None = None  # the latest finished turn's stats
         self._logged_notices: set[str] = set()
 
     # ------------------------------------------------------------ public API (any thread)
@@ -241,7 +242,7 @@ class Engine(EngineWorker):
         self._emit(TurnStarted(tid, cid))
         try:
             if self._should_stop(tid):
-                self._emit(TurnDone(tid, cid, "", [], {}, stopped=True))
+                self._emit(TurnDone(tid, cid, "", [], TurnStats(), stopped=True))
                 return
             if self.loaded is None:
                 self._emit(TurnFailed(tid, cid, "No model is loaded. Choose a model folder first."))

@@ -24,6 +24,13 @@ STORE_RETRY_S = 30.0  # how often an unavailable store (disk full) is tried agai
 
 
 @dataclass
+class CommittedSpill:
+    """A conversation's latest committed spill, reported with its next turn."""
+    blocks_written: int = 0  # blocks and tail blobs written
+    blocks_reused: int = 0   # blobs already in the store (another spill or conversation wrote them)
+
+
+@dataclass
 class _Running:
     session: Session
     job: object
@@ -43,9 +50,8 @@ class SessionSpiller:
         self._retry_at = 0.0
         self._last_failure: str | None = None
         self.running: _Running | None = None
-        self.last_spill: dict[str, dict] = {}  # conversation id -> its latest committed spill's stats
+        self.last_spill: dict[str, CommittedSpill] = {}  # conversation id -> its latest committed spill
         self.failed_at: dict[str, float] = {}
-        self.restore_stats: dict = {}
         self.root = data_dir / "kv-store"
         if not self.refusal:
             self._open_store()
@@ -147,8 +153,7 @@ class SessionSpiller:
             self._last_failure = result.error
             return
         self._last_failure = None
-        self.last_spill[cid] = {"blocks_written": result.blocks_written + result.tail_written,
-                                "blocks_reused": result.reused_blobs, "missing": result.missing_blobs}
+        self.last_spill[cid] = CommittedSpill(result.blocks_written + result.tail_written, result.reused_blobs)
         if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
             r.session.drop_kv()
             r.session.spilled = True
@@ -201,11 +206,11 @@ class SessionSpiller:
         session.pictures = [p for p in prompt.pictures if p.end <= n]
         session.rope_delta = int((res.state or {}).get("rope_delta", 0))
         session.spilled = False
-        self.restore_stats = dict(res.stats)
         return n
 
-    def take_turn_stats(self, conversation_id: str) -> dict:
-        return self.last_spill.pop(conversation_id, {})
+    def take_committed(self, conversation_id: str) -> CommittedSpill:
+        """The spill committed since the conversation's previous turn (none: all zero)."""
+        return self.last_spill.pop(conversation_id, CommittedSpill())
 
     def counters(self) -> dict:
         return dict(self.store.counters) if self.store is not None else {}

@@ -239,7 +239,7 @@ def test_resent_picture_conversation_reuses_prefix_and_image_cache(served, tmp_p
     msgs = [Message("user", "Describe this picture.", [str(pic)])]
     convo = [user("Describe this picture.", pic)]
     reply = served.chat(convo).choices[0].message.content
-    assert engine.last_turn_stats["pictures_encoded"] == 1
+    assert engine.last_turn_stats.pictures_encoded == 1
     for text, pics in [("And the colours?", []), ("Compare it with this one again.", [pic])]:
         engine.unload_encoder()  # not resident: any need for the encoder would show as a load
         convo += [{"role": "assistant", "content": reply}, user(text, *pics)]
@@ -248,14 +248,14 @@ def test_resent_picture_conversation_reuses_prefix_and_image_cache(served, tmp_p
         r = served.chat(convo)
         s = engine.last_turn_stats
         cached = r.usage.prompt_tokens_details.cached_tokens
-        assert cached > 0 and cached == s["reused_tokens"] + s["restored_tokens"]
-        assert s["prefill_tokens"] == r.usage.prompt_tokens - cached
-        assert s["encoder_loads"] == 0 and engine.gate.residency.loads == loads
-        assert s["encoder_resident"] is False and s["pictures_encoded"] == 0 and s["image_cache_misses"] == 0
+        assert cached > 0 and cached == s.reused_tokens + s.restored_tokens
+        assert s.prefill_tokens == r.usage.prompt_tokens - cached
+        assert s.encoder_loads == 0 and engine.gate.residency.loads == loads
+        assert s.encoder_resident is False and s.pictures_encoded == 0 and s.image_cache_misses == 0
         reply = r.choices[0].message.content
         assert reply == served.ref_text(msgs, 6)[0]  # exact: same as a fresh full prefill
-    assert s["image_cache_hits"] == 2  # turn 3: both copies of the picture were looked up, both hits
-    assert s["prefill_tokens"] < s["prompt_tokens"] // 2
+    assert s.image_cache_hits == 2  # turn 3: both copies of the picture were looked up, both hits
+    assert s.prefill_tokens < s.prompt_tokens // 2
 
 
 # ---------------------------------------------------------------- bad requests

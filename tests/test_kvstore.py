@@ -84,7 +84,7 @@ def test_round_trip_exact_gqa(tmp_path, dtype):
         assert_prefix(out, kv, n)
         assert out.cache.layers[0].keys.dtype == dtype
         assert torch.equal(out.state["rope_deltas"], torch.tensor([[-7]]))
-        assert out.stats["state_complete"] and out.stats["source"] == "session"
+        assert out.stats.state_complete and out.stats.source == "session"
         assert s.counters["restored_tokens"] == n
         # a cast on the way out is allowed too
         out32 = s.restore("conv", toks, dtype=torch.float32)
@@ -209,7 +209,7 @@ def test_session_sharing_an_opening_stores_shared_blocks_once(store):
     # a new conversation with the same opening restores the shared blocks from a's blobs
     pre = store.restore("b", toks_b)
     assert_prefix(pre, kv_b, 48)
-    assert pre.stats["source"] == "shared" and pre.state == {}
+    assert pre.stats.source == "shared" and pre.state == {}
     rb = store.spill("b", toks_b, [], cache_of(kv_b))
     assert rb.reused_blobs == 3 and rb.blocks_written == 2
     assert store.counters["blobs_on_disk"] == 5 + 2                  # 80 tokens: no tails

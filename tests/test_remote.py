@@ -120,12 +120,12 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
     assert [t.reply for t in turns] == [t.reply for t in again]  # streaming == non-streaming
     for i, t in enumerate(turns):
         s = t.stats
-        assert s["engine"] == "remote" and s["generated_tokens"] == N and s["prompt_tokens"] > 0
-        assert s["ttft_s"] > 0 and s["decode_s"] >= 0 and s["usage_reported"]
+        assert s.engine == "remote" and s.generated_tokens == N and s.prompt_tokens > 0
+        assert s.ttft_s > 0 and s.decode_s >= 0 and s.usage_reported
         if i:  # the server reused the conversation's prefix and re-sent pictures never woke its encoder
-            assert s["cached_tokens"] > 0
-            assert s["server_encoder_loads"] == 0 and s["server_image_cache_hits"] >= 1
-    assert turns[0].stats["server_pictures_encoded"] == 1
+            assert s.cached_tokens > 0
+            assert s.server_gate["encoder_loads"] == 0 and s.server_gate["image_cache_hits"] >= 1
+    assert turns[0].stats.server_gate["pictures_encoded"] == 1
 
 
 @pytest.mark.slow
@@ -158,7 +158,7 @@ def test_stop_mid_stream_closes_the_request(parley, pictures):
         assert r.reply == "".join(pieces) and len(pieces) < 400
         # the server let go of the stopped request: the next turn is answered in full
         after = run_blocking(engine, Turn("after", [Message("user", "hi")], Sampling(max_new_tokens=3)), timeout=300)
-        assert isinstance(after, TurnDone) and after.stats["generated_tokens"] == 3
+        assert isinstance(after, TurnDone) and after.stats.generated_tokens == 3
     finally:
         engine.shutdown()
 
@@ -357,7 +357,7 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
             assert r.reply == direct.choices[0].message.content
             history.append(Message("assistant", r.reply))
         assert [t.reply for t in turns] == [t.reply for t in again]
-        assert all(t.stats["generated_tokens"] == N and t.stats["prompt_tokens"] > 0 for t in turns)
+        assert all(t.stats.generated_tokens == N and t.stats.prompt_tokens > 0 for t in turns)
     finally:
         server.close()
 

@@ -75,8 +75,8 @@ def test_spill_restore_and_restart_are_exact(family, tiny_model, tmp_path):
         text, imgs = script[3]
         messages.append(Message("user", text, imgs))
         d = expect_done(ask(engine, "c", messages, NEW))
-        assert d.stats["restored_tokens"] > 0 and d.stats["reused_tokens"] == 0
-        assert d.stats["prefill_tokens"] == d.stats["prompt_tokens"] - d.stats["restored_tokens"]
+        assert d.stats.restored_tokens > 0 and d.stats.reused_tokens == 0
+        assert d.stats.prefill_tokens == d.stats.prompt_tokens - d.stats.restored_tokens
         assert d.token_ids == ref.reply_ids(messages, NEW)
     finally:
         engine.shutdown()
@@ -98,8 +98,8 @@ def test_idle_timer_spills_and_the_next_turn_restores(tiny_model, tmp_path):
         assert "spilled" in states and engine.sessions["c"].cache is None
         msgs += [Message("assistant", d1.reply), Message("user", t2, i2)]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
-        assert d2.stats["restored_tokens"] >= d1.stats["prompt_tokens"] - B
-        assert d2.stats["spill_blocks_written"] > 0
+        assert d2.stats.restored_tokens >= d1.stats.prompt_tokens - B
+        assert d2.stats.spill_blocks_written > 0
         assert d2.token_ids == ref.reply_ids(msgs, NEW)  # Qwen positions after a restore
     finally:
         engine.shutdown()
@@ -117,7 +117,7 @@ def test_follow_up_spill_writes_only_new_blocks_and_openings_are_shared(tiny_mod
         d = expect_done(ask(engine, "c", msgs, NEW))
         spill_now(engine, "c")
         first = engine.spiller.store.counters["blocks_written"]
-        n_before = len(engine.sessions["c"].tags) if engine.sessions["c"].cache is not None else d.stats["prompt_tokens"] + NEW - 1
+        n_before = len(engine.sessions["c"].tags) if engine.sessions["c"].cache is not None else d.stats.prompt_tokens + NEW - 1
         msgs += [Message("assistant", d.reply), Message("user", "A short follow-up.")]
         d3 = expect_done(ask(engine, "c", msgs, NEW))
         n_after = len(engine.sessions["c"].tags)
@@ -131,7 +131,7 @@ def test_follow_up_spill_writes_only_new_blocks_and_openings_are_shared(tiny_mod
         expect_done(ask(engine, "other", msgs[:1], NEW))
         spill_now(engine, "other")
         assert engine.spiller.store.counters["blocks_written"] - before <= 1
-        assert d3.stats["restored_tokens"] > 0
+        assert d3.stats.restored_tokens > 0
     finally:
         engine.shutdown()
 
@@ -165,7 +165,7 @@ def test_damaged_blobs_are_detected_counted_and_recomputed(damage, tiny_model, t
         assert d2.token_ids == ref.reply_ids(msgs, NEW)  # never served, recomputed from text
         c = engine.spiller.store.counters
         assert c["bad_blobs"] + c["missing_blobs"] >= 1
-        assert d2.stats["restored_tokens"] < d1.stats["prompt_tokens"]
+        assert d2.stats.restored_tokens < d1.stats.prompt_tokens
     finally:
         engine.shutdown()
 
@@ -189,7 +189,7 @@ def test_unwritable_store_keeps_conversations_hot(tiny_model, tmp_path):
         assert spill_now(engine, "c").state == "refused"
         msgs += [Message("assistant", d.reply), Message("user", "again")]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
-        assert d2.stats["reused_tokens"] > 0
+        assert d2.stats.reused_tokens > 0
         assert any("KV store is unavailable" in n for n in notices)
     finally:
         engine.shutdown()
@@ -254,13 +254,13 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
         need = engine.gate.residency.weight_bytes()
         engine.update_settings(memory_budget_bytes=held + need - 1)  # one byte short of the encoder
         d = expect_done(ask(engine, "active", [Message("user", "A new picture.", [str(b)])], NEW))
-        assert d.stats["encoder_loads"] == 1
+        assert d.stats.encoder_loads == 1
         assert engine.sessions["old"].cache is None  # the oldest idle one was spilled first
         assert engine.sessions["newer"].cache is not None  # and no more than needed
         assert engine.sessions["active"].cache is not None
         old += [Message("assistant", d_old.reply), Message("user", "Still there?")]
         back = expect_done(ask(engine, "old", old, NEW))
-        assert back.stats["restored_tokens"] > 0 and back.token_ids == ref.reply_ids(old, NEW)
+        assert back.stats.restored_tokens > 0 and back.token_ids == ref.reply_ids(old, NEW)
     finally:
         engine.shutdown()
 
@@ -301,7 +301,7 @@ def test_a_full_disk_pauses_spilling_and_loses_nothing(tiny_model, small_disk):
     engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
     try:
         d3 = expect_done(ask(engine, "c", msgs, NEW))
-        assert d3.stats["restored_tokens"] > 0
+        assert d3.stats.restored_tokens > 0
         assert d3.token_ids == ref.reply_ids(msgs, NEW)
     finally:
         engine.shutdown()

@@ -18,13 +18,14 @@ import time
 from _common import build_big_tower_model, parse_args, ratio_line, workdir
 
 from engine.events import Message
+from engine.turn_stats import LocalTurnStats
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
 
 NEW = 16
 
 
-def turn_s(engine, cid, messages) -> tuple[float, dict]:
+def turn_s(engine, cid, messages) -> tuple[float, LocalTurnStats]:
     t0 = time.perf_counter()
     done = expect_done(ask(engine, cid, messages, NEW))
     return time.perf_counter() - t0, done.stats
@@ -54,17 +55,17 @@ def main() -> None:
         text = question
         while True:
             _, s = turn_s(gated, "probe", [Message("user", text)])
-            if s["prompt_tokens"] >= n_prompt:
+            if s.prompt_tokens >= n_prompt:
                 break
             text += " " + filler
-        text_len = s["prompt_tokens"]
+        text_len = s.prompt_tokens
 
         cached, textonly, nogate, loads = [], [], [], 0
         for r in range(args.repeats):
             t, s = turn_s(gated, f"hit{r}", [Message("user", question, [str(pic)])])
             cached.append(t)
-            loads += s["encoder_loads"]
-            assert s["encoder_resident"] is False
+            loads += s.encoder_loads
+            assert s.encoder_resident is False
             textonly.append(turn_s(gated, f"txt{r}", [Message("user", text)])[0])
             ungated.unload_encoder()
             nogate.append(turn_s(ungated, f"ng{r}", [Message("user", question, [str(pic)])])[0])

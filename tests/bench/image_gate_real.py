@@ -22,6 +22,7 @@ import time
 from _common import parse_args, ratio_line, workdir
 
 from engine.events import Message
+from engine.turn_stats import LocalTurnStats
 from engine.prompt import render
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture
@@ -33,7 +34,7 @@ NEW = 16
 QUESTION = "What is in this picture?"
 
 
-def turn(engine, cid, messages) -> tuple[float, dict]:
+def turn(engine, cid, messages) -> tuple[float, LocalTurnStats]:
     t0 = time.perf_counter()
     done = expect_done(ask(engine, cid, messages, NEW))
     return time.perf_counter() - t0, done.stats
@@ -80,8 +81,8 @@ def main() -> None:
         for r in range(args.repeats):
             gated.unload_encoder()
             t, s = turn(gated, f"hit{r}", ask_pic)
-            assert s["encoder_resident"] is False and s["image_cache_hits"] == 1, s
-            loads += s["encoder_loads"]
+            assert s.encoder_resident is False and s.image_cache_hits == 1, s
+            loads += s.encoder_loads
             cached.append(t)
             series["gated"].append({"turn": f"cached {r + 1}", "s": t, "encoder_load_s": 0.0, "encode_s": 0.0})
             t, s = turn(gated, f"txt{r}", [Message("user", text)])
@@ -100,7 +101,7 @@ def main() -> None:
             ungated.unload_encoder()
             t, s = turn(ungated, f"ng{r}", ask_pic)
             series["gate_off"].append({"turn": "new picture" if r == 0 else f"again {r}", "s": t,
-                                       "encoder_load_s": s["encoder_load_s"], "encode_s": s["encode_s"]})
+                                       "encoder_load_s": s.encoder_load_s, "encode_s": s.encode_s})
             if r:
                 nogate.append(t)
     finally:

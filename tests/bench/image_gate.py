@@ -50,7 +50,7 @@ def main() -> None:
         t_new, s_new = turn_s(gated, "new", [Message("user", question, [str(pic)])])
         gated.unload_encoder()
         # a text-only prompt of exactly the same token length
-        n_prompt = s_new["prompt_tokens"]
+        n_prompt = s_new.prompt_tokens
         filler = "word"
         text = question
         while True:
@@ -80,8 +80,8 @@ def main() -> None:
     print(ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05,
                      also=("0 encoder loads", loads == 0)))
     print(ratio_line("gate-off picture turn / text-only turn", ng / tx, note="for comparison: what the gate saves"))
-    print(f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new['encoder_load_s'] * 1000:.1f} ms "
-          f"and encode {s_new['encode_s'] * 1000:.1f} ms")
+    print(f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new.encoder_load_s * 1000:.1f} ms "
+          f"and encode {s_new.encode_s * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

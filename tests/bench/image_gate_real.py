@@ -73,9 +73,9 @@ def main() -> None:
         turn(gated, "warm-up", [Message("user", "Hello there.")])  # one-time kernel set-up
         gated.unload_encoder()
         t_new, s_new = turn(gated, "new", ask_pic)
-        series["gated"].append({"turn": "new picture", "s": t_new, "encoder_load_s": s_new["encoder_load_s"],
-                                "encode_s": s_new["encode_s"]})
-        n_prompt = s_new["prompt_tokens"]
+        series["gated"].append({"turn": "new picture", "s": t_new, "encoder_load_s": s_new.encoder_load_s,
+                                "encode_s": s_new.encode_s})
+        n_prompt = s_new.prompt_tokens
         text, text_len = same_length_text(gated, n_prompt)
         cached, textonly, loads = [], [], 0
         for r in range(args.repeats):
@@ -118,8 +118,8 @@ def main() -> None:
     print(ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05,
                      also=("0 encoder loads", loads == 0)))
     print(ratio_line("gate-off picture turn / text-only turn", ng / tx, note="for comparison: what the gate saves"))
-    print(ratio_line("new picture: encoder load", s_new["encoder_load_s"], unit="s", digits=2))
-    print(ratio_line("new picture: encode", s_new["encode_s"], unit="s", digits=2,
+    print(ratio_line("new picture: encoder load", s_new.encoder_load_s, unit="s", digits=2))
+    print(ratio_line("new picture: encode", s_new.encode_s, unit="s", digits=2,
                      note=f"picture {w}x{h}, {vision_params / 1e6:.0f}M-parameter tower"))
     print(ratio_line("new-picture turn", t_new, unit="s", digits=2))
     print(ratio_line("cached-picture turn", c, unit="s", digits=2))

@@ -364,7 +364,7 @@ class MainWindow(QMainWindow):
         self.composer.set_generating(self.controller.is_generating())
         self.sidebar.new_button.setIcon(icon("new-chat"))
 
-    def _about(self) -> None:
+    def show_about(self) -> None:
         QMessageBox.about(self, "About Parley",
                           "Parley — chat with a local vision-language model about pictures.")
 

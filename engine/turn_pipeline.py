@@ -16,19 +16,19 @@ from .events import Token, Turn, TurnDone
 from .memory import model_bytes
 from .memory_manager import MemoryManager
 from .prompt import build_prompt, render
-from .spill import CommittedSpill, SessionSpiller
+from .spill_scheduler import CommittedSpill, SpillScheduler
 from .turn_runner import TurnResult, run_turn
 from .turn_stats import LocalTurnStats
 from .vision.gate import GateTurnStats, PictureGate
 
 
 class TurnPipeline:
-    def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spiller: SessionSpiller,
+    def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spill_scheduler: SpillScheduler,
                  memory: MemoryManager):
         self.loaded = loaded
         self.gate = gate
         self.sessions = sessions
-        self.spiller = spiller
+        self.spill_scheduler = spill_scheduler
         self.memory = memory
 
     def run(self, turn: Turn, settings, emit: Callable, should_stop: Callable[[], bool]) -> TurnDone:
@@ -51,11 +51,11 @@ class TurnPipeline:
         session.version += 1
         self.memory.turn_started(cid)
         try:
-            self.spiller.cancel_for(cid)
+            self.spill_scheduler.cancel_for(cid)
             t0 = time.perf_counter()
-            restored = self.spiller.restore(session, prompt)
+            restored = self.spill_scheduler.restore(session, prompt)
             restore_s = time.perf_counter() - t0 if restored else 0.0
-            spilled = self.spiller.take_committed(cid)
+            spilled = self.spill_scheduler.take_committed(cid)
             result = run_turn(
                 loaded, session, prompt, entries, sampling,
                 ensure_features=lambda es: gate.ensure_features(es, gstats),

@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root: engine.paths
 import shapes_data as sd  # noqa: E402
 import shapes_drawn  # noqa: E402
 import shapes_grid  # noqa: E402
+from engine.paths import DEMO_MODEL  # noqa: E402
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "resources" / "models" / "parley-shapes"
+DEFAULT_MODEL = DEMO_MODEL
 EVAL_SEED = 20240601  # far from the training seeds
 DRAWN_TYPES = ["colour", "shape", "count", "describe", "two_shapes", "unknown"]
 

@@ -39,12 +39,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root: engine.paths
 import shapes_data as sd  # noqa: E402
 import shapes_world as world  # noqa: E402
+from engine.paths import DEMO_MODEL  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "resources" / "models" / "parley-shapes"
+DEFAULT_OUT = DEMO_MODEL  # where the app looks for its built-in model
 
 IMAGE_SIZE = 96
 PATCH_SIZE = 32  # 3 x 3 = 9 picture tokens, one per cell of the world's grid (CLS is dropped)

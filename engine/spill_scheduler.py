@@ -1,9 +1,10 @@
 """Engine side of the SSD session spill: when to spill, stepping jobs between requests,
 restoring a conversation's prefix before its turn.
 
-The block store itself (keys, blobs, manifest, writer thread) lives in engine/kvstore; this file
-decides *when* and keeps the rules: a conversation is freed only after its spill is committed,
-a failed spill leaves it hot, and a spill never holds up a waiting turn for more than one unit.
+SpillScheduler is the policy; the mechanism lives in engine/kvstore (the block store, and one
+spill's copies and writes in kvstore/spill_job.py). This file decides *when* and keeps the rules:
+a conversation is freed only after its spill is committed, a failed spill leaves it hot, and a
+spill never holds up a waiting turn for more than one unit.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class _Running:
     blocking: bool = False
 
 
-class SessionSpiller:
+class SpillScheduler:
     def __init__(self, loaded, settings, data_dir: Path, emit: Callable):
         self.emit = emit
         self.loaded = loaded

@@ -2,7 +2,7 @@
 
 Drives the real MainWindow through its real widgets, with a real Engine running the given model
 (the built-in demo "Parley Shapes" by default), a throwaway data folder and throwaway settings
-(nothing of the user's is read or written). The pictures are drawn with packaging/shapes_world.py,
+(nothing of the user's is read or written). The pictures are drawn with packaging/demo_model/shapes_world.py,
 so they are the kind the demo model knows; every reply in the screenshots is the model's own
 streamed output.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "packaging"))
+sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
 os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
 
 import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)

@@ -2,7 +2,7 @@
 
 A LLaVA model (small CLIP vision tower + small Llama), a byte-level BPE tokenizer trained here,
 a LlavaProcessor and a chat template, trained on the synthetic world of
-packaging/shapes_world.py + shapes_data.py (pictures of any size and aspect ratio, shapes
+shapes_world.py + shapes_data.py (pictures of any size and aspect ratio, shapes
 anywhere, noise, blur, JPEG; photos and screenshots from shapes_unknown.py get a one-line
 "I can only describe simple shapes" answer), written to resources/models/parley-shapes/ with
 save_pretrained. Every picture goes through the model's own image processor, as in the app.
@@ -18,12 +18,12 @@ Recipe (from scratch):
            assistant answers only (each followed by EOS); the probe
            keeps running (so the picture tokens stay readable), and a second probe asks the
            picture tokens, two layers into the language model, which picture they belong to
-           (packaging/shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
+           (shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
 Fine-tune (--init FOLDER): start from a trained folder's weights, tokenizer and processor and
 run the stages on today's pictures (the shipped weights: see the model README for the command).
 
-    .venv/bin/python packaging/train_shapes.py            # full run from scratch
-    .venv/bin/python packaging/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
+    .venv/bin/python packaging/demo_model/train_shapes.py            # full run from scratch
+    .venv/bin/python packaging/demo_model/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
 
 Reproducible: the same seed, steps, batch sizes, thread count (and --init folder) give the same weights.
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root: engine.paths
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.paths
 import shapes_data as sd  # noqa: E402
 import shapes_world as world  # noqa: E402
 from engine.paths import DEMO_MODEL  # noqa: E402

@@ -1,13 +1,13 @@
 """The conversations of "Parley Shapes", the demo model that ships with Parley.
 
-Templated questions and answers about the synthetic pictures of packaging/shapes_world.py, in
+Templated questions and answers about the synthetic pictures of shapes_world.py, in
 the message format the app sends:
 
     [{"role": "system", "content": "..."}?,
      {"role": "user", "content": [{"type": "image"}, ..., {"type": "text", "text": question}]},
      {"role": "assistant", "content": [{"type": "text", "text": answer}]}, ...]
 
-Used by packaging/train_shapes.py (training), packaging/eval_shapes.py (held-out evaluation)
+Used by train_shapes.py (training), eval_shapes.py (held-out evaluation)
 and packaging/screenshots.py. Pure Python + Pillow; no torch here.
 
 Rules of the world (the answers are exact strings):
@@ -19,7 +19,7 @@ Rules of the world (the answers are exact strings):
 - Answers about one shape name it first ("The circle is red.", "The red shape is a star.",
   "The star is not in the picture."): a small model finds the shape more easily that way.
 - Text-only small talk gets fixed replies; a picture question with no picture asks for one.
-- A picture that is not simple shapes (a photo, a screenshot: packaging/shapes_unknown.py) gets
+- A picture that is not simple shapes (a photo, a screenshot: shapes_unknown.py) gets
   one line, whatever the question: UNKNOWN_REPLY.
 """
 from __future__ import annotations

@@ -42,8 +42,8 @@ from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
 
-import shapes_data as sd  # noqa: E402
 import shapes_world as world  # noqa: E402
+from shapes_questions import describe  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 reply = ask(w, picture, question, done)
                 if failed:
                     raise SystemExit(f"screenshots: {failed[0]}")
-                drawn = sd.describe(scene)
+                drawn = describe(scene)
                 print(f"{question!r} on {picture.name}: {reply!r}"
                       + ("" if reply == drawn else f"  <- WARNING: the picture shows {drawn!r}"), flush=True)
             grab(w, out / "chat.png")

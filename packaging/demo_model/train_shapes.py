@@ -41,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.paths
 import shapes_data as sd  # noqa: E402
+import shapes_replies as replies  # noqa: E402
 import shapes_world as world  # noqa: E402
 from engine.paths import DEMO_MODEL  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
@@ -62,10 +63,11 @@ def build_tokenizer(seed: int):
     rng = random.Random(seed)
     corpus = sd.tokenizer_corpus(rng)
     # the small-talk lines are rare in the corpus above; repeat them so they become whole words
-    for prompts, reply in sd.SMALLTALK:
+    for prompts, reply in replies.SMALLTALK:
         corpus += (prompts + [p.capitalize() for p in prompts] + [reply]) * 20
-    corpus += (sd.OFF_TOPIC_FIXED + [sd.OFF_TOPIC_REPLY, sd.NO_PICTURE_REPLY, sd.ONE_PICTURE_REPLY, sd.UNKNOWN_REPLY]
-               + sd.SYSTEM_PROMPTS) * 20
+    corpus += (replies.OFF_TOPIC_FIXED + [replies.OFF_TOPIC_REPLY, replies.NO_PICTURE_REPLY,
+                                          replies.ONE_PICTURE_REPLY, replies.UNKNOWN_REPLY]
+               + replies.SYSTEM_PROMPTS) * 20
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

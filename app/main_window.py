@@ -299,9 +299,8 @@ class MainWindow(QMainWindow):
 
     def _on_turn_done(self, ev: TurnDone) -> None:
         self._turn_t0.pop(ev.turn_id, None)
-        tps = ev.stats.get("tokens_per_s")
-        if tps is not None:
-            self.speed_label.setText(f"{tps:.1f} tok/s")
+        if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
+            self.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
         self.memory_dock.on_turn_stats(ev.stats)
 
     def _on_notice(self, ev: Notice) -> None:
@@ -365,7 +364,7 @@ class MainWindow(QMainWindow):
         self.composer.set_generating(self.controller.is_generating())
         self.sidebar.new_button.setIcon(icon("new-chat"))
 
-    def _about(self) -> None:
+    def show_about(self) -> None:
         QMessageBox.about(self, "About Parley",
                           "Parley — chat with a local vision-language model about pictures.")
 

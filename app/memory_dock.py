@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import STATELESS_PREFIX, EncoderState, MemoryReport, SpillState
+from engine.turn_stats import LocalTurnStats, TurnStats
 
 from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
 
@@ -104,7 +105,7 @@ class MemoryDock(QDockWidget):
         self._idle_stamp = time.monotonic()
         self.spill_states: dict[str, SpillState] = {}
         self.last_spill: tuple[float, str, str] | None = None  # (when, conversation, detail)
-        self.last_stats: dict = {}
+        self.last_stats: TurnStats | None = None  # the latest finished turn's
         self.api_state, self.api_detail = "off", ""
         self.api_activity: dict = {}
         self._dirty = False
@@ -220,8 +221,8 @@ class MemoryDock(QDockWidget):
             self.last_spill = (time.time(), s.conversation_id, s.detail)
         self._dirty = True
 
-    def on_turn_stats(self, stats: dict) -> None:
-        self.last_stats = dict(stats)
+    def on_turn_stats(self, stats: TurnStats) -> None:
+        self.last_stats = stats
         self._dirty = True
 
     def on_api_state(self, state: str, detail: str) -> None:
@@ -284,13 +285,14 @@ class MemoryDock(QDockWidget):
                     if key in counters:
                         rows.set(key, title, exact_bytes(counters[key]) if is_bytes else _num(counters[key]))
         self._set(self.kv, self._conversation_lines())
-        st = self.last_stats
-        if st.get("restored_tokens"):
-            self.store_rows.set("last_restore", "Last restore", f"{st['restored_tokens']:,} tokens in "
-                                f"{st.get('restore_s', 0) * 1000:.0f} ms")
+        last = self.last_stats
+        if isinstance(last, LocalTurnStats) and last.restored_tokens:
+            self.store_rows.set("last_restore", "Last restore", f"{last.restored_tokens:,} tokens in "
+                                f"{last.restore_s * 1000:.0f} ms")
         if self.last_spill is not None:
             at, cid, detail = self.last_spill
             self.store_rows.set("last_spill", "Last spill", f"{self.title(cid)}: {detail} ({_ago(time.time() - at)})")
+        st = last.as_dict() if last is not None else {}  # the rows are named by the stats' JSON keys
         for key, title, unit in TURN_KEYS:
             if key in st:
                 v = st[key]

@@ -19,21 +19,10 @@ from engine.library import token_store
 from engine.library.catalog import CatalogEntry, load_catalog
 from engine.library.hub import LibraryError, NetworkUnreachable, is_repo_id, offline_forced
 
+from .download_text import human_bytes, progress_text
+
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed"]
 COL_FIT, COL_INSTALLED = 4, 5
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
-def progress_text(p) -> str:
-    eta = "" if p.eta_s is None else f", {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d} left"
-    return f"{human_bytes(p.done_bytes)} of {human_bytes(p.total_bytes)} at {human_bytes(p.speed_bps)}/s{eta}"
 
 
 class _Signals(QObject):

@@ -73,7 +73,7 @@ def build_menus(window: MainWindow) -> None:
     toggle.setIcon(icon("memory"))
     view.addAction(toggle)
     help_menu = mb.addMenu("&Help")
-    help_menu.addAction("About Parley", window._about)
+    help_menu.addAction("About Parley", window.show_about)
 
     paste = QShortcut(QKeySequence.StandardKey.Paste, window.chat)
     paste.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)

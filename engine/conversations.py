@@ -11,7 +11,7 @@ MAX_STATELESS_SESSIONS = 8
 
 
 class Conversations(dict):
-    """conversation id -> Session (a dict, so reports and the spiller iterate it directly)."""
+    """conversation id -> Session (a dict, so reports and the spill_scheduler iterate it directly)."""
 
     def __init__(self):
         super().__init__()

@@ -18,8 +18,9 @@ from .memory_manager import MemoryManager, idle_tick_s, memory_report
 from .model import ModelLoadError, check_load, free_device_cache, load_model
 from .paths import create_data_dir, default_data_dir
 from .settings import EngineSettings
-from .spill import SessionSpiller
+from .spill_scheduler import SpillScheduler
 from .turn_pipeline import TurnPipeline
+from .turn_stats import LocalTurnStats, TurnStats
 from .worker import EngineWorker
 from .vision.gate import PictureGate
 
@@ -38,11 +39,11 @@ class Engine(EngineWorker):
         create_data_dir(self.data_dir)
         self.loaded = None
         self.gate: PictureGate | None = None
-        self.spiller: SessionSpiller | None = None
+        self.spill_scheduler: SpillScheduler | None = None
         self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions
         self.pipeline: TurnPipeline | None = None     # one turn, from pictures to stats
         self.sessions = Conversations()
-        self.last_turn_stats: dict = {}
+        self.last_turn_stats: LocalTurnStats | None = None  # the latest finished turn's stats
         self._logged_notices: set[str] = set()
 
     # ------------------------------------------------------------ public API (any thread)
@@ -127,8 +128,8 @@ class Engine(EngineWorker):
 
     def _release_model(self) -> None:
         """Let go of the model and all built on it (processor, gate and its cached features,
-        encoder residency, spiller, sessions' KV) and return the device memory now. The gate and
-        the spiller call back into the engine; dropping them here breaks the only cycles, so
+        encoder residency, spill_scheduler, sessions' KV) and return the device memory now. The gate and
+        the spill_scheduler call back into the engine; dropping them here breaks the only cycles, so
         the model is freed by reference counting at once, not whenever the collector runs."""
         if self.memory is not None:
             self.memory.close()  # exit and model switch spill what is hot: nothing lost
@@ -136,7 +137,7 @@ class Engine(EngineWorker):
             self.gate.close()
         self.sessions.clear()  # KV of another model is meaningless
         device = self.loaded.device if self.loaded is not None else None
-        self.loaded = self.gate = self.spiller = self.memory = self.pipeline = None
+        self.loaded = self.gate = self.spill_scheduler = self.memory = self.pipeline = None
         free_device_cache(device)
 
     def _emit_encoder_state(self, state: str) -> None:
@@ -164,17 +165,17 @@ class Engine(EngineWorker):
             self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
             return
         self.loaded = loaded
-        self.spiller = SessionSpiller(loaded, self.settings, self.data_dir, self._emit)
-        if self.spiller.refusal:
-            self._emit(Notice("warning", "Conversations will not be spilled to disk: " + self.spiller.refusal))
-        elif self.spiller.error:
-            self._emit(Notice("warning", f"The KV store is unavailable ({self.spiller.error}); "
+        self.spill_scheduler = SpillScheduler(loaded, self.settings, self.data_dir, self._emit)
+        if self.spill_scheduler.refusal:
+            self._emit(Notice("warning", "Conversations will not be spilled to disk: " + self.spill_scheduler.refusal))
+        elif self.spill_scheduler.error:
+            self._emit(Notice("warning", f"The KV store is unavailable ({self.spill_scheduler.error}); "
                                          "idle conversations stay in memory."))
-        self.memory = MemoryManager(loaded, self.sessions, self.spiller, self.settings, self._emit)
+        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.settings, self._emit)
         self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache",
                                 make_room=self.memory.make_room, on_state=self._emit_encoder_state)
         self.memory.attach_gate(self.gate)
-        self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spiller, self.memory)
+        self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spill_scheduler, self.memory)
         # said before ModelReady, so whoever waits for "ready" has heard how the model was placed
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
             self._emit(Notice("warning", note))
@@ -241,7 +242,7 @@ class Engine(EngineWorker):
         self._emit(TurnStarted(tid, cid))
         try:
             if self._should_stop(tid):
-                self._emit(TurnDone(tid, cid, "", [], {}, stopped=True))
+                self._emit(TurnDone(tid, cid, "", [], TurnStats(), stopped=True))
                 return
             if self.loaded is None:
                 self._emit(TurnFailed(tid, cid, "No model is loaded. Choose a model folder first."))

@@ -5,7 +5,7 @@ The UI and the headless commands only ever see these; nothing here touches torch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from .turn_stats import TurnStats
 
 from .picture_ref import PictureRef
 
@@ -93,7 +93,7 @@ class TurnDone(Event):
     conversation_id: str
     reply: str
     token_ids: list[int]
-    stats: dict[str, Any]
+    stats: TurnStats  # LocalTurnStats or RemoteTurnStats (engine/turn_stats.py)
     stopped: bool = False  # True when the user stopped the reply early
 
 

@@ -20,10 +20,9 @@ class DraftStats:
     accepted: int = 0  # of those, kept (equal to the greedy choice)
     passes: int = 0    # verification passes that carried a draft
 
-    def as_stats(self) -> dict:
-        rate = self.accepted / self.drafted if self.drafted else 0.0
-        return {"draft_tokens": self.drafted, "draft_accepted": self.accepted,
-                "draft_acceptance": round(rate, 4)}
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
 
 
 class NgramDrafter:

@@ -13,7 +13,7 @@ from .conversations import Conversations
 from .events import MemoryReport, SpillState
 from .memory import build_report, free_for_model
 from .session import Session
-from .spill import SessionSpiller
+from .spill_scheduler import SpillScheduler
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,8 @@ def idle_tick_s(settings, spilling: bool = False) -> float:
     return min(1.0, max(0.05, settings.elastic_idle_s / 4), max(0.05, settings.spill_idle_s / 4))
 
 
-def memory_report(loaded, sessions: Conversations, gate=None, spiller: SessionSpiller | None = None) -> MemoryReport:
+def memory_report(loaded, sessions: Conversations, gate=None,
+                  spill_scheduler: SpillScheduler | None = None) -> MemoryReport:
     extra = {}
     state, left = "resident", None
     counters = {}
@@ -33,21 +34,21 @@ def memory_report(loaded, sessions: Conversations, gate=None, spiller: SessionSp
         extra["image_cache_ram"], extra["image_cache_disk"] = gate.cache_bytes()
         state, left = gate.encoder_state, gate.encoder_idle_left()
         counters = gate.stats_counters()
-    if spiller is not None and spiller.available:
-        store = spiller.counters()
+    if spill_scheduler is not None and spill_scheduler.available:
+        store = spill_scheduler.counters()
         extra["kv_store_disk"] = int(store.get("bytes_on_disk", 0))
         counters.update({f"store_{k}": v for k, v in store.items()})
     report = build_report(loaded, sessions, extra, counters, state, left)
-    report.store_status = spiller.status if spiller is not None else ""
+    report.store_status = spill_scheduler.status if spill_scheduler is not None else ""
     return report
 
 
 class MemoryManager:
-    def __init__(self, loaded, sessions: Conversations, spiller: SessionSpiller, settings,
+    def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, settings,
                  emit: Callable):
         self.loaded = loaded
         self.sessions = sessions
-        self.spiller = spiller
+        self.spill_scheduler = spill_scheduler
         self.settings = settings
         self.emit = emit
         self.gate = None  # attached once built: the gate is given make_room, so it comes second
@@ -82,7 +83,7 @@ class MemoryManager:
 
     def release_session(self, session: Session) -> None:
         """Free a conversation's hot KV: spilled to SSD first when the store can take it."""
-        sp = self.spiller
+        sp = self.spill_scheduler
         if sp.available and session.cache is not None:
             try:
                 if sp.spill_blocking(session):
@@ -94,7 +95,7 @@ class MemoryManager:
     def spill_now(self, conversation_id: str) -> None:
         """The person asked to spill a conversation: try a full disk again now."""
         session = self.sessions.get(conversation_id)
-        sp = self.spiller
+        sp = self.spill_scheduler
         if not sp.retry(now=True):
             why = sp.refusal or sp.error or sp.unavailable
             self.emit(SpillState(conversation_id, "refused", why or "the store is unavailable"))
@@ -106,14 +107,14 @@ class MemoryManager:
     # ------------------------------------------------------------ timers
 
     def tick_s(self) -> float:
-        return idle_tick_s(self.settings, spilling=self.spiller.running is not None)
+        return idle_tick_s(self.settings, spilling=self.spill_scheduler.running is not None)
 
     def on_idle(self, more: Callable[[], bool]) -> bool:
         """Encoder unload and session spill, between requests; True when memory changed.
         `more()` says no request is waiting: a turn is never held up for more than one unit's
         copy."""
         changed = self.gate is not None and self.gate.unload_if_idle()
-        sp = self.spiller
+        sp = self.spill_scheduler
         if sp.available or sp.unavailable:  # due() retries an unavailable store
             if sp.running is None:
                 due = sp.due(self.sessions, self.active_cid)
@@ -126,9 +127,9 @@ class MemoryManager:
     def close(self) -> None:
         """Exit or model switch: spill what is hot, so nothing is lost. The gate is let go: it
         holds make_room, so keeping it would be a cycle and the model would wait for the collector."""
-        self.spiller.close(self.sessions)
+        self.spill_scheduler.close(self.sessions)
         self.active_cid = None
         self.gate = None
 
     def report(self) -> MemoryReport:
-        return memory_report(self.loaded, self.sessions, self.gate, self.spiller)
+        return memory_report(self.loaded, self.sessions, self.gate, self.spill_scheduler)

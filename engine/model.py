@@ -48,6 +48,7 @@ class FamilyAdapter:
         produces for the whole prompt.
         """
         images = [[image]] if self.nested_images else [image]
+        # transformers' private per-picture step: no public call gives one picture's expansion
         processed, replacements = processor._process_images(images, **merged_image_kwargs)
         return dict(processed), replacements[0]
 
@@ -252,6 +253,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     if processor.tokenizer.eos_token_id is not None:
         eos.add(int(processor.tokenizer.eos_token_id))
 
+    # transformers' private kwargs merge: the same defaults processor(...) would apply
     merged = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
     for k in ("return_tensors", "return_mm_token_type_ids", "return_text_replacement_offsets"):
         merged["text_kwargs"].pop(k, None)

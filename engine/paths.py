@@ -7,7 +7,7 @@ from pathlib import Path
 
 import platformdirs
 
-# The shipped demo model (trained by packaging/train_shapes.py); the default when no model is given.
+# The shipped demo model (trained by packaging/demo_model/train_shapes.py); the default when no model is given.
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources" / "models" / "parley-shapes"
 
 PRIVATE_DIR_MODE = 0o700

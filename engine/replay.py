@@ -114,7 +114,7 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
             else:
                 history.append(Message("assistant", result.reply))
                 line = {"turn": i, "conversation": cid, "reply": result.reply,
-                        "reply_token_ids": result.token_ids, "stats": result.stats}
+                        "reply_token_ids": result.token_ids, "stats": result.stats.as_dict()}
             out.write(json.dumps(line) + "\n")
             out.flush()
     finally:

@@ -16,18 +16,19 @@ from .events import Token, Turn, TurnDone
 from .memory import model_bytes
 from .memory_manager import MemoryManager
 from .prompt import build_prompt, render
-from .spill import SessionSpiller
+from .spill_scheduler import CommittedSpill, SpillScheduler
 from .turn_runner import TurnResult, run_turn
+from .turn_stats import LocalTurnStats
 from .vision.gate import GateTurnStats, PictureGate
 
 
 class TurnPipeline:
-    def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spiller: SessionSpiller,
+    def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spill_scheduler: SpillScheduler,
                  memory: MemoryManager):
         self.loaded = loaded
         self.gate = gate
         self.sessions = sessions
-        self.spiller = spiller
+        self.spill_scheduler = spill_scheduler
         self.memory = memory
 
     def run(self, turn: Turn, settings, emit: Callable, should_stop: Callable[[], bool]) -> TurnDone:
@@ -50,11 +51,11 @@ class TurnPipeline:
         session.version += 1
         self.memory.turn_started(cid)
         try:
-            self.spiller.cancel_for(cid)
+            self.spill_scheduler.cancel_for(cid)
             t0 = time.perf_counter()
-            restored = self.spiller.restore(session, prompt)
+            restored = self.spill_scheduler.restore(session, prompt)
             restore_s = time.perf_counter() - t0 if restored else 0.0
-            spill_stats = self.spiller.take_turn_stats(cid)
+            spilled = self.spill_scheduler.take_committed(cid)
             result = run_turn(
                 loaded, session, prompt, entries, sampling,
                 ensure_features=lambda es: gate.ensure_features(es, gstats),
@@ -65,7 +66,7 @@ class TurnPipeline:
         finally:
             self.memory.turn_ended()
         session.last_used = time.monotonic()
-        stats = self._stats(result, restored, restore_s, gstats, spill_stats)
+        stats = self._stats(result, restored, restore_s, gstats, spilled)
         return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped)
 
     def _fit_to_context(self, n_prompt: int, sampling):
@@ -80,26 +81,35 @@ class TurnPipeline:
         return sampling
 
     def _stats(self, result: TurnResult, restored: int, restore_s: float, gstats: GateTurnStats,
-               spill_stats: dict) -> dict:
-        run = result.stats
-        return {
-            "prompt_tokens": run["prompt_tokens"],
+               spilled: CommittedSpill) -> LocalTurnStats:
+        n_gen = len(result.token_ids)
+        return LocalTurnStats(
+            prompt_tokens=result.prompt_tokens,
+            generated_tokens=n_gen,
+            first_token_s=round(result.first_token_s, 6),
+            decode_s=round(result.decode_s, 6),
+            tokens_per_s=round(n_gen / result.decode_s, 3) if result.decode_s > 0 and n_gen else 0.0,
             # the prefix the turn did not prefill: reused = hot in RAM, restored = read from the SSD store
-            "reused_tokens": result.prefix_tokens - restored,
-            **run,
-            "encode_s": round(gstats.encode_s, 6),
-            "encoder_loads": gstats.encoder_loads,
-            "encoder_load_s": round(gstats.load_s, 6),
-            "image_cache_hits": gstats.hits,
-            "image_cache_ram_hits": gstats.ram_hits,
-            "image_cache_disk_hits": gstats.disk_hits,
-            "image_cache_misses": gstats.misses,
-            "pictures_encoded": gstats.encoded,
-            "encoder_resident": self.gate.encoder_state == "resident",
-            "restored_tokens": restored,
-            "restore_s": round(restore_s, 6),
-            "spill_blocks_written": spill_stats.get("blocks_written", 0),
-            "spill_blocks_reused": spill_stats.get("blocks_reused", 0),
-            "weights": self.loaded.weights,
-            "weight_bytes": model_bytes(self.loaded)[0],
-        }
+            reused_tokens=result.prefix_tokens - restored,
+            restored_tokens=restored,
+            prefill_tokens=result.prompt_tokens - result.prefix_tokens,
+            max_new_tokens=result.max_new_tokens,
+            prefill_s=round(result.prefill_s, 6),
+            restore_s=round(restore_s, 6),
+            draft_tokens=result.drafts.drafted,
+            draft_accepted=result.drafts.accepted,
+            draft_acceptance=round(result.drafts.acceptance, 4),
+            encode_s=round(gstats.encode_s, 6),
+            encoder_loads=gstats.encoder_loads,
+            encoder_load_s=round(gstats.load_s, 6),
+            encoder_resident=self.gate.encoder_state == "resident",
+            image_cache_hits=gstats.hits,
+            image_cache_ram_hits=gstats.ram_hits,
+            image_cache_disk_hits=gstats.disk_hits,
+            image_cache_misses=gstats.misses,
+            pictures_encoded=gstats.encoded,
+            spill_blocks_written=spilled.blocks_written,
+            spill_blocks_reused=spilled.blocks_reused,
+            weights=self.loaded.weights,
+            weight_bytes=model_bytes(self.loaded)[0],
+        )

@@ -6,7 +6,7 @@ and for the stop check, so the same code serves the window, `ask` and `replay`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -27,8 +27,13 @@ class TurnResult:
     reply: str
     token_ids: list[int]
     stopped: bool
-    stats: dict = field(default_factory=dict)
-    prefix_tokens: int = 0  # the prompt's opening already in the cache (hot or restored): not prefilled
+    prompt_tokens: int
+    prefix_tokens: int  # the prompt's opening already in the cache (hot or restored): not prefilled
+    max_new_tokens: int  # the reply limit it ran with
+    prefill_s: float
+    first_token_s: float
+    decode_s: float
+    drafts: DraftStats
 
 
 def _suffix_positions(full_pos: torch.Tensor | None, start: int, end: int, device) -> torch.Tensor:
@@ -195,17 +200,6 @@ def run_turn(
         text_parts.append(tail)
         on_text(tail, -1)
     decode_s = time.perf_counter() - t1
-    n_gen = len(generated)
-    stats = {
-        "prompt_tokens": L,
-        "prefill_tokens": L - reuse,
-        "generated_tokens": n_gen,
-        "max_new_tokens": sampling.max_new_tokens,  # after the cut to the context, if any
-        "prefill_s": round(prefill_s, 6),
-        "decode_s": round(decode_s, 6),
-        "first_token_s": round(first_token_s or 0.0, 6),
-        "tokens_per_s": round(n_gen / decode_s, 3) if decode_s > 0 and n_gen else 0.0,
-        **drafts.as_stats(),
-    }
-    return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, stats=stats,
-                      prefix_tokens=reuse)
+    return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, prompt_tokens=L,
+                      prefix_tokens=reuse, max_new_tokens=sampling.max_new_tokens, prefill_s=prefill_s,
+                      first_token_s=first_token_s or 0.0, decode_s=decode_s, drafts=drafts)

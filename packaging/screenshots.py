@@ -2,7 +2,7 @@
 
 Drives the real MainWindow through its real widgets, with a real Engine running the given model
 (the built-in demo "Parley Shapes" by default), a throwaway data folder and throwaway settings
-(nothing of the user's is read or written). The pictures are drawn with packaging/shapes_world.py,
+(nothing of the user's is read or written). The pictures are drawn with packaging/demo_model/shapes_world.py,
 so they are the kind the demo model knows; every reply in the screenshots is the model's own
 streamed output.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "packaging"))
+sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
 os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
 
 import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)
@@ -42,8 +42,8 @@ from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
 
-import shapes_data as sd  # noqa: E402
 import shapes_world as world  # noqa: E402
+from shapes_questions import describe  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 reply = ask(w, picture, question, done)
                 if failed:
                     raise SystemExit(f"screenshots: {failed[0]}")
-                drawn = sd.describe(scene)
+                drawn = describe(scene)
                 print(f"{question!r} on {picture.name}: {reply!r}"
                       + ("" if reply == drawn else f"  <- WARNING: the picture shows {drawn!r}"), flush=True)
             grab(w, out / "chat.png")

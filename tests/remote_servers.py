@@ -243,3 +243,27 @@ class TransformersServe:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)
+
+
+def remote(url: str, **kw):
+    """A started RemoteEngine on `url` (RemoteConfig.make's keywords: model, stream, ...)."""
+    from engine.remote import RemoteConfig, RemoteEngine
+    return RemoteEngine(RemoteConfig.make(url, **kw)).start()
+
+
+def fail_turn(engine, messages=None):
+    """Run a turn that must fail: one sentence, the conversation sent untouched, and the engine
+    not wedged (the same turn fails again the same way). Returns the TurnFailed."""
+    from engine.client import run_blocking
+    from engine.events import Message, Sampling, Turn, TurnFailed
+
+    messages = messages or [Message("user", "hi")]
+    sent = [Message(m.role, m.text, list(m.images)) for m in messages]
+    r = run_blocking(engine, Turn("c", sent, Sampling(max_new_tokens=4)), timeout=60)
+    assert isinstance(r, TurnFailed), r
+    assert sent == messages  # the conversation sent is left as it was
+    assert "\n" not in r.message
+    # the engine survives: the same turn fails again the same way, it is not wedged
+    again = run_blocking(engine, Turn("c", list(messages), Sampling(max_new_tokens=4)), timeout=60)
+    assert isinstance(again, TurnFailed) and again.message == r.message
+    return r

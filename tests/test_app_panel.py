@@ -32,7 +32,7 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     assert "tok/s" in w.memory_dock.turn_rows.labels["tokens_per_s"].text()
     taken = w.memory_dock.last_stats
     assert w.memory_dock.turn_rows.labels["draft_acceptance"].text() == (
-        f"{taken['draft_acceptance'] * 100:.0f} % of {taken['draft_tokens']}")
+        f"{taken.draft_acceptance * 100:.0f} % of {taken.draft_tokens}")
     assert "ms" in w.memory_dock.turn_rows.labels["prefill_s"].text()
 
 

@@ -26,7 +26,7 @@ def test_elastic_turned_on_at_run_time_reloads_the_encoder(tiny_model, tmp_path)
 
         convo = [Message("user", "What is this?", pics(a))]
         d = expect_done(ask(engine, "c", convo, NEW))
-        assert d.stats["encoder_loads"] == 1 and d.stats["pictures_encoded"] == 1
+        assert d.stats.encoder_loads == 1 and d.stats.pictures_encoded == 1
         assert d.token_ids == ref.reply_ids(convo, NEW)  # read back, not left empty or stale
         assert wait_report(engine).encoder_state == "resident"
     finally:
@@ -47,6 +47,6 @@ def test_elastic_turned_off_again_loads_the_encoder_back(tiny_model, tmp_path):
         assert rep.components["vision_encoder"] > 0
         convo = [Message("user", "And this?", pics(a))]
         d = expect_done(ask(engine, "c", convo, NEW))
-        assert d.stats["encoder_loads"] == 0 and d.token_ids == ref.reply_ids(convo, NEW)
+        assert d.stats.encoder_loads == 0 and d.token_ids == ref.reply_ids(convo, NEW)
     finally:
         engine.shutdown()

@@ -38,7 +38,7 @@ def test_reloaded_encoder_weights_are_in_memory_not_mapped_from_the_file(tiny_mo
         engine.unload_encoder()  # queued before the next turn: that turn reads the weights back
         pic = make_picture(tmp_path / "b.png", 2)
         done = expect_done(ask(engine, "c", [Message("user", "And this?", pics(pic))], 2))
-        assert done.stats["encoder_loads"] == 1 and done.stats["encoder_load_s"] > 0
+        assert done.stats.encoder_loads == 1 and done.stats.encoder_load_s > 0
         weights = [p for p in engine.loaded.vision_parameters() if p.numel() > 0]
         assert weights
         maps = file_mappings()

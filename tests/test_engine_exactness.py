@@ -41,18 +41,18 @@ def test_multi_turn_with_pictures_matches_full_prefill(family, tiny_model, tmp_p
             assert done.token_ids == expected, f"turn {n}: engine {done.token_ids} != reference {expected}"
             ref_prompt, _ = ref.prompt_ids(messages, "You are terse.")
             s = done.stats
-            assert s["prompt_tokens"] == len(ref_prompt)
-            assert s["prefill_tokens"] == s["prompt_tokens"] - s["reused_tokens"]
+            assert s.prompt_tokens == len(ref_prompt)
+            assert s.prefill_tokens == s.prompt_tokens - s.reused_tokens
             if n == 0:
-                assert s["reused_tokens"] == 0
+                assert s.reused_tokens == 0
             else:
                 # the previous prompt is a prefix of this one: all of it is reused, only new text runs
-                assert s["reused_tokens"] >= previous_prompt
-                assert s["prefill_tokens"] < s["prompt_tokens"]
+                assert s.reused_tokens >= previous_prompt
+                assert s.prefill_tokens < s.prompt_tokens
             # pictures whose tokens are in the reused prefix are not encoded again
             new_pictures = len(imgs) if n != 3 else 1
-            assert s["pictures_encoded"] <= new_pictures
-            previous_prompt = s["prompt_tokens"]
+            assert s.pictures_encoded <= new_pictures
+            previous_prompt = s.prompt_tokens
             messages.append(Message("assistant", done.reply))
     finally:
         engine.shutdown()
@@ -90,15 +90,15 @@ def test_edit_and_regenerate_crop_the_cache(family, tiny_model, tmp_path, pictur
         # regenerate the last reply: same prompt, everything but the last token is reused
         again = expect_done(ask(engine, "c", convo, NEW))
         assert again.token_ids == d2.token_ids
-        assert again.stats["prefill_tokens"] == 1
+        assert again.stats.prefill_tokens == 1
 
         # edit the first message (different picture, different text): the cache is cropped to
         # the template's opening, and the reply equals a fresh prefill
         edited = [Message("user", "Describe that.", pics(pictures[2]))]
         d3 = expect_done(ask(engine, "c", edited, NEW))
         assert d3.token_ids == ref.reply_ids(edited, NEW)
-        assert d3.stats["reused_tokens"] < d1.stats["prompt_tokens"]
-        assert d3.stats["pictures_encoded"] == 1
+        assert d3.stats.reused_tokens < d1.stats.prompt_tokens
+        assert d3.stats.pictures_encoded == 1
     finally:
         engine.shutdown()
 
@@ -113,7 +113,7 @@ def test_same_tokens_for_a_different_picture_are_not_reused(tiny_model, tmp_path
         swapped = [Message("user", "What is it?", pics(make_picture(tmp_path / "other.png", seed=9, size=(40, 36))))]
         d = expect_done(ask(engine, "c", swapped, NEW))
         assert d.token_ids == ref.reply_ids(swapped, NEW)
-        assert d.stats["pictures_encoded"] == 1
+        assert d.stats.pictures_encoded == 1
     finally:
         engine.shutdown()
 

@@ -74,7 +74,7 @@ def test_model_switch_frees_the_old_model_before_the_new_one_serves(tiny_model, 
             assert [r() is None for r in refs] == [True] * len(refs)
             pic = make_picture(tmp_path / "b.png", 2)
             done = expect_done(ask(engine, "c2", [Message("user", "And this?", pics(pic))], 4))
-            assert done.stats["pictures_encoded"] == 1
+            assert done.stats.pictures_encoded == 1
         finally:
             engine.shutdown()
 

@@ -184,11 +184,11 @@ def test_stateless_turns_continue_the_best_matching_session(llava, tmp_path):
         expect_done(ask(engine, "window", [Message("user", "What is it?", pics(pic))], 4))
         convo = [Message("user", "What is it?", pics(pic))]
         d1 = expect_done(ask(engine, "", convo, 4))
-        assert d1.conversation_id.startswith("api:") and d1.stats["reused_tokens"] == 0
+        assert d1.conversation_id.startswith("api:") and d1.stats.reused_tokens == 0
         convo += [Message("assistant", d1.reply), Message("user", "More?")]
         d2 = expect_done(ask(engine, "", convo, 4))
         assert d2.conversation_id == d1.conversation_id
-        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens
         assert d2.token_ids == Reference(llava).reply_ids(convo, 4)
         other = expect_done(ask(engine, "", [Message("user", "Unrelated question")], 2))
         assert other.conversation_id != d1.conversation_id
@@ -203,13 +203,13 @@ def test_a_conversation_longer_than_the_context_fails_clearly(llava, tmp_path):
         res = ask(engine, "c", [Message("user", "word " * (limit + 10))], 4)
         assert isinstance(res, TurnFailed) and "more than the model's context" in res.message
         # near the limit the reply is cut to fit instead of running past the context
-        n = expect_done(ask(engine, "c", [Message("user", "hi")], 4)).stats["prompt_tokens"]
+        n = expect_done(ask(engine, "c", [Message("user", "hi")], 4)).stats.prompt_tokens
         tok = engine.loaded.tokenizer
         per_word = len(tok("word " * 100, add_special_tokens=False)["input_ids"]) / 100
         text = "hi " + "word " * int((limit - n - 12) / per_word)
         d = expect_done(ask(engine, "c2", [Message("user", text)], 500))
-        assert d.stats["prompt_tokens"] + d.stats["generated_tokens"] <= limit
+        assert d.stats.prompt_tokens + d.stats.generated_tokens <= limit
         # the cut is reported, so the API can answer finish_reason "length"
-        assert d.stats["max_new_tokens"] == limit - d.stats["prompt_tokens"] < 500
+        assert d.stats.max_new_tokens == limit - d.stats.prompt_tokens < 500
     finally:
         engine.shutdown()

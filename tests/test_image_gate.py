@@ -28,11 +28,11 @@ def test_cached_features_give_the_fresh_encoding_reply(family, tiny_model, tmp_p
     try:
         first = [Message("user", "What is this?", pics(a, b))]
         d1 = expect_done(ask(engine, "one", first, NEW))
-        assert d1.stats["image_cache_misses"] == 2 and d1.stats["pictures_encoded"] == 2
+        assert d1.stats.image_cache_misses == 2 and d1.stats.pictures_encoded == 2
         # another conversation: no KV to reuse past the opening, both pictures come from the cache
         other = [Message("user", "Tell me about these.", pics(b, a))]
         d2 = expect_done(ask(engine, "two", other, NEW))
-        assert d2.stats["image_cache_hits"] == 2 and d2.stats["pictures_encoded"] == 0
+        assert d2.stats.image_cache_hits == 2 and d2.stats.pictures_encoded == 0
         assert d2.token_ids == ref.reply_ids(other, NEW)
         assert d1.token_ids == ref.reply_ids(first, NEW)
     finally:
@@ -54,8 +54,8 @@ def test_all_hit_turn_never_wakes_the_unloaded_encoder(tiny_model, tmp_path):
 
         convo = [Message("user", "again", pics(b, a))]
         d = expect_done(ask(engine, "y", convo, NEW))
-        assert d.stats["encoder_loads"] == 0 and d.stats["image_cache_hits"] == 2
-        assert d.stats["encoder_resident"] is False
+        assert d.stats.encoder_loads == 0 and d.stats.image_cache_hits == 2
+        assert d.stats.encoder_resident is False
         assert engine.gate.residency.last_used == idle_before  # a hit does not refresh the idle clock
         assert wait_report(engine).components["vision_encoder"] == 0
         assert d.token_ids == ref.reply_ids(convo, NEW)
@@ -63,9 +63,9 @@ def test_all_hit_turn_never_wakes_the_unloaded_encoder(tiny_model, tmp_path):
         # a new picture beside cached ones: one load, only the new picture encoded
         convo2 = [Message("user", "and now", pics(a, c, b))]
         d2 = expect_done(ask(engine, "z", convo2, NEW))
-        assert d2.stats["encoder_loads"] == 1 and d2.stats["pictures_encoded"] == 1
-        assert d2.stats["image_cache_hits"] == 2 and d2.stats["image_cache_misses"] == 1
-        assert d2.stats["encoder_load_s"] > 0
+        assert d2.stats.encoder_loads == 1 and d2.stats.pictures_encoded == 1
+        assert d2.stats.image_cache_hits == 2 and d2.stats.image_cache_misses == 1
+        assert d2.stats.encoder_load_s > 0
         assert d2.token_ids == ref.reply_ids(convo2, NEW)  # reloaded weights are the real ones
         assert "loading" in states and "unloaded" in states
     finally:
@@ -79,7 +79,7 @@ def test_non_elastic_keeps_the_encoder_and_still_skips_hits(tiny_model, tmp_path
     try:
         expect_done(ask(engine, "x", [Message("user", "q", pics(a))], NEW))
         d = expect_done(ask(engine, "y", [Message("user", "r", pics(a))], NEW))
-        assert d.stats["pictures_encoded"] == 0 and d.stats["encoder_resident"] is True
+        assert d.stats.pictures_encoded == 0 and d.stats.encoder_resident is True
         engine.unload_encoder()
         assert wait_report(engine).components["vision_encoder"] > 0
     finally:
@@ -95,11 +95,11 @@ def test_picture_used_every_turn_survives_64_others(tiny_model, tmp_path):
             other = make_picture(tmp_path / f"o{i}.png", i, size=(30, 30))
             d = expect_done(ask(engine, f"c{i}", [Message("user", "hi", pics(keep, other))], 1))
             if i > 0:
-                assert d.stats["image_cache_ram_hits"] == 1, f"turn {i}: the picture used every turn was evicted"
+                assert d.stats.image_cache_ram_hits == 1, f"turn {i}: the picture used every turn was evicted"
         assert engine.gate.ram.evictions >= 2  # the others really did push entries out
         first_other = make_picture(tmp_path / "o0.png", 0, size=(30, 30))
         d = expect_done(ask(engine, "last", [Message("user", "hi", pics(first_other))], 1))
-        assert d.stats["image_cache_misses"] == 1  # the oldest unused one is gone
+        assert d.stats.image_cache_misses == 1  # the oldest unused one is gone
     finally:
         engine.shutdown()
 
@@ -113,7 +113,7 @@ def test_renamed_picture_is_still_a_hit(tiny_model, tmp_path):
         moved.parent.mkdir()
         a.rename(moved)
         d = expect_done(ask(engine, "y", [Message("user", "q", pics(moved))], 2))
-        assert d.stats["image_cache_hits"] == 1
+        assert d.stats.image_cache_hits == 1
     finally:
         engine.shutdown()
 
@@ -132,14 +132,14 @@ def test_all_hit_turns_open_no_picture_file(tiny_model, tmp_path):
         loads = engine.gate.residency.loads
         a.rename(tmp_path / "elsewhere.png")  # the ref now names no file at all
         d = expect_done(ask(engine, "two", convo, NEW))  # another conversation: no KV, only the cache
-        assert d.stats["image_cache_ram_hits"] == 1 and d.stats["pictures_encoded"] == 0
+        assert d.stats.image_cache_ram_hits == 1 and d.stats.pictures_encoded == 0
         assert d.token_ids == want and engine.gate.residency.loads == loads
     finally:
         engine.shutdown()
     engine = open_engine(model_dir, data)
     try:
         d = expect_done(ask(engine, "three", convo, NEW))
-        assert d.stats["image_cache_disk_hits"] == 1 and d.stats["encoder_loads"] == 0
+        assert d.stats.image_cache_disk_hits == 1 and d.stats.encoder_loads == 0
         assert d.token_ids == want
     finally:
         engine.shutdown()
@@ -162,7 +162,7 @@ def test_a_picture_changed_behind_its_ref_fails_that_turn_alone(tiny_model, tmp_
         assert engine.gate.counters["encodes"] == 1  # nothing of the changed file was encoded or cached
         convo[-1] = Message("user", "And this?", pics(a))  # attached again: its new content
         d2 = expect_done(ask(engine, "c", convo, NEW))
-        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]  # the conversation's KV was kept
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens  # the conversation's KV was kept
         assert d2.token_ids == ref.reply_ids(convo, NEW)
     finally:
         engine.shutdown()
@@ -209,7 +209,7 @@ def test_damaged_disk_entry_is_a_miss_that_re_encodes(tiny_model, tmp_path):
     try:
         convo = [Message("user", "q", pics(a))]
         d = expect_done(ask(engine, "y", convo, NEW))
-        assert d.stats["image_cache_misses"] == 1 and d.stats["pictures_encoded"] == 1
+        assert d.stats.image_cache_misses == 1 and d.stats.pictures_encoded == 1
         assert engine.gate.disk.damaged == 1
         assert d.token_ids == ref.reply_ids(convo, NEW)
     finally:
@@ -226,7 +226,7 @@ def test_unwritable_cache_dir_works_uncached_and_says_so(tiny_model, tmp_path):
         a = make_picture(tmp_path / "a.png", 3)
         d = expect_done(ask(engine, "x", [Message("user", "q", pics(a))], 3))
         d2 = expect_done(ask(engine, "y", [Message("user", "q", pics(a))], 3))
-        assert d2.stats["image_cache_ram_hits"] == 1 and d.token_ids == d2.token_ids
+        assert d2.stats.image_cache_ram_hits == 1 and d.token_ids == d2.token_ids
         assert any("picture cache on disk is unavailable" in n for n in notices)
     finally:
         engine.shutdown()

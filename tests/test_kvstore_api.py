@@ -57,8 +57,8 @@ def test_restore_mixes_own_and_shared_blocks(store):
     short = build_cache([(k[:, :, :48], v[:, :, :48]) for k, v in kv])
     assert store.spill("short", t[:48], [], short, {"turns": 1}).ok
     out = store.restore("short", t)
-    assert out.n_tokens == 96 and out.stats["source"] == "session+shared"
-    assert out.state == {"turns": 1} and not out.stats["state_complete"]
+    assert out.n_tokens == 96 and out.stats.source == "session+shared"
+    assert out.state == {"turns": 1} and not out.stats.state_complete
     assert all(torch.equal(layer.keys, k) for layer, (k, _) in zip(out.cache.layers, kv))
     assert store.restore("short", t, shared=False).n_tokens == 48
 

@@ -170,7 +170,7 @@ def _check_consistent(root: str) -> int:
             assert info["state"] == {"n": n}
             toks = crash_tokens(sid, n)
             out = s.restore(sid, toks, crash_pictures(n), cut_pictures=False)
-            assert out.n_tokens == n and out.stats["bad_blobs"] == 0 and out.stats["missing_blobs"] == 0
+            assert out.n_tokens == n and out.stats.bad_blobs == 0 and out.stats.missing_blobs == 0
             for layer, (k, v) in zip(out.cache.layers, crash_kv(toks)):
                 assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
         return len(s.sessions())

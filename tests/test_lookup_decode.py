@@ -113,11 +113,11 @@ def test_accepted_and_rejected_drafts_keep_the_reply_exact(family, tiny_model, t
         done = expect_done(ask(engine, "c", messages, NEW))
         assert done.token_ids == expected
         s = done.stats
-        assert 0 < s["draft_accepted"] < s["draft_tokens"]
+        assert 0 < s.draft_accepted < s.draft_tokens
         # the cache holds exactly the prompt and the reply fed back: the next turn reuses it all
         messages += [Message("assistant", done.reply), Message("user", "And now?")]
         again = expect_done(ask(engine, "c", messages, NEW))
-        assert again.stats["reused_tokens"] >= s["prompt_tokens"]
+        assert again.stats.reused_tokens >= s.prompt_tokens
         assert again.token_ids == ref.reply_ids(messages, NEW)
     finally:
         engine.shutdown()
@@ -136,6 +136,6 @@ def test_the_demo_model_restating_itself_takes_drafts(tmp_path):
         messages += [Message("assistant", first.reply), Message("user", "Describe the picture.")]
         second = expect_done(ask(engine, "c", messages, 40))
         assert second.token_ids == ref.reply_ids(messages, 40)
-        assert second.stats["draft_accepted"] >= len(second.token_ids) // 2, second.stats
+        assert second.stats.draft_accepted >= len(second.token_ids) // 2, second.stats
     finally:
         engine.shutdown()

@@ -68,7 +68,7 @@ def test_rotated_jpeg_gets_the_features_and_reply_of_the_upright_one(tiny_model,
     try:
         a = expect_done(ask(engine, "a", [Message("user", "Where is the square?", pics(upright))], 8))
         b = expect_done(ask(engine, "b", [Message("user", "Where is the square?", pics(rotated))], 8))
-        assert a.stats["pictures_encoded"] == 1 and b.stats["pictures_encoded"] == 1  # two keys
+        assert a.stats.pictures_encoded == 1 and b.stats.pictures_encoded == 1  # two keys
         gate = engine.gate
         fa = gate.ram.get(picture_key(pics(upright)[0].digest, gate.identity)).features
         fb = gate.ram.get(picture_key(pics(rotated)[0].digest, gate.identity)).features

@@ -21,7 +21,7 @@ from app.history import History
 from engine.kvstore import KVStore, KVStoreError
 from engine.kvstore.blob import blob_path
 from tests import platform_sim
-from tests.test_kvstore import NS, assert_prefix, cache_of, make_kv, tokens
+from tests.kv_helpers import NS, assert_prefix, cache_of, make_kv, tokens
 
 REPO = str(Path(__file__).resolve().parent.parent)
 SIMULATED = os.environ.get(platform_sim.ENV) or None

@@ -31,7 +31,7 @@ def test_odd_model_data_and_picture_paths_give_the_same_replies(tiny_model, tmp_
         again = expect_done(ask(engine, "c", turn))  # restored from disk, picture from the disk cache
     finally:
         engine.shutdown()
-    assert again.stats["restored_tokens"] > 0
+    assert again.stats.restored_tokens > 0
     plain = open_engine(tiny_model("llava"), tmp_path / "plain")
     try:
         want = expect_done(ask(plain, "c", [Message("user", "what colour is the shape?", pics(plain_picture))]))

@@ -17,8 +17,8 @@ from tests import platform_sim
 
 REPO = Path(__file__).resolve().parent.parent
 # the store, spill and history modules (not the model-heavy ones: the suite has a time budget)
-SUITES = ["tests/test_kvstore.py", "tests/test_kvstore_faults.py", "tests/test_kvstore_api.py",
-          "tests/test_history.py", "tests/test_platform_io.py"]
+SUITES = ["tests/test_kvstore.py", "tests/test_kvstore_recovery.py", "tests/test_kvstore_faults.py",
+          "tests/test_kvstore_api.py", "tests/test_history.py", "tests/test_platform_io.py"]
 KINDS = sorted(platform_sim.MISSING)
 
 pytestmark = [pytest.mark.skipif(bool(os.environ.get(platform_sim.ENV)), reason="already inside a simulation"),

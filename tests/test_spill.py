@@ -75,8 +75,8 @@ def test_spill_restore_and_restart_are_exact(family, tiny_model, tmp_path):
         text, imgs = script[3]
         messages.append(Message("user", text, imgs))
         d = expect_done(ask(engine, "c", messages, NEW))
-        assert d.stats["restored_tokens"] > 0 and d.stats["reused_tokens"] == 0
-        assert d.stats["prefill_tokens"] == d.stats["prompt_tokens"] - d.stats["restored_tokens"]
+        assert d.stats.restored_tokens > 0 and d.stats.reused_tokens == 0
+        assert d.stats.prefill_tokens == d.stats.prompt_tokens - d.stats.restored_tokens
         assert d.token_ids == ref.reply_ids(messages, NEW)
     finally:
         engine.shutdown()
@@ -98,8 +98,8 @@ def test_idle_timer_spills_and_the_next_turn_restores(tiny_model, tmp_path):
         assert "spilled" in states and engine.sessions["c"].cache is None
         msgs += [Message("assistant", d1.reply), Message("user", t2, i2)]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
-        assert d2.stats["restored_tokens"] >= d1.stats["prompt_tokens"] - B
-        assert d2.stats["spill_blocks_written"] > 0
+        assert d2.stats.restored_tokens >= d1.stats.prompt_tokens - B
+        assert d2.stats.spill_blocks_written > 0
         assert d2.token_ids == ref.reply_ids(msgs, NEW)  # Qwen positions after a restore
     finally:
         engine.shutdown()
@@ -116,22 +116,22 @@ def test_follow_up_spill_writes_only_new_blocks_and_openings_are_shared(tiny_mod
         msgs.append(Message("user", *script[1]))
         d = expect_done(ask(engine, "c", msgs, NEW))
         spill_now(engine, "c")
-        first = engine.spiller.store.counters["blocks_written"]
-        n_before = len(engine.sessions["c"].tags) if engine.sessions["c"].cache is not None else d.stats["prompt_tokens"] + NEW - 1
+        first = engine.spill_scheduler.store.counters["blocks_written"]
+        n_before = len(engine.sessions["c"].tags) if engine.sessions["c"].cache is not None else d.stats.prompt_tokens + NEW - 1
         msgs += [Message("assistant", d.reply), Message("user", "A short follow-up.")]
         d3 = expect_done(ask(engine, "c", msgs, NEW))
         n_after = len(engine.sessions["c"].tags)
         spill_now(engine, "c")
-        written = engine.spiller.store.counters["blocks_written"] - first
+        written = engine.spill_scheduler.store.counters["blocks_written"] - first
         k = n_after - n_before
         assert written <= -(-k // B) + 1, f"follow-up spill of +{k} tokens wrote {written} blocks"
-        assert engine.spiller.store.counters["reused_blobs"] > 0
+        assert engine.spill_scheduler.store.counters["reused_blobs"] > 0
         # a second conversation with the same opening stores no block twice
-        before = engine.spiller.store.counters["blocks_written"]
+        before = engine.spill_scheduler.store.counters["blocks_written"]
         expect_done(ask(engine, "other", msgs[:1], NEW))
         spill_now(engine, "other")
-        assert engine.spiller.store.counters["blocks_written"] - before <= 1
-        assert d3.stats["restored_tokens"] > 0
+        assert engine.spill_scheduler.store.counters["blocks_written"] - before <= 1
+        assert d3.stats.restored_tokens > 0
     finally:
         engine.shutdown()
 
@@ -163,9 +163,9 @@ def test_damaged_blobs_are_detected_counted_and_recomputed(damage, tiny_model, t
         msgs += [Message("assistant", d1.reply), Message("user", t2, i2)]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
         assert d2.token_ids == ref.reply_ids(msgs, NEW)  # never served, recomputed from text
-        c = engine.spiller.store.counters
+        c = engine.spill_scheduler.store.counters
         assert c["bad_blobs"] + c["missing_blobs"] >= 1
-        assert d2.stats["restored_tokens"] < d1.stats["prompt_tokens"]
+        assert d2.stats.restored_tokens < d1.stats.prompt_tokens
     finally:
         engine.shutdown()
 
@@ -179,17 +179,17 @@ def test_unwritable_store_keeps_conversations_hot(tiny_model, tmp_path):
     try:
         msgs = [Message("user", "hello there")]
         d = expect_done(ask(engine, "c", msgs, NEW))
-        # past spill_idle_s the idle spiller has nothing it can spill (the store folder cannot be
+        # past spill_idle_s the idle spill_scheduler has nothing it can spill (the store folder cannot be
         # made), and the engine says so: nothing lost, the conversation stays hot
         time.sleep(max(0.0, engine.sessions["c"].last_used + 0.1 - time.monotonic()))  # the idle time passes
-        assert engine.spiller.due(engine.sessions, None) is None
+        assert engine.spill_scheduler.due(engine.sessions, None) is None
         report = wait_report(engine)
         assert report.sessions_kv["c"] > 0 and report.store_status.startswith("unavailable: ")
         assert engine.sessions["c"].cache is not None
         assert spill_now(engine, "c").state == "refused"
         msgs += [Message("assistant", d.reply), Message("user", "again")]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
-        assert d2.stats["reused_tokens"] > 0
+        assert d2.stats.reused_tokens > 0
         assert any("KV store is unavailable" in n for n in notices)
     finally:
         engine.shutdown()
@@ -207,7 +207,7 @@ def test_sliding_window_models_are_refused_with_a_reason(tiny_model, tmp_path):
     (model / "config.json").write_text(json.dumps(cfg))
     engine = open_engine(model, tmp_path / "d", block_tokens=B)
     try:
-        assert engine.spiller.refusal and "sliding" in engine.spiller.refusal.lower()
+        assert engine.spill_scheduler.refusal and "sliding" in engine.spill_scheduler.refusal.lower()
         expect_done(ask(engine, "c", [Message("user", "hi")], 3))
         st = spill_now(engine, "c")
         assert st.state == "refused" and "Sliding" in st.detail
@@ -254,13 +254,13 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
         need = engine.gate.residency.weight_bytes()
         engine.update_settings(memory_budget_bytes=held + need - 1)  # one byte short of the encoder
         d = expect_done(ask(engine, "active", [Message("user", "A new picture.", pics(b))], NEW))
-        assert d.stats["encoder_loads"] == 1
+        assert d.stats.encoder_loads == 1
         assert engine.sessions["old"].cache is None  # the oldest idle one was spilled first
         assert engine.sessions["newer"].cache is not None  # and no more than needed
         assert engine.sessions["active"].cache is not None
         old += [Message("assistant", d_old.reply), Message("user", "Still there?")]
         back = expect_done(ask(engine, "old", old, NEW))
-        assert back.stats["restored_tokens"] > 0 and back.token_ids == ref.reply_ids(old, NEW)
+        assert back.stats.restored_tokens > 0 and back.token_ids == ref.reply_ids(old, NEW)
     finally:
         engine.shutdown()
 
@@ -301,7 +301,7 @@ def test_a_full_disk_pauses_spilling_and_loses_nothing(tiny_model, small_disk):
     engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
     try:
         d3 = expect_done(ask(engine, "c", msgs, NEW))
-        assert d3.stats["restored_tokens"] > 0
+        assert d3.stats.restored_tokens > 0
         assert d3.token_ids == ref.reply_ids(msgs, NEW)
     finally:
         engine.shutdown()

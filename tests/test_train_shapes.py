@@ -1,6 +1,6 @@
 """The demo model's training script is reproducible and writes a folder the app can load.
 
-Two short runs of packaging/train_shapes.py with the same seed must write byte-identical
+Two short runs of packaging/demo_model/train_shapes.py with the same seed must write byte-identical
 weights (the README promises a rerun gives the shipped weights), from scratch and as a
 fine-tune (--init) of a folder, and the folder must load through the standard AutoProcessor /
 AutoModelForImageTextToText path. The training pictures (any size, noise, blur, JPEG, photos and
@@ -16,14 +16,14 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "packaging"))
+sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
 def train(out: Path, *extra: str) -> None:
     subprocess.run(
-        [sys.executable, str(ROOT / "packaging" / "train_shapes.py"), "--vision-steps", "6", "--steps", "6",
+        [sys.executable, str(ROOT / "packaging" / "demo_model" / "train_shapes.py"), "--vision-steps", "6", "--steps", "6",
          "--batch", "4", "--vision-batch", "8", "--threads", "1", "--out", str(out), *extra],
         check=True, capture_output=True, timeout=240)
 

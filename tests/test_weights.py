@@ -61,8 +61,8 @@ def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path)
         chat = [Message("user", "Describe the first picture in a few words.", [a])]
         d1 = expect_done(ask(engine, "c", chat, NEW))
         assert d1.token_ids == ref.reply_ids(chat, NEW)
-        assert d1.stats["weights"] == "int8"
-        assert d1.stats["weight_bytes"] == model_bytes(ref.loaded)[0] == _int8_bytes_from_shapes(ref.loaded)
+        assert d1.stats.weights == "int8"
+        assert d1.stats.weight_bytes == model_bytes(ref.loaded)[0] == _int8_bytes_from_shapes(ref.loaded)
         # the KV cache holds the compute dtype, not int8
         layer = engine.sessions["c"].cache.layers[0]
         assert layer.keys.dtype == ref.loaded.dtype == torch.float32
@@ -70,13 +70,13 @@ def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path)
         # prefix reuse: the first turn's prompt is not run again
         chat += [Message("assistant", d1.reply), Message("user", "Now compare it with this one.", [b])]
         d2 = expect_done(ask(engine, "c", chat, NEW))
-        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens
         assert d2.token_ids == ref.reply_ids(chat, NEW)
 
         # cached picture: another conversation sends the same picture; the encoder is not run
         other = [Message("user", "What is this?", [a])]
         d3 = expect_done(ask(engine, "other", other, NEW))
-        assert d3.stats["image_cache_hits"] == 1 and d3.stats["pictures_encoded"] == 0
+        assert d3.stats.image_cache_hits == 1 and d3.stats.pictures_encoded == 0
         assert d3.token_ids == ref.reply_ids(other, NEW)
 
         # SSD restore
@@ -84,7 +84,7 @@ def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path)
         assert spill_now(engine, "c").state == "spilled"
         chat += [Message("user", "Which has more red?", [])]
         d4 = expect_done(ask(engine, "c", chat, NEW))
-        assert d4.stats["restored_tokens"] > 0
+        assert d4.stats.restored_tokens > 0
         assert d4.token_ids == ref.reply_ids(chat, NEW)
     finally:
         engine.shutdown()
@@ -134,13 +134,13 @@ def test_4bit_answers_exactly_against_its_own_prefill(tiny_model, tmp_path):
         assert d1.token_ids == ref.reply_ids(chat, NEW)
         chat += [Message("assistant", d1.reply), Message("user", "And the colours?", [])]
         d2 = expect_done(ask(engine, "c", chat, NEW))
-        assert d2.stats["reused_tokens"] >= d1.stats["prompt_tokens"]
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens
         assert d2.token_ids == ref.reply_ids(chat, NEW)
-        assert d2.stats["weights"] == "4bit"
-        assert d2.stats["weight_bytes"] == model_bytes(ref.loaded)[0]
-        assert d2.stats["weight_bytes"] < model_bytes(load_model(model, weights="fp32"))[0] * 0.75
+        assert d2.stats.weights == "4bit"
+        assert d2.stats.weight_bytes == model_bytes(ref.loaded)[0]
+        assert d2.stats.weight_bytes < model_bytes(load_model(model, weights="fp32"))[0] * 0.75
         report = wait_report(engine)
-        assert report.components["language_model"] == d2.stats["weight_bytes"]
+        assert report.components["language_model"] == d2.stats.weight_bytes
     finally:
         engine.shutdown()
 
@@ -162,7 +162,7 @@ def test_kv_store_of_other_weights_is_never_restored(family, tiny_model, tmp_pat
     engine = open_engine(model, data, weights="fp32", block_tokens=B, spill_idle_s=3600)
     try:
         d2 = expect_done(ask(engine, "c", chat, NEW))
-        assert d2.stats["restored_tokens"] > 0
+        assert d2.stats.restored_tokens > 0
         assert d2.token_ids == Reference(model, weights="fp32").reply_ids(chat, NEW)
     finally:
         engine.shutdown()
@@ -171,8 +171,8 @@ def test_kv_store_of_other_weights_is_never_restored(family, tiny_model, tmp_pat
     try:
         d3 = expect_done(ask(engine, "c", chat, NEW))
         # a miss: nothing restored, the whole prompt recomputed with the int8 weights
-        assert d3.stats["restored_tokens"] == 0 and d3.stats["reused_tokens"] == 0
-        assert d3.stats["prefill_tokens"] == d3.stats["prompt_tokens"]
+        assert d3.stats.restored_tokens == 0 and d3.stats.reused_tokens == 0
+        assert d3.stats.prefill_tokens == d3.stats.prompt_tokens
         assert wait_report(engine).counters["store_restores"] == 0
         assert d3.token_ids == Reference(model, weights="int8").reply_ids(chat, NEW)
     finally:

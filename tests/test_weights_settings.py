@@ -64,7 +64,7 @@ def test_auto_in_the_engine_says_which_format_and_why(wide_llava, tmp_path):
     engine = open_engine(model, tmp_path / "data", notices=notices, memory_budget_bytes=budget)
     try:
         d = expect_done(ask(engine, "c", [Message("user", "Hello there")], 4))
-        assert d.stats["weights"] == "int8"
+        assert d.stats.weights == "int8"
         assert [n for n in notices if n.startswith("Weights: int8 — fp32 needs")]
     finally:
         engine.shutdown()
@@ -100,7 +100,7 @@ def test_a_refused_format_leaves_the_engine_working(tiny_model, tmp_path):
         after = expect_done(ask(engine, "c", [Message("user", "Hi")], 4))  # runs after the refusal
         assert failures == ["weights bf16 and dtype float32 disagree: set dtype to auto, "
                             "or choose the weights format fp32"]
-        assert after.token_ids == before.token_ids and after.stats["weights"] == "fp32"
+        assert after.token_ids == before.token_ids and after.stats.weights == "fp32"
     finally:
         engine.shutdown()
 
@@ -112,8 +112,8 @@ def test_changing_the_weights_setting_reloads_the_model(tiny_model, tmp_path):
         d1 = expect_done(ask(engine, "c", [Message("user", "Hi")], 4))
         engine.update_settings(weights="int8")
         d2 = expect_done(ask(engine, "c", [Message("user", "Hi")], 4))  # queued after the reload
-        assert (d1.stats["weights"], d2.stats["weights"]) == ("fp32", "int8")
-        assert d2.stats["weight_bytes"] < d1.stats["weight_bytes"] / 2
+        assert (d1.stats.weights, d2.stats.weights) == ("fp32", "int8")
+        assert d2.stats.weight_bytes < d1.stats.weight_bytes / 2
     finally:
         engine.shutdown()
 

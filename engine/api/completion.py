@@ -8,6 +8,7 @@ import uuid
 from typing import Callable
 
 from ..events import Token, TurnDone, TurnFailed
+from ..turn_stats import LocalTurnStats
 from .errors import ApiError
 from .request import ChatRequest
 from .stops import StopScanner
@@ -26,14 +27,15 @@ def failure_status(message: str) -> ApiError:
 
 
 def usage(done: TurnDone) -> dict:
-    s = done.stats or {}
-    prompt = int(s.get("prompt_tokens", 0))
-    completion = len(done.token_ids)
-    cached = int(s.get("reused_tokens", 0)) + int(s.get("restored_tokens", 0))
+    s = done.stats
+    prompt, completion = s.prompt_tokens, len(done.token_ids)
+    local = s if isinstance(s, LocalTurnStats) else None  # a remote engine's turn: no numbers of ours
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": {"cached_tokens": local.reused_tokens + local.restored_tokens if local else 0},
             # what the picture gate did, for a Parley window using this server (its memory dock)
-            "parley": {k: int(s.get(k, 0)) for k in ("encoder_loads", "pictures_encoded", "image_cache_hits")}}
+            "parley": {"encoder_loads": local.encoder_loads if local else 0,
+                       "pictures_encoded": local.pictures_encoded if local else 0,
+                       "image_cache_hits": local.image_cache_hits if local else 0}}
 
 
 class ChatTurn:
@@ -108,7 +110,8 @@ class ChatTurn:
         if done.token_ids and done.token_ids[-1] in eos:
             return "stop"
         # the engine may have cut the limit to fit the context: that is a "length" finish too
-        limit = done.stats.get("max_new_tokens", self.req.sampling.max_new_tokens)
+        s = done.stats
+        limit = s.max_new_tokens if isinstance(s, LocalTurnStats) else self.req.sampling.max_new_tokens
         return "length" if len(done.token_ids) >= limit else "stop"
 
 

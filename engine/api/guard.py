@@ -58,7 +58,7 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
             """Drop the rest of the request body (a Content-Length one, at most `limit` bytes more)
             as it arrives; the future is done once it all has. None: not possible here (the app
             reads and drops it itself)."""
-            reader = self.conn._reader
+            reader = self.conn._reader  # h11's private reader state (see the import above)
             if not isinstance(reader, ContentLengthReader):
                 return None
             left = reader._remaining - len(self.conn._receive_buffer)  # not yet read from the socket

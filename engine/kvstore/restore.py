@@ -20,11 +20,23 @@ from .manifest import SessionRow
 
 
 @dataclass
+class RestoreStats:
+    source: str = "none"   # whose blocks it read: "session", "shared", "session+shared" or "none"
+    blobs_read: int = 0
+    bytes_read: int = 0
+    bad_blobs: int = 0      # failed their check (ended the prefix; never served)
+    missing_blobs: int = 0  # in the index but gone from disk (ended the prefix)
+    session_tokens: int = 0  # tokens the session's own row holds (0 without a usable row)
+    state_complete: bool = False  # the row's state describes exactly the restored tokens
+    seconds: float = 0.0
+
+
+@dataclass
 class RestoreResult:
     cache: Any | None          # transformers DynamicCache holding n_tokens tokens, or None
     n_tokens: int
     state: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
+    stats: RestoreStats = field(default_factory=RestoreStats)
 
 
 @dataclass

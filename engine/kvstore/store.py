@@ -28,7 +28,7 @@ from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, no
 from .layout import build_cache, inspect_cache
 from .manifest import encode_state
 from .reader import BlobReader, read_layout, read_prefix
-from .restore import RestoreResult, plan_reads
+from .restore import RestoreResult, RestoreStats, plan_reads
 from .spill_job import BlobPlan, SpillJob, SpillResult
 from .sweep import free_bytes, is_damage, open_manifest, unavailable_reason, verify
 from .writer import BufferPool, WriterThread
@@ -266,7 +266,7 @@ class KVStore:
         chained keys match the given tokens, so a new conversation with a known opening restores
         it. max_tokens caps the prefix (the engine passes len(prompt) - 1, leaving one token to
         prefill). cut_pictures: never end inside a picture span. dtype: cast on the way in.
-        `state` is the session row's state when its row was usable; stats['state_complete']
+        `state` is the session row's state when its row was usable; stats.state_complete
         says whether that state describes exactly n_tokens tokens. Bad or missing blobs are
         counted and end the prefix; they are never served."""
         t0 = time.perf_counter()
@@ -276,25 +276,27 @@ class KVStore:
         B = self.block_tokens
         limit = len(tokens) if max_tokens is None else max(0, min(len(tokens), int(max_tokens)))
         keys = block_keys(ns, tokens, pictures, B, limit_blocks=math.ceil(limit / B))
-        stats: dict[str, Any] = {"source": "none", "blobs_read": 0, "bytes_read": 0, "bad_blobs": 0,
-                                 "missing_blobs": 0, "session_tokens": 0, "state_complete": False}
+        stats = RestoreStats()
 
         def done(cache: Any = None, n: int = 0, state: dict | None = None) -> RestoreResult:
-            stats["seconds"] = time.perf_counter() - t0
+            stats.seconds = time.perf_counter() - t0
             return RestoreResult(cache, n, state or {}, stats)
 
         def failed(key: bytes, why: str, detail: str) -> None:
-            stats[f"{why}_blobs"] += 1  # "missing" or "bad"
+            if why == "missing":
+                stats.missing_blobs += 1
+            else:
+                stats.bad_blobs += 1
             self.index.blob_failed(key, why, detail)
 
         choice = self.index.pin_for_restore(session_id, keys, ns, B, limit, shared)
         row = choice.row
         try:
             if row is not None:
-                stats["session_tokens"] = row.n_tokens
+                stats.session_tokens = row.n_tokens
             if not choice.pins:
                 return done()
-            stats["source"] = choice.source
+            stats.source = choice.source
             try:
                 layout = row.layout if row is not None else read_layout(self.index.path(choice.chain[0]))
             except (BadBlob, MissingBlob) as e:
@@ -307,12 +309,12 @@ class KVStore:
                 self._reader = ThreadPoolExecutor(BlobReader.DEPTH, thread_name_prefix="kvstore-read")
             out = read_prefix(plan, layout, device, dtype, self._reader,
                               lambda item, why, detail: failed(item.key, why, detail))
-            stats["blobs_read"] = out.blobs_read
-            stats["bytes_read"] = out.bytes_read
+            stats.blobs_read = out.blobs_read
+            stats.bytes_read = out.bytes_read
             if out.n_tokens == 0:
                 return done()
             n = out.n_tokens
-            stats["state_complete"] = bool(row is not None and n == row.n_tokens)
+            stats.state_complete = bool(row is not None and n == row.n_tokens)
             self.index.restored(n, out.bytes_read, session_id if row is not None and choice.from_own else None)
             return done(build_cache(out.tensors), n, row.state if row is not None else {})
         finally:

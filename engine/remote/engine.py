@@ -19,6 +19,7 @@ from ..events import (
     TurnFailed, TurnStarted,
 )
 from ..settings import EngineSettings
+from ..turn_stats import RemoteTurnStats, TurnStats
 from ..worker import EngineWorker
 from .config import RemoteConfig
 from .failures import describe
@@ -73,7 +74,7 @@ class RemoteEngine(EngineWorker):
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else None
         self.model_name: str | None = None  # set once the server confirmed the model
-        self.last_turn_stats: dict = {}
+        self.last_turn_stats: RemoteTurnStats | None = None  # the latest finished turn's stats
         self._client = make_client(config)
         self._submitted: dict[int, float] = {}  # turn id -> when submit() queued it (for queue_s)
         self._report = ServerReport(config.server, config.model, "connecting")
@@ -181,7 +182,7 @@ class RemoteEngine(EngineWorker):
         self._emit(TurnStarted(tid, cid))
         try:
             if self._should_stop(tid):
-                self._emit(TurnDone(tid, cid, "", [], {}, stopped=True))
+                self._emit(TurnDone(tid, cid, "", [], TurnStats(), stopped=True))
                 return
             if not turn.messages or turn.messages[-1].role != "user":
                 raise ValueError("A turn must end with a user message.")
@@ -191,14 +192,11 @@ class RemoteEngine(EngineWorker):
                     self._fail(turn, error)
                     return
             request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
-                                  lambda: self._should_stop(tid))
+                                  lambda: self._should_stop(tid), queued_at=self._submitted.get(tid))
             outcome = request.run(chat_messages(turn))
             if outcome.error:
                 self._fail(turn, outcome.error, outcome.reply)
                 return
-            queued = self._submitted.get(tid)
-            if queued is not None and outcome.stats:  # waiting for the worker thread (and turns ahead)
-                outcome.stats["queue_s"] = round(request.t0 - queued, 6)
             self.last_turn_stats = outcome.stats
             self._record(outcome.stats)
             self._emit(TurnDone(tid, cid, outcome.reply, [], outcome.stats, stopped=outcome.stopped))
@@ -217,11 +215,11 @@ class RemoteEngine(EngineWorker):
         self._set_report(last_error=message)
         self._emit(TurnFailed(turn.turn_id, turn.conversation_id, message, partial))
 
-    def _record(self, stats: dict) -> None:
-        prompt = stats.get("prompt_tokens") or 0
-        cached = stats.get("cached_tokens") if stats.get("cached_reported") else None  # unknown is not 0%
+    def _record(self, stats: RemoteTurnStats) -> None:
+        prompt = stats.prompt_tokens
+        cached = stats.cached_tokens if stats.cached_reported else None  # unknown is not 0%
         self._set_report(
-            ttft_s=stats.get("ttft_s"), tokens_per_s=stats.get("tokens_per_s"),
+            ttft_s=stats.ttft_s, tokens_per_s=stats.tokens_per_s,
             cached_share=(cached / prompt) if (cached is not None and prompt) else None,
             prompt_tokens=prompt, turns=self._report.turns + 1, last_error="",
         )

@@ -3,12 +3,13 @@ chunks (closing the stream ends the request on the server), usage into the turn'
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import openai
 
 from ..events import Token, Turn
+from ..turn_stats import RemoteTurnStats
 from .config import RemoteConfig
 from .failures import describe
 from .messages import sampling_params
@@ -17,7 +18,7 @@ from .messages import sampling_params
 @dataclass
 class Outcome:
     reply: str = ""
-    stats: dict = field(default_factory=dict)
+    stats: RemoteTurnStats | None = None  # None when the turn failed
     stopped: bool = False
     error: str = ""  # one sentence when the turn failed; `reply` then holds any partial text
 
@@ -28,8 +29,9 @@ def _not_an_api(cfg: RemoteConfig, what: str) -> str:
 
 class TurnRequest:
     def __init__(self, client: openai.OpenAI, cfg: RemoteConfig, model: str, turn: Turn,
-                 emit: Callable, should_stop: Callable[[], bool]):
+                 emit: Callable, should_stop: Callable[[], bool], queued_at: float | None = None):
         self.client, self.cfg, self.model, self.turn = client, cfg, model, turn
+        self.queued_at = queued_at  # perf_counter when submit() queued the turn
         self.emit, self.should_stop = emit, should_stop
         self.parts: list[str] = []
         self.usage = None
@@ -50,7 +52,7 @@ class TurnRequest:
         self.t_end = time.perf_counter()
         reply = "".join(self.parts)
         if error:
-            return Outcome(reply, {}, False, error)
+            return Outcome(reply, None, False, error)
         return Outcome(reply, self._stats(), stopped)
 
     def _text(self, text: str) -> None:
@@ -105,31 +107,31 @@ class TurnRequest:
             self._text(text)
         return ""
 
-    def _stats(self) -> dict:
+    def _stats(self) -> RemoteTurnStats:
         u = self.usage
         first = self.t_first or self.t_end
         generated = int(u.completion_tokens) if u is not None and u.completion_tokens is not None else self.pieces
         details = getattr(u, "prompt_tokens_details", None) if u is not None else None
         cached = getattr(details, "cached_tokens", None) if details is not None else None
         decode_s = max(0.0, self.t_end - first)
-        stats = {
-            "engine": "remote",
-            "server": self.cfg.server,
-            "model": self.model,
-            "prompt_tokens": int(u.prompt_tokens) if u is not None and u.prompt_tokens is not None else 0,
-            "generated_tokens": generated,
-            "cached_tokens": int(cached) if cached is not None else 0,
-            "usage_reported": u is not None,
-            "cached_reported": cached is not None,
-            "ttft_s": round(first - self.t0, 6),
-            "first_token_s": round(first - self.t0, 6),
-            "decode_s": round(decode_s, 6),
-            "total_s": round(self.t_end - self.t0, 6),
-            "tokens_per_s": round((generated - 1) / decode_s, 3) if decode_s > 0 and generated > 1 else 0.0,
-            "finish_reason": self.finish or "",
-            "streamed": self.cfg.stream,
-        }
         extra = (getattr(u, "model_extra", None) or {}).get("parley") if u is not None else None
-        if isinstance(extra, dict):  # another Parley says what its picture gate did
-            stats.update({f"server_{k}": v for k, v in extra.items() if isinstance(v, (int, float))})
-        return stats
+        if not isinstance(extra, dict):  # only another Parley says what its picture gate did
+            extra = {}
+        return RemoteTurnStats(
+            server=self.cfg.server,
+            model=self.model,
+            prompt_tokens=int(u.prompt_tokens) if u is not None and u.prompt_tokens is not None else 0,
+            generated_tokens=generated,
+            cached_tokens=int(cached) if cached is not None else 0,
+            usage_reported=u is not None,
+            cached_reported=cached is not None,
+            ttft_s=round(first - self.t0, 6),
+            first_token_s=round(first - self.t0, 6),
+            decode_s=round(decode_s, 6),
+            total_s=round(self.t_end - self.t0, 6),
+            tokens_per_s=round((generated - 1) / decode_s, 3) if decode_s > 0 and generated > 1 else 0.0,
+            finish_reason=self.finish or "",
+            streamed=self.cfg.stream,
+            queue_s=round(self.t0 - self.queued_at, 6) if self.queued_at is not None else 0.0,
+            server_gate={k: v for k, v in extra.items() if isinstance(v, (int, float))},
+        )

@@ -95,7 +95,7 @@ def main() -> None:
         child.stdin.write(json.dumps({"base_url": server.url, "model": engine.loaded.name, "url": url, "opening": opening, "stream": stream,
                                       "follow_ups": FOLLOW_UPS, "new": NEW}) + "\n")
         out = json.loads(child.stdout.readline())
-        return out["t"], out["reply"], out["usage"], dict(engine.last_turn_stats)
+        return out["t"], out["reply"], out["usage"], engine.last_turn_stats
 
     times = {"window": [], "api": [], "stream": []}
     cached, prefill, loads = [], [], 0
@@ -116,8 +116,8 @@ def main() -> None:
                 # the same conversation as the window's, so the same work: the same reply
                 assert reply == want and usage["completion_tokens"] == n, (kind, reply, want)
                 cached.append(usage["prompt_tokens_details"]["cached_tokens"])
-                prefill.append(stats["prefill_tokens"])
-                loads += stats["encoder_loads"]
+                prefill.append(stats.prefill_tokens)
+                loads += stats.encoder_loads
     finally:
         child.stdin.close()
         child.wait(30)

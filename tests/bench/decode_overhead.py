@@ -55,7 +55,7 @@ def main() -> None:
         for r in range(args.repeats):
             gen_rates.append((N - 1) / (gen_time(N) - gen_time(1)))
             done = ask(engine, f"c{r}", messages, N)
-            eng_rates.append((done.stats["generated_tokens"] - 1) / done.stats["decode_s"])
+            eng_rates.append((done.stats.generated_tokens - 1) / done.stats.decode_s)
     finally:
         engine.shutdown()
     g, e = statistics.median(gen_rates), statistics.median(eng_rates)

@@ -20,6 +20,7 @@ import torch
 
 from engine.paths import DEMO_MODEL
 from engine.events import Message
+from engine.turn_stats import LocalTurnStats
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model
@@ -38,10 +39,10 @@ def generate_rate(ref: Reference, messages, n: int) -> float:
     return (n - 1) / (run(n) - run(1))
 
 
-def engine_rate(engine, cid: str, messages, n: int) -> tuple[float, dict]:
+def engine_rate(engine, cid: str, messages, n: int) -> tuple[float, LocalTurnStats]:
     done = expect_done(ask(engine, cid, messages, n))
     s = done.stats
-    return (s["generated_tokens"] - 1) / s["decode_s"], s
+    return (s.generated_tokens - 1) / s.decode_s, s
 
 
 def compare(label: str, model_dir, conversation, n: int, repeats: int, d, goal: float) -> None:
@@ -56,9 +57,9 @@ def compare(label: str, model_dir, conversation, n: int, repeats: int, d, goal: 
             conversation(plain, f"c{r}")
             e, stats = engine_rate(drafting, f"c{r}", messages, n)
             p, _ = engine_rate(plain, f"c{r}", messages, n)
-            g = generate_rate(ref, messages, stats["generated_tokens"])
+            g = generate_rate(ref, messages, stats.generated_tokens)
             if r:
-                gen.append(g), on.append(e), off.append(p), taken.append(stats["draft_acceptance"])
+                gen.append(g), on.append(e), off.append(p), taken.append(stats.draft_acceptance)
     finally:
         drafting.shutdown()
         plain.shutdown()

@@ -18,13 +18,14 @@ import time
 from _common import build_big_tower_model, parse_args, ratio_line, workdir
 
 from engine.events import Message
+from engine.turn_stats import LocalTurnStats
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 
 NEW = 16
 
 
-def turn_s(engine, cid, messages) -> tuple[float, dict]:
+def turn_s(engine, cid, messages) -> tuple[float, LocalTurnStats]:
     t0 = time.perf_counter()
     done = expect_done(ask(engine, cid, messages, NEW))
     return time.perf_counter() - t0, done.stats
@@ -49,22 +50,22 @@ def main() -> None:
         t_new, s_new = turn_s(gated, "new", [Message("user", question, pics(pic))])
         gated.unload_encoder()
         # a text-only prompt of exactly the same token length
-        n_prompt = s_new["prompt_tokens"]
+        n_prompt = s_new.prompt_tokens
         filler = "word"
         text = question
         while True:
             _, s = turn_s(gated, "probe", [Message("user", text)])
-            if s["prompt_tokens"] >= n_prompt:
+            if s.prompt_tokens >= n_prompt:
                 break
             text += " " + filler
-        text_len = s["prompt_tokens"]
+        text_len = s.prompt_tokens
 
         cached, textonly, nogate, loads = [], [], [], 0
         for r in range(args.repeats):
             t, s = turn_s(gated, f"hit{r}", [Message("user", question, pics(pic))])
             cached.append(t)
-            loads += s["encoder_loads"]
-            assert s["encoder_resident"] is False
+            loads += s.encoder_loads
+            assert s.encoder_resident is False
             textonly.append(turn_s(gated, f"txt{r}", [Message("user", text)])[0])
             ungated.unload_encoder()
             nogate.append(turn_s(ungated, f"ng{r}", [Message("user", question, pics(pic))])[0])
@@ -79,8 +80,8 @@ def main() -> None:
     print(ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05,
                      also=("0 encoder loads", loads == 0)))
     print(ratio_line("gate-off picture turn / text-only turn", ng / tx, note="for comparison: what the gate saves"))
-    print(f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new['encoder_load_s'] * 1000:.1f} ms "
-          f"and encode {s_new['encode_s'] * 1000:.1f} ms")
+    print(f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new.encoder_load_s * 1000:.1f} ms "
+          f"and encode {s_new.encode_s * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from _common import parse_args, ratio_line, workdir
 
 from engine.events import Message
+from engine.turn_stats import LocalTurnStats
 from engine.prompt import render
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
@@ -33,7 +34,7 @@ NEW = 16
 QUESTION = "What is in this picture?"
 
 
-def turn(engine, cid, messages) -> tuple[float, dict]:
+def turn(engine, cid, messages) -> tuple[float, LocalTurnStats]:
     t0 = time.perf_counter()
     done = expect_done(ask(engine, cid, messages, NEW))
     return time.perf_counter() - t0, done.stats
@@ -72,16 +73,16 @@ def main() -> None:
         turn(gated, "warm-up", [Message("user", "Hello there.")])  # one-time kernel set-up
         gated.unload_encoder()
         t_new, s_new = turn(gated, "new", ask_pic)
-        series["gated"].append({"turn": "new picture", "s": t_new, "encoder_load_s": s_new["encoder_load_s"],
-                                "encode_s": s_new["encode_s"]})
-        n_prompt = s_new["prompt_tokens"]
+        series["gated"].append({"turn": "new picture", "s": t_new, "encoder_load_s": s_new.encoder_load_s,
+                                "encode_s": s_new.encode_s})
+        n_prompt = s_new.prompt_tokens
         text, text_len = same_length_text(gated, n_prompt)
         cached, textonly, loads = [], [], 0
         for r in range(args.repeats):
             gated.unload_encoder()
             t, s = turn(gated, f"hit{r}", ask_pic)
-            assert s["encoder_resident"] is False and s["image_cache_hits"] == 1, s
-            loads += s["encoder_loads"]
+            assert s.encoder_resident is False and s.image_cache_hits == 1, s
+            loads += s.encoder_loads
             cached.append(t)
             series["gated"].append({"turn": f"cached {r + 1}", "s": t, "encoder_load_s": 0.0, "encode_s": 0.0})
             t, s = turn(gated, f"txt{r}", [Message("user", text)])
@@ -100,7 +101,7 @@ def main() -> None:
             ungated.unload_encoder()
             t, s = turn(ungated, f"ng{r}", ask_pic)
             series["gate_off"].append({"turn": "new picture" if r == 0 else f"again {r}", "s": t,
-                                       "encoder_load_s": s["encoder_load_s"], "encode_s": s["encode_s"]})
+                                       "encoder_load_s": s.encoder_load_s, "encode_s": s.encode_s})
             if r:
                 nogate.append(t)
     finally:
@@ -117,8 +118,8 @@ def main() -> None:
     print(ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05,
                      also=("0 encoder loads", loads == 0)))
     print(ratio_line("gate-off picture turn / text-only turn", ng / tx, note="for comparison: what the gate saves"))
-    print(ratio_line("new picture: encoder load", s_new["encoder_load_s"], unit="s", digits=2))
-    print(ratio_line("new picture: encode", s_new["encode_s"], unit="s", digits=2,
+    print(ratio_line("new picture: encoder load", s_new.encoder_load_s, unit="s", digits=2))
+    print(ratio_line("new picture: encode", s_new.encode_s, unit="s", digits=2,
                      note=f"picture {w}x{h}, {vision_params / 1e6:.0f}M-parameter tower"))
     print(ratio_line("new-picture turn", t_new, unit="s", digits=2))
     print(ratio_line("cached-picture turn", c, unit="s", digits=2))

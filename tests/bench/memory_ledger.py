@@ -73,10 +73,10 @@ def main() -> None:
         load_blocking(engine, str(model_dir))
         record("load")
         done = expect_done(ask(engine, "picture", [Message("user", "What is in this picture?", pics(pic))], 8))
-        record("a picture turn", f" ({done.stats['prompt_tokens']} tokens, encoder "
-                                 f"{'resident' if done.stats['encoder_resident'] else 'unloaded'})")
+        record("a picture turn", f" ({done.stats.prompt_tokens} tokens, encoder "
+                                 f"{'resident' if done.stats.encoder_resident else 'unloaded'})")
         done = expect_done(ask(engine, "long", [Message("user", long_text)], 8))
-        record("a long turn", f" ({done.stats['prompt_tokens']} tokens)")
+        record("a long turn", f" ({done.stats.prompt_tokens} tokens)")
         # what of the gap is heap the allocator keeps after freeing (activations, workspaces)
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         trimmed = rss() - base

@@ -62,7 +62,7 @@ def through_engine(engine: RemoteEngine, turn: Turn) -> tuple[float, float, str,
     ev = box["ev"]
     if isinstance(ev, TurnFailed):
         raise SystemExit(f"remote engine failed: {ev.message}")
-    return box["end"] - t0, box["first"] - t0, ev.reply, ev.stats.get("queue_s", 0.0)
+    return box["end"] - t0, box["first"] - t0, ev.reply, ev.stats.queue_s
 
 
 def bare_messages(text: str | None, picture) -> list[dict]:

@@ -115,29 +115,29 @@ def main() -> None:
             cid = f"c{target}"
             opening = [Message("user", text_of(target, n))]
             first = expect_done(ask(engine, cid, opening, 1))
-            L, prefill = first.stats["prompt_tokens"], first.stats["first_token_s"]
+            L, prefill = first.stats.prompt_tokens, first.stats.first_token_s
             measured = (L, prefill)
             kv = wait_report(engine).sessions_kv[cid]
             spill_s, peak, detail = spill(engine, cid)
             follow = opening + [Message("assistant", first.reply), Message("user", "Summarise that in one line.")]
             resumed = expect_done(ask(engine, cid, follow, 1))
             s = resumed.stats
-            ttft = s["restore_s"] + s["first_token_s"]
+            ttft = s.restore_s + s.first_token_s
             print(f"{L} tokens: re-prefill TTFT {prefill:.1f} s | spill {kv / 2**20:.0f} MiB in {spill_s:.2f} s "
                   f"({kv / 2**20 / spill_s:.0f} MiB/s, {detail}), peak extra RSS {peak / 2**20:.0f} MiB | "
-                  f"resume: restored {s['restored_tokens']} tokens in {s['restore_s'] * 1000:.0f} ms, prefilled "
-                  f"{s['prefill_tokens']}, TTFT {ttft * 1000:.0f} ms")
+                  f"resume: restored {s.restored_tokens} tokens in {s.restore_s * 1000:.0f} ms, prefilled "
+                  f"{s.prefill_tokens}, TTFT {ttft * 1000:.0f} ms")
             print(ratio_line(f"TTFT resume / TTFT re-prefill at {L} tokens", ttft / prefill, at_most=0.05, digits=4))
             print(ratio_line(f"spill throughput at {L} tokens", kv / 2**20 / spill_s, unit="MiB/s", digits=0,
                              note=f"{kv / 2**20:.0f} MiB of KV"))
             print(ratio_line(f"spill peak extra RSS at {L} tokens", peak / 2**20, unit="MiB", digits=0,
                              note=f"{peak / kv:.2f} x the KV spilled"))
-            series["lengths"].append({"tokens": L, "reprefill_s": prefill, "restore_s": s["restore_s"],
+            series["lengths"].append({"tokens": L, "reprefill_s": prefill, "restore_s": s.restore_s,
                                       "resume_ttft_s": ttft, "kv_bytes": kv, "spill_s": spill_s,
                                       "spill_peak_extra_bytes": peak})
             series["spills"].append({"new_tokens": L, "spill_s": spill_s, "kind": "first spill", "detail": detail})
             if grow_from is None:
-                grow_from = (cid, follow, resumed.reply, s["prompt_tokens"])
+                grow_from = (cid, follow, resumed.reply, s.prompt_tokens)
         # grow the shortest conversation: each spill writes only the blocks that are new
         cid, conv, reply, before = grow_from
         spill(engine, cid)  # the resume turn added a few tokens: start from a fully spilled conversation
@@ -145,10 +145,10 @@ def main() -> None:
             conv = conv + [Message("assistant", reply), Message("user", text_of(grow, 7 + k))]
             done = expect_done(ask(engine, cid, conv, 1))
             reply = done.reply
-            new, before = done.stats["prompt_tokens"] - before, done.stats["prompt_tokens"]
+            new, before = done.stats.prompt_tokens - before, done.stats.prompt_tokens
             spill_s, _, detail = spill(engine, cid)
-            print(f"grew by {new} tokens to {before} (restored {done.stats['restored_tokens']}, prefilled "
-                  f"{done.stats['prefill_tokens']}): spill {spill_s * 1000:.0f} ms ({detail})")
+            print(f"grew by {new} tokens to {before} (restored {done.stats.restored_tokens}, prefilled "
+                  f"{done.stats.prefill_tokens}): spill {spill_s * 1000:.0f} ms ({detail})")
             print(ratio_line(f"incremental spill of {new} new tokens", spill_s * 1000, unit="ms", digits=0,
                              note=detail))
             series["spills"].append({"new_tokens": new, "spill_s": spill_s, "kind": "incremental", "detail": detail})

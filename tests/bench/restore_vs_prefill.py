@@ -53,7 +53,7 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         first = expect_done(ask(engine, "c", opening, 1))
-        print(f"conversation: {first.stats['prompt_tokens']} tokens, first prefill {time.perf_counter() - t0:.1f} s")
+        print(f"conversation: {first.stats.prompt_tokens} tokens, first prefill {time.perf_counter() - t0:.1f} s")
         spill(engine, "c")
         follow = opening + [Message("assistant", first.reply), Message("user", "Summarise that in one line.")]
         resumed = expect_done(ask(engine, "c", follow, 1))
@@ -66,13 +66,13 @@ def main() -> None:
         fresh_engine.shutdown()
     assert resumed.token_ids == fresh.token_ids
     s, f = resumed.stats, fresh.stats
-    ttft_resume = s["restore_s"] + s["first_token_s"]
-    ttft_fresh = f["first_token_s"]
+    ttft_resume = s.restore_s + s.first_token_s
+    ttft_fresh = f.first_token_s
     kv_heads, head_dim = shape["num_key_value_heads"], shape["hidden_size"] // shape["num_attention_heads"]
-    kv_bytes = 2 * shape["num_hidden_layers"] * kv_heads * head_dim * 4 * s["restored_tokens"]
-    print(f"resume: restored {s['restored_tokens']} tokens ({kv_bytes / 2**20:.0f} MiB) in {s['restore_s'] * 1000:.0f} ms, "
-          f"prefilled {s['prefill_tokens']} tokens; TTFT {ttft_resume * 1000:.0f} ms")
-    print(f"re-prefill: {f['prefill_tokens']} tokens; TTFT {ttft_fresh * 1000:.0f} ms")
+    kv_bytes = 2 * shape["num_hidden_layers"] * kv_heads * head_dim * 4 * s.restored_tokens
+    print(f"resume: restored {s.restored_tokens} tokens ({kv_bytes / 2**20:.0f} MiB) in {s.restore_s * 1000:.0f} ms, "
+          f"prefilled {s.prefill_tokens} tokens; TTFT {ttft_resume * 1000:.0f} ms")
+    print(f"re-prefill: {f.prefill_tokens} tokens; TTFT {ttft_fresh * 1000:.0f} ms")
     print(ratio_line("TTFT resume from SSD / TTFT re-prefill", ttft_resume / ttft_fresh, at_most=0.05))
 
 

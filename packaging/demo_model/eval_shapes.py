@@ -5,10 +5,10 @@ processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=Fal
 processor(text=..., images=[...]), greedy generate until the EOS token. Earlier turns of a
 conversation are given (as the app re-sends them); the reply to the last user message is checked.
 
-    .venv/bin/python packaging/eval_shapes.py                 # 100 per type, the training renderer
-    .venv/bin/python packaging/eval_shapes.py --set drawn     # pictures drawn another way (shapes_drawn.py)
-    .venv/bin/python packaging/eval_shapes.py --set grid      # the first model's 96x96 3x3-grid world
-    .venv/bin/python packaging/eval_shapes.py --n 30 --show 3 # quicker, print some failures
+    .venv/bin/python packaging/demo_model/eval_shapes.py                 # 100 per type, the training renderer
+    .venv/bin/python packaging/demo_model/eval_shapes.py --set drawn     # pictures drawn another way (shapes_drawn.py)
+    .venv/bin/python packaging/demo_model/eval_shapes.py --set grid      # the first model's 96x96 3x3-grid world
+    .venv/bin/python packaging/demo_model/eval_shapes.py --n 30 --show 3 # quicker, print some failures
 """
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.paths
 import shapes_data as sd  # noqa: E402
 import shapes_drawn  # noqa: E402
 import shapes_grid  # noqa: E402
+from engine.paths import DEMO_MODEL  # noqa: E402
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "resources" / "models" / "parley-shapes"
+DEFAULT_MODEL = DEMO_MODEL
 EVAL_SEED = 20240601  # far from the training seeds
 DRAWN_TYPES = ["colour", "shape", "count", "describe", "two_shapes", "unknown"]
 

@@ -7,7 +7,7 @@ outlined or filled-and-outlined, anti-aliased half the time (drawn 4x and shrunk
 placed anywhere but kept clear of each other and of the 3x3 grid's lines (a person wouldn't
 call a shape on a line "at the top left" either). The pictures it must not describe are drawn
 here too: gradient-and-noise "photos" and text pages in serif / monospace fonts (training uses
-sans). packaging/eval_shapes.py --set drawn uses these; none of it is used in training.
+sans). eval_shapes.py --set drawn uses these; none of it is used in training.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A LLaVA model (small CLIP vision tower + small Llama), a byte-level BPE tokenizer trained here,
 a LlavaProcessor and a chat template, trained on the synthetic world of
-packaging/shapes_world.py + shapes_data.py (pictures of any size and aspect ratio, shapes
+shapes_world.py + shapes_data.py (pictures of any size and aspect ratio, shapes
 anywhere, noise, blur, JPEG; photos and screenshots from shapes_unknown.py get a one-line
 "I can only describe simple shapes" answer), written to resources/models/parley-shapes/ with
 save_pretrained. Every picture goes through the model's own image processor, as in the app.
@@ -18,12 +18,12 @@ Recipe (from scratch):
            assistant answers only (each followed by EOS); the probe
            keeps running (so the picture tokens stay readable), and a second probe asks the
            picture tokens, two layers into the language model, which picture they belong to
-           (packaging/shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
+           (shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
 Fine-tune (--init FOLDER): start from a trained folder's weights, tokenizer and processor and
 run the stages on today's pictures (the shipped weights: see the model README for the command).
 
-    .venv/bin/python packaging/train_shapes.py            # full run from scratch
-    .venv/bin/python packaging/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
+    .venv/bin/python packaging/demo_model/train_shapes.py            # full run from scratch
+    .venv/bin/python packaging/demo_model/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
 
 Reproducible: the same seed, steps, batch sizes, thread count (and --init folder) give the same weights.
 """
@@ -39,12 +39,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.paths
 import shapes_data as sd  # noqa: E402
+import shapes_replies as replies  # noqa: E402
 import shapes_world as world  # noqa: E402
+from engine.paths import DEMO_MODEL  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "resources" / "models" / "parley-shapes"
+DEFAULT_OUT = DEMO_MODEL  # where the app looks for its built-in model
 
 IMAGE_SIZE = 96
 PATCH_SIZE = 32  # 3 x 3 = 9 picture tokens, one per cell of the world's grid (CLS is dropped)
@@ -61,10 +63,11 @@ def build_tokenizer(seed: int):
     rng = random.Random(seed)
     corpus = sd.tokenizer_corpus(rng)
     # the small-talk lines are rare in the corpus above; repeat them so they become whole words
-    for prompts, reply in sd.SMALLTALK:
+    for prompts, reply in replies.SMALLTALK:
         corpus += (prompts + [p.capitalize() for p in prompts] + [reply]) * 20
-    corpus += (sd.OFF_TOPIC_FIXED + [sd.OFF_TOPIC_REPLY, sd.NO_PICTURE_REPLY, sd.ONE_PICTURE_REPLY, sd.UNKNOWN_REPLY]
-               + sd.SYSTEM_PROMPTS) * 20
+    corpus += (replies.OFF_TOPIC_FIXED + [replies.OFF_TOPIC_REPLY, replies.NO_PICTURE_REPLY,
+                                          replies.ONE_PICTURE_REPLY, replies.UNKNOWN_REPLY]
+               + replies.SYSTEM_PROMPTS) * 20
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

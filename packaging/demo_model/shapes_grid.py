@@ -2,8 +2,8 @@
 
 A scene holds 1-3 shapes, each of a different kind and a different colour, each near the centre of
 its own cell of a 3x3 grid, on a plain or two-tone background, drawn squarish and without
-anti-aliasing. The first weights were trained on these alone; packaging/eval_shapes.py --set grid
-still asks about them (the training pictures are now packaging/shapes_world.py's).
+anti-aliasing. The first weights were trained on these alone; eval_shapes.py --set grid
+still asks about them (the training pictures are now shapes_world.py's).
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Engine side of the SSD session spill: when to spill, stepping jobs between requests,
 restoring a conversation's prefix before its turn.
 
-The block store itself (keys, blobs, manifest, writer thread) lives in engine/kvstore; this file
-decides *when* and keeps the rules: a conversation is freed only after its spill is committed,
-a failed spill leaves it hot, and a spill never holds up a waiting turn for more than one unit.
+SpillScheduler is the policy; the mechanism lives in engine/kvstore (the block store, and one
+spill's copies and writes in kvstore/spill_job.py). This file decides *when* and keeps the rules:
+a conversation is freed only after its spill is committed, a failed spill leaves it hot, and a
+spill never holds up a waiting turn for more than one unit.
 """
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ STORE_RETRY_S = 30.0  # how often an unavailable store (disk full) is tried agai
 
 
 @dataclass
+class CommittedSpill:
+    """A conversation's latest committed spill, reported with its next turn."""
+    blocks_written: int = 0  # blocks and tail blobs written
+    blocks_reused: int = 0   # blobs already in the store (another spill or conversation wrote them)
+
+
+@dataclass
 class _Running:
     session: Session
     job: object
@@ -31,7 +39,7 @@ class _Running:
     blocking: bool = False
 
 
-class SessionSpiller:
+class SpillScheduler:
     def __init__(self, loaded, settings, data_dir: Path, emit: Callable):
         self.emit = emit
         self.loaded = loaded
@@ -43,9 +51,8 @@ class SessionSpiller:
         self._retry_at = 0.0
         self._last_failure: str | None = None
         self.running: _Running | None = None
-        self.last_spill: dict[str, dict] = {}  # conversation id -> its latest committed spill's stats
+        self.last_spill: dict[str, CommittedSpill] = {}  # conversation id -> its latest committed spill
         self.failed_at: dict[str, float] = {}
-        self.restore_stats: dict = {}
         self.root = data_dir / "kv-store"
         if not self.refusal:
             self._open_store()
@@ -147,8 +154,7 @@ class SessionSpiller:
             self._last_failure = result.error
             return
         self._last_failure = None
-        self.last_spill[cid] = {"blocks_written": result.blocks_written + result.tail_written,
-                                "blocks_reused": result.reused_blobs, "missing": result.missing_blobs}
+        self.last_spill[cid] = CommittedSpill(result.blocks_written + result.tail_written, result.reused_blobs)
         if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
             r.session.drop_kv()
             r.session.spilled = True
@@ -201,11 +207,11 @@ class SessionSpiller:
         session.pictures = [p for p in prompt.pictures if p.end <= n]
         session.rope_delta = int((res.state or {}).get("rope_delta", 0))
         session.spilled = False
-        self.restore_stats = dict(res.stats)
         return n
 
-    def take_turn_stats(self, conversation_id: str) -> dict:
-        return self.last_spill.pop(conversation_id, {})
+    def take_committed(self, conversation_id: str) -> CommittedSpill:
+        """The spill committed since the conversation's previous turn (none: all zero)."""
+        return self.last_spill.pop(conversation_id, CommittedSpill())
 
     def counters(self) -> dict:
         return dict(self.store.counters) if self.store is not None else {}

@@ -1,4 +1,4 @@
-"""Training-only probes for "Parley Shapes" (packaging/train_shapes.py); none of them is saved.
+"""Training-only probes for "Parley Shapes" (train_shapes.py); none of them is saved.
 
 Each one asks a small linear read-out to find something in the model's activations, so that the
 thing is there, in a linear form, for the language model's attention to use: what each picture

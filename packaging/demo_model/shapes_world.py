@@ -7,7 +7,7 @@ backgrounds, filled, outlined, black-edged or hand-drawn-looking (wobbly) shapes
 edges, blur and JPEG artefacts. The processor squashes every picture to its square input, so the
 grid cell of a shape's centre is also the picture token it lands on. The look of a picture is part
 of its Scene, so a hand-built Scene (packaging/screenshots.py) renders clean.
-packaging/shapes_data.py writes the conversations; packaging/shapes_unknown.py draws the
+shapes_data.py writes the conversations; shapes_unknown.py draws the
 pictures it should not describe. Python + Pillow + numpy; no torch here.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ it only knows simple shapes, rather than invent some. These are the training pic
 "photo": smooth random colour fields at several scales with shading and grain (the statistics
 of natural images, no flat shapes); "screen": lines of text, bars and panels like a window.
 Seeded from the caller's rng (numpy's generator seeded from it), so the same seed gives the same
-pixels. packaging/shapes_drawn.py draws the evaluation ones another way.
+pixels. shapes_drawn.py draws the evaluation ones another way.
 """
 from __future__ import annotations
 

@@ -223,7 +223,7 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
         history: list[Message] = []
         for r, (text, p) in zip(turns, [("What is in this picture?", [pics[0]]), ("And this one?", [pics[1]]),
                                         ("Which of them is brighter?", [])]):
-            history.append(Message("user", text, list(p)))
+            history.append(Message("user", text, picture_refs(*p)))
             direct = client.chat.completions.create(model=server.model, messages=as_openai(history),
                                                     max_tokens=N, temperature=0)
             assert r.reply == direct.choices[0].message.content

@@ -1,5 +1,6 @@
 """Weight formats of the language model: full precision (bf16/fp16/fp32), int8 weight-only
-(torchao) and 4-bit NF4 (bitsandbytes); `auto` picks the largest that fits free memory.
+(quantized by torchao, run by engine/int8_layers.py) and 4-bit NF4 (bitsandbytes); `auto` picks
+the largest that fits free memory.
 
 Only the language model is quantized. The vision tower and projector (the family adapter's
 `vision_modules`) stay in full precision, so the elastic encoder still reloads them from the
@@ -16,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from . import devices
+from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
 from .model import ADAPTERS, ModelLoadError
 from .settings import WEIGHT_FORMATS
 
@@ -56,7 +58,8 @@ class WeightPlan:
         if not self.quantized:
             return b""
         lib = LIBRARY[self.format]
-        return f"weights={self.format};{lib}={importlib.metadata.version(lib)}".encode()
+        layout = f";layout={INT8_LAYOUT}" if self.format == "int8" else ""  # how int8 is multiplied
+        return f"weights={self.format};{lib}={importlib.metadata.version(lib)}{layout}".encode()
 
 
 def format_name(dtype: torch.dtype) -> str:
@@ -112,10 +115,10 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> i
                 matrix = len(shape) == 2 and key.endswith(".weight")
                 if _is_vision_key(key, family) or not matrix or fmt in FLOAT_FORMATS:
                     total += n * size
-                elif key.endswith("embed_tokens.weight") or (fmt == "4bit" and key.endswith("lm_head.weight")):
-                    total += n * size  # token embeddings stay full precision; NF4 also skips the output head
-                elif fmt == "int8":  # int8 values + a float32 scale and int8 zero point per row
-                    total += n + shape[0] * 5
+                elif fmt == "int8":  # int8 values + a scale per row (token embedding and output head too)
+                    total += n + shape[0] * size
+                elif key.endswith("embed_tokens.weight") or key.endswith("lm_head.weight"):
+                    total += n * size  # NF4 keeps the token embedding and output head full precision
                 else:  # two weights a byte + one 8-bit absmax per block (nested statistics)
                     total += n // 2 + n // NF4_BLOCK
     return total
@@ -142,7 +145,7 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
             raise ModelLoadError(why)
         return WeightPlan(fmt, dtype)
     full = format_name(dtype)
-    # on CPU, bf16 halves fp32 and stays a plain matmul; int8 there converts weights on every call
+    # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
     half = ["bf16"] if full == "fp32" and device.type == "cpu" else []
     candidates = [full, *half] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
     dtypes = {c: FLOAT_FORMATS.get(c, dtype) for c in candidates}
@@ -162,8 +165,8 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     """Extra `from_pretrained` arguments: the transformers quantization config for the format."""
     if plan.format == "int8":
-        # linear layers only: torchao's int8 embedding dequantizes the whole table on every lookup
-        # (seconds a token at a 150k vocabulary), so token embeddings stay full precision
+        # torchao quantizes the linear layers as they load; finish_load hands them, the token
+        # embedding and the output head to engine/int8_layers.py (why: see there)
         from torchao.quantization import Int8WeightOnlyConfig
         from transformers import TorchAoConfig
 
@@ -186,15 +189,17 @@ def finish_load(model, plan: WeightPlan, family: str, device: torch.device) -> N
     """Place the model on the device and check that only the language model was quantized."""
     if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
         model.to(device)
+    if plan.format == "int8":
+        pack_int8(model, ADAPTERS[family].vision_modules, plan.dtype)
     model.eval()
     if plan.quantized:
         check_quantized(model, family, plan.format)
 
 
 def is_quantized(p: torch.Tensor) -> bool:
-    """A bitsandbytes 4-bit parameter or a torchao tensor subclass (int8 and friends)."""
+    """A bitsandbytes 4-bit parameter, a torchao tensor subclass, or int8_layers' int8 values."""
     data = p.data if isinstance(p, torch.nn.Parameter) else p
-    return hasattr(p, "quant_state") or type(data) is not torch.Tensor
+    return hasattr(p, "quant_state") or type(data) is not torch.Tensor or data.dtype == torch.int8
 
 
 def check_quantized(model, family: str, fmt: str) -> None:

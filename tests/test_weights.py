@@ -31,20 +31,21 @@ def _vision_tensors(loaded) -> dict[str, torch.Tensor]:
     return out
 
 
-def _int8_bytes_from_shapes(loaded) -> int:
-    """Language-model bytes under torchao's int8 layout, computed from module shapes alone:
-    Linear weights are int8 values plus a float32 scale and an int8 zero point per output row;
-    everything else (token embeddings included) keeps its dtype."""
-    vision = {id(t) for t in loaded.vision_parameters()}
+def _int8_bytes_from_shapes(full) -> int:
+    """Language-model bytes under Parley's int8 layout, from the full-precision model's module
+    shapes alone: every Linear and the token embedding become int8 values plus one scale per
+    row in the compute dtype (a tied output head shares the embedding's); the rest keeps its
+    dtype."""
+    vision = {id(t) for t in full.vision_parameters()}
     total, seen = 0, set()
-    for module in loaded.model.modules():
+    for module in full.model.modules():
         for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
             if id(t) in vision or id(t) in seen:
                 continue
             seen.add(id(t))
-            if name == "weight" and isinstance(module, torch.nn.Linear):
+            if name == "weight" and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
                 rows, cols = t.shape
-                total += rows * cols + rows * 5
+                total += rows * cols + rows * t.element_size()
             else:
                 total += t.numel() * t.element_size()
     return total
@@ -62,7 +63,8 @@ def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path)
         d1 = expect_done(ask(engine, "c", chat, NEW))
         assert d1.token_ids == ref.reply_ids(chat, NEW)
         assert d1.stats.weights == "int8"
-        assert d1.stats.weight_bytes == model_bytes(ref.loaded)[0] == _int8_bytes_from_shapes(ref.loaded)
+        full = load_model(model, weights="fp32")
+        assert d1.stats.weight_bytes == model_bytes(ref.loaded)[0] == _int8_bytes_from_shapes(full)
         # the KV cache holds the compute dtype, not int8
         layer = engine.sessions["c"].cache.layers[0]
         assert layer.keys.dtype == ref.loaded.dtype == torch.float32
@@ -109,9 +111,15 @@ def test_vision_stays_full_precision_and_still_unloads_and_reloads(family, fmt, 
     assert vision_q == vision_full
     assert lm_q < lm_full * (0.5 if fmt == "int8" else 0.75)
     # every language-model matrix that the format covers is quantized (the skip list is right)
-    lm_linears = [m for n, m in quant.model.named_modules() if isinstance(m, torch.nn.Linear)
-                  and not n.startswith(tuple(p + "." for p in quant.adapter.vision_modules)) and n != "lm_head"]
-    assert lm_linears and all(is_quantized(m.weight) for m in lm_linears)
+    in_lm = lambda n: not n.startswith(tuple(p + "." for p in quant.adapter.vision_modules))  # noqa: E731
+    if fmt == "int8":  # all of them, token embedding and output head included
+        assert not [n for n, m in quant.model.named_modules() if type(m) is torch.nn.Linear and in_lm(n)]
+        assert all(is_quantized(p) for n, p in quant.model.named_parameters() if in_lm(n) and p.dim() == 2)
+        assert is_quantized(quant.model.get_input_embeddings().weight)
+    else:  # NF4: the linear layers, output head excepted
+        lm_linears = [m for n, m in quant.model.named_modules() if isinstance(m, torch.nn.Linear)
+                      and in_lm(n) and m is not quant.model.get_output_embeddings()]
+        assert lm_linears and all(is_quantized(m.weight) for m in lm_linears)
 
     # the elastic encoder releases and reads back the folder's full-precision weights
     residency = EncoderResidency(quant, elastic=True, idle_s=60)

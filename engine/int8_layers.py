@@ -1,0 +1,117 @@
+"""The int8 language model's layers: per-row symmetric int8 weights, quantized by torchao, run
+without converting the whole weight back to floating point.
+
+Why Parley's own modules: torchao 0.18 quantizes well (transformers' TorchAoConfig with
+Int8WeightOnlyConfig), but its Int8Tensor linear converts the entire int8 weight to the
+activation dtype on every call and has no fused CPU kernel, so int8 decoded at a third of
+bf16's speed on a 2-core CPU at Qwen2-VL-2B's shape. torch's `_weight_int8pack_mm`
+multiplies by int8 weights and per-row scales directly (2-3x faster than a bf16 matmul there:
+half the bytes to read). torchao's int8 embedding dequantizes the whole table on every lookup,
+so the token embedding (15% of a 2B model) was left in bf16; `Int8Embedding` dequantizes only
+the rows it looks up, and a tied output head shares the same int8 table and scales (a row is
+one token for both: per-row scales fit both uses).
+
+Exactness: each module is a fixed function of its own int8 values and scales, the same one
+for a prompt and for one decoded token, so every fast path (KV reuse, SSD restore) agrees with
+a fresh prefill of the same weights. The KV store namespace names this layout
+(weights.WeightPlan.fingerprint_part), so KV written by another int8 layout is never restored.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LAYOUT = "int8pack-rows-v1"  # named in the KV store namespace: change it when the arithmetic changes
+
+
+def _fused(x: torch.Tensor) -> bool:
+    """Whether `_weight_int8pack_mm` serves this input. Measured on CPU only (other devices take
+    the plain dequantize-then-matmul path). In torch 2.14.1 its CPU bf16 kernel returns garbage
+    or crashes when the input width is not a multiple of 8; fp16/fp32 are right at any width."""
+    return x.device.type == "cpu" and x.shape[-1] % 8 == 0
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (weight * scale[:, None]).T + bias, weight int8 (out, in), scale per output row
+    in the compute dtype (what `_weight_int8pack_mm` takes)."""
+
+    def __init__(self, weight: nn.Parameter, scale: nn.Parameter, bias: nn.Parameter | None):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.weight, self.scale, self.bias = weight, scale, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        if _fused(flat):  # decided by the device and width alone: the same path for every call
+            y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
+        else:
+            y = F.linear(flat, self.weight.to(flat.dtype)) * self.scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding from an int8 table: only the looked-up rows are scaled back."""
+
+    def __init__(self, weight: nn.Parameter, scale: nn.Parameter):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.weight, self.scale = weight, scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight).to(self.scale.dtype) * self.scale[ids].unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8"
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.contiguous(), requires_grad=False)
+
+
+def _rows(int8_tensor, dtype: torch.dtype) -> tuple[nn.Parameter, nn.Parameter]:
+    """(int8 values, per-row scales in `dtype`) of a torchao per-row symmetric Int8Tensor."""
+    rows, cols = int8_tensor.qdata.shape
+    if list(int8_tensor.block_size) != [1, cols] or (
+            int8_tensor.zero_point is not None and bool(int8_tensor.zero_point.any())):
+        raise ValueError(f"expected per-row symmetric int8, got block {int8_tensor.block_size}")
+    return _frozen(int8_tensor.qdata), _frozen(int8_tensor.scale.reshape(rows).to(dtype))
+
+
+def _quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[nn.Parameter, nn.Parameter]:
+    from torchao.quantization import Int8Tensor
+    from torchao.quantization.granularity import PerRow
+
+    return _rows(Int8Tensor.from_hp(weight.detach(), PerRow()), dtype)
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
+def pack_int8(model: nn.Module, skip: tuple[str, ...], dtype: torch.dtype) -> None:
+    """Swap torchao's int8 linears for Int8Linear, and quantize the token embedding and the
+    output head (one shared table when tied). Modules under `skip` (the vision encoder and
+    projector) are never touched."""
+    from torchao.quantization import Int8Tensor
+
+    names = {id(m): n for n, m in model.named_modules()}
+    outside = lambda n: not n.startswith(tuple(p + "." for p in skip))  # noqa: E731
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    table = None
+    if type(embed) is nn.Embedding and outside(names[id(embed)]):
+        table = _quantize_rows(embed.weight, dtype)
+        _replace(model, names[id(embed)], Int8Embedding(*table))
+    if type(head) is nn.Linear and outside(names[id(head)]) and not isinstance(head.weight, Int8Tensor):
+        tied = table is not None and head.weight.data_ptr() == embed.weight.data_ptr()
+        weight, scale = table if tied else _quantize_rows(head.weight, dtype)
+        _replace(model, names[id(head)], Int8Linear(weight, scale, head.bias))
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and outside(name) and isinstance(module.weight, Int8Tensor):
+            _replace(model, name, Int8Linear(*_rows(module.weight, dtype), module.bias))

@@ -29,6 +29,23 @@ def parse_args(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespa
     return args
 
 
+def distinct_words(tokenizer, count: int, seed: int = 0) -> list[str]:
+    """`count` different words (lower-case letters, 3+ long, each decoded from one token of
+    `tokenizer`'s vocabulary) in a seeded random order: filler text that never repeats itself, so prompt-lookup
+    drafting or prefix caching cannot make a turn over it faster than a real prompt's."""
+    import random
+
+    words, seen = [], set()
+    for token_id in random.Random(seed).sample(range(len(tokenizer)), len(tokenizer)):
+        word = tokenizer.decode([token_id]).strip()
+        if len(word) >= 3 and word.isascii() and word.isalpha() and word.islower() and word not in seen:
+            seen.add(word)
+            words.append(word)
+            if len(words) == count:
+                return words
+    raise ValueError(f"the tokenizer has only {len(words)} distinct words, {count} wanted")
+
+
 def ratio_line(label: str, value: float, *, at_most: float | None = None, at_least: float | None = None,
                also: tuple[str, bool] | None = None, unit: str = "", note: str = "", digits: int = 3) -> str:
     """`label: value  (goal ≤ X: yes)`; `also` adds a second condition the verdict needs

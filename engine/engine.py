@@ -96,7 +96,9 @@ class Engine(EngineWorker):
         log.log(logging.INFO if notice.level == "info" else logging.WARNING, "%s", notice.message)
 
     def _loop(self) -> None:
-        from . import memory_manager, model, spill, turn_pipeline  # noqa: F401  torch loads here, see above
+        # torch and transformers load here, first thing on this thread (see the module docstring),
+        # never under _do_load's frame (engine/model.py says why)
+        from . import memory_manager, model, spill, turn_pipeline  # noqa: F401
         from .vision import gate  # noqa: F401
 
         while True:

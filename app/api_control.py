@@ -10,12 +10,16 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from engine.api import ApiConfigError, ApiServer, check_bind
+from engine.api import ApiConfigError, check_bind
 
 from .preferences import ApiConfig
+
+if TYPE_CHECKING:
+    from engine.api import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +113,8 @@ class ApiControl(QObject):
     def _start_server(self, cfg: ApiConfig) -> None:
         self._gen += 1
         gen = self._gen
+        from engine.api import ApiServer  # its web stack loads only when a server is wanted
+
         server = ApiServer(self.engine, cfg.host, cfg.port, token=cfg.token or None, data_dir=self.data_dir,
                            on_activity=lambda snap: self._on_activity(gen, snap))
         server.start()

@@ -73,11 +73,17 @@ class EngineBridge(QObject):
 
     @classmethod
     def create(cls, settings: EngineSettings | None = None, data_dir: Path | None = None,
-               parent: QObject | None = None) -> "EngineBridge":
-        """A started Engine wrapped in a bridge."""
+               parent: QObject | None = None, start: bool = True) -> "EngineBridge":
+        """An Engine wrapped in a bridge, started unless `start=False` (then `start()` it later:
+        requests made before wait in its queue)."""
         bridge = cls(Engine(settings, data_dir), parent=parent)
-        bridge.engine.start()
+        if start:
+            bridge.start()
         return bridge
+
+    def start(self) -> None:
+        """Start the built-in engine's thread, which imports torch (seconds) on its own."""
+        self.builtin.start()
 
     # ------------------------------------------------------------ calls into the engine
 

@@ -15,6 +15,7 @@ from engine.paths import DEMO_MODEL, create_data_dir
 from .icons import app_icon
 from .preferences import Preferences
 from .single_instance import SingleInstance, bring_to_front
+from .startup_trace import mark
 from .theme import apply_theme
 
 log = logging.getLogger(__name__)
@@ -135,13 +136,19 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         from engine.settings import EngineSettings
         engine_settings = EngineSettings()
     history = History(data_dir)
-    bridge = EngineBridge.create(engine_settings, data_dir)
+    bridge = EngineBridge.create(engine_settings, data_dir, start=False)  # started once the window shows
     window = MainWindow(bridge, history, prefs, data_dir)
     instance.activated.connect(lambda msg: (bring_to_front(window, msg), announce("activated")))
-    bridge.modelReady.connect(lambda ev: announce(f"ready {ev.name}"))
-    bridge.modelFailed.connect(lambda ev: announce(f"failed: {ev.message}"))
+    bridge.modelReady.connect(lambda ev: (mark("ready"), announce(f"ready {ev.name}")))
+    bridge.modelFailed.connect(lambda ev: (mark("failed"), announce(f"failed: {ev.message}")))
     window.show()
-    window.load_model(choose_model(model_path, prefs))
+    window.load_model(choose_model(model_path, prefs))  # queued until the engine starts
+
+    def shown() -> None:  # the event loop runs: the window is up; only now does torch load
+        mark("shown")
+        bridge.start()
+
+    QTimer.singleShot(0, shown)
     previous = close_on_signals(window)
     try:
         return app.exec()

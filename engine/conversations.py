@@ -2,10 +2,12 @@
 stateless client (the API) continues."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .events import STATELESS_PREFIX
-from .session import Session
+
+if TYPE_CHECKING:
+    from .session import Session
 
 MAX_STATELESS_SESSIONS = 8
 
@@ -20,6 +22,8 @@ class Conversations(dict):
     def open(self, conversation_id: str) -> Session:
         session = self.get(conversation_id)
         if session is None:
+            from .session import Session  # torch (via prompt): an Engine is made before torch loads
+
             session = self[conversation_id] = Session(conversation_id)
         return session
 

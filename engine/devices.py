@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from .heap_trim import return_freed_heap
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -125,6 +127,8 @@ def release_cached(device: torch.device) -> None:
         torch.cuda.empty_cache()
     elif device.type == "mps":
         torch.mps.empty_cache()
+    else:
+        return_freed_heap()
 
 
 def synchronize(device: torch.device) -> None:

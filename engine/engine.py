@@ -2,27 +2,33 @@
 
 Every piece of model work (load, encode, prefill, decode) runs on the owner thread, so torch
 state is never shared between threads. Callers only enqueue requests and receive events.
+
+Importing this module, making an Engine and starting it cost no torch import in the caller's
+thread: the torch-backed modules are imported by the owner thread when it starts (seconds), so
+a window can show before they are loaded.
 """
 from __future__ import annotations
 
 import logging
 import queue
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
     TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
-from .memory_manager import MemoryManager, idle_tick_s, memory_report
-from .model import ModelLoadError, check_load, free_device_cache, load_model
 from .paths import create_data_dir, default_data_dir
 from .settings import EngineSettings
-from .spill_scheduler import SpillScheduler
-from .turn_pipeline import TurnPipeline
 from .turn_stats import LocalTurnStats, TurnStats
 from .worker import EngineWorker
-from .vision.gate import PictureGate
+
+if TYPE_CHECKING:
+    from .memory_manager import MemoryManager
+    from .spill_scheduler import SpillScheduler
+    from .turn_pipeline import TurnPipeline
+    from .vision.gate import PictureGate
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,11 @@ class Engine(EngineWorker):
         log.log(logging.INFO if notice.level == "info" else logging.WARNING, "%s", notice.message)
 
     def _loop(self) -> None:
+        # torch and transformers load here, first thing on this thread (see the module docstring),
+        # never under _do_load's frame (engine/model.py says why)
+        from . import memory_manager, model, spill_scheduler, turn_pipeline  # noqa: F401
+        from .vision import gate  # noqa: F401
+
         while True:
             try:
                 kind, arg = self._queue.get(timeout=self._idle_tick_s())
@@ -116,6 +127,8 @@ class Engine(EngineWorker):
                 log.exception("idle work failed")
 
     def _idle_tick_s(self) -> float:
+        from .memory_manager import idle_tick_s
+
         return self.memory.tick_s() if self.memory is not None else idle_tick_s(self.settings)
 
     def _on_idle(self) -> None:
@@ -128,9 +141,11 @@ class Engine(EngineWorker):
 
     def _release_model(self) -> None:
         """Let go of the model and all built on it (processor, gate and its cached features,
-        encoder residency, spill_scheduler, sessions' KV) and return the device memory now. The gate and
-        the spill_scheduler call back into the engine; dropping them here breaks the only cycles, so
+        encoder residency, spill scheduler, sessions' KV) and return the device memory now. The gate
+        and the spill scheduler call back into the engine; dropping them here breaks the only cycles, so
         the model is freed by reference counting at once, not whenever the collector runs."""
+        from .model import free_device_cache
+
         if self.memory is not None:
             self.memory.close()  # exit and model switch spill what is hot: nothing lost
         if self.gate is not None:
@@ -145,6 +160,12 @@ class Engine(EngineWorker):
         self._emit(EncoderState(state, left))
 
     def _do_load(self, path: str) -> None:
+        from .memory_manager import MemoryManager
+        from .model import ModelLoadError, check_load, load_model
+        from .spill_scheduler import SpillScheduler
+        from .turn_pipeline import TurnPipeline
+        from .vision.gate import PictureGate
+
         self._emit(ModelLoading(path))
         try:
             # a folder that is no model, or settings that cannot run, keep the old model
@@ -228,6 +249,8 @@ class Engine(EngineWorker):
         self._emit(self._report())
 
     def _report(self) -> MemoryReport:
+        from .memory_manager import memory_report
+
         if self.memory is None:
             return memory_report(self.loaded, self.sessions)
         return self.memory.report()

@@ -11,6 +11,7 @@ from typing import Callable
 
 from .conversations import Conversations
 from .events import MemoryReport, SpillState
+from .heap_trim import return_freed_heap
 from .memory import build_report, free_for_model
 from .session import Session
 from .spill_scheduler import SpillScheduler
@@ -67,6 +68,7 @@ class MemoryManager:
 
     def turn_ended(self) -> None:
         self.active_cid = None
+        return_freed_heap()  # the turn's freed activations (on the CPU) and host buffers
 
     # ------------------------------------------------------------ freeing memory
 

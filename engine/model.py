@@ -25,6 +25,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import devices
+from .heap_trim import return_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def _progress_only_on_a_terminal():
 
 def free_device_cache(device: torch.device | None = None) -> None:
     """Hand memory the caching allocator keeps back to the device once tensors are gone."""
+    return_freed_heap()  # the host's too: weights and buffers on the CPU
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
     mps = getattr(torch.backends, "mps", None)

@@ -192,8 +192,22 @@ def finish_load(model, plan: WeightPlan, family: str, device: torch.device) -> N
     if plan.format == "int8":
         pack_int8(model, ADAPTERS[family].vision_modules, plan.dtype)
     model.eval()
+    if device.type == "cpu" and not plan.quantized:
+        own_weights(model)
     if plan.quantized:
         check_quantized(model, family, plan.format)
+
+
+def own_weights(model) -> None:
+    """Copy the weights into the process's own memory. On the CPU, from_pretrained leaves them
+    as views of the safetensors file mapping, read from disk page by page as the first turn
+    touches them: until then the model holds far less than its size (the memory dock would
+    count weights not yet in memory) and that first turn pays the disk reads. One tensor at a
+    time, so the extra memory is one tensor's; shared (tied) parameters stay shared."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.device.type == "cpu":
+                t.data = t.data.clone()
 
 
 def is_quantized(p: torch.Tensor) -> bool:

@@ -11,8 +11,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-
-import openai
+from typing import TYPE_CHECKING
 
 from ..events import (
     ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone,
@@ -24,7 +23,9 @@ from ..worker import EngineWorker
 from .config import RemoteConfig
 from .failures import describe
 from .messages import chat_messages
-from .request import TurnRequest
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class ServerError(RuntimeError):
 
 
 def make_client(cfg: RemoteConfig) -> openai.OpenAI:
+    import openai  # its types take ~2 s to import: only a remote engine in use pays that, never the window's start
+
     return openai.OpenAI(
         base_url=cfg.base_url,
         api_key=cfg.api_key or "none",  # servers without keys ignore it; the client wants one
@@ -44,6 +47,8 @@ def make_client(cfg: RemoteConfig) -> openai.OpenAI:
 
 def list_models(cfg: RemoteConfig, client: openai.OpenAI | None = None) -> list[str]:
     """The model names the server offers (GET /v1/models), or ServerError with why not."""
+    import openai
+
     own = client is None
     client = client or make_client(cfg)
     try:
@@ -191,6 +196,8 @@ class RemoteEngine(EngineWorker):
                 if error:
                     self._fail(turn, error)
                     return
+            from .request import TurnRequest  # openai: see make_client
+
             request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
                                   lambda: self._should_stop(tid), queued_at=self._submitted.get(tid))
             outcome = request.run(chat_messages(turn))

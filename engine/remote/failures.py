@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import socket
 import ssl
-
-import openai
+from typing import TYPE_CHECKING
 
 from .config import RemoteConfig
+
+if TYPE_CHECKING:
+    import openai
 
 
 def _chain(exc: BaseException):
@@ -58,6 +60,8 @@ def connection_failure(exc: BaseException, cfg: RemoteConfig) -> str:
 def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", model: str | None = None) -> str:
     """One line for a failed request (`during`: 'request' before any reply text, 'stream' once
     reply text has arrived; `model`: the name the request asked for)."""
+    import openai  # loaded already: whatever raised `exc` used it (not at import: see engine.make_client)
+
     where = cfg.server
     if isinstance(exc, openai.APITimeoutError):
         if during == "stream":

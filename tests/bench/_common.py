@@ -29,6 +29,33 @@ def parse_args(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespa
     return args
 
 
+def distinct_words(tokenizer, count: int, seed: int = 0) -> list[str]:
+    """`count` different words in a seeded random order: filler text that never repeats itself,
+    so prompt-lookup drafting or prefix caching cannot make a turn over it faster than a real
+    prompt's. The words are the tokenizer's own (letters only, decoded from one token each);
+    a small vocabulary is stretched with two-word compounds, still each used once."""
+    import random
+
+    rng = random.Random(seed)
+    words, seen = [], set()
+    for token_id in rng.sample(range(len(tokenizer)), len(tokenizer)):
+        word = tokenizer.decode([token_id]).strip()
+        if len(word) >= 2 and word.isascii() and word.isalpha() and word not in seen:
+            seen.add(word)
+            words.append(word)
+            if len(words) == count:
+                return words
+    singles = list(words)
+    if len(singles) < 2:
+        raise ValueError(f"the tokenizer has only {len(singles)} words: no filler can be made from it")
+    while len(words) < count:
+        compound = "".join(rng.sample(singles, 2))
+        if compound not in seen:
+            seen.add(compound)
+            words.append(compound)
+    return words
+
+
 def ratio_line(label: str, value: float, *, at_most: float | None = None, at_least: float | None = None,
                also: tuple[str, bool] | None = None, unit: str = "", note: str = "", digits: int = 3) -> str:
     """`label: value  (goal ≤ X: yes)`; `also` adds a second condition the verdict needs

@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 
-from _common import parse_args, ratio_line, workdir
+from _common import distinct_words, parse_args, ratio_line, workdir
 
 from engine.events import Message
 from engine.turn_stats import LocalTurnStats
@@ -42,14 +42,16 @@ def turn(engine, cid, messages) -> tuple[float, LocalTurnStats]:
 
 def same_length_text(engine, n_tokens: int) -> tuple[str, int]:
     """A text-only question whose rendered prompt is at least `n_tokens` long (counted by the
-    model's own processor, no turn needed)."""
+    model's own processor, no turn needed). The filler never repeats a word: a repeated one would
+    let prompt-lookup drafts (or any n-gram cache) speed up the text-only turn it is compared to."""
     processor = engine.loaded.processor
+    words = iter(distinct_words(processor.tokenizer, n_tokens))
     text = QUESTION
     while True:
         n = len(processor.tokenizer(render(processor, [Message("user", text)], None))["input_ids"])
         if n >= n_tokens:
             return text, n
-        text += " word"
+        text += " " + next(words)
 
 
 def main() -> None:

@@ -1,0 +1,57 @@
+"""What the process holds on the CPU is what the memory dock counts: a model loaded on the CPU
+owns its weights (not pages of the file mapping still to be read on first use), and freed heap
+is handed back to the operating system (glibc)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.heap_trim import return_freed_heap
+from engine.model import load_model
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def file_mappings(folder: Path) -> list[tuple[int, int]]:
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip().startswith(str(folder)):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                spans.append((start, end))
+    return spans
+
+
+@linux_only
+@pytest.mark.slow
+def test_a_model_loaded_on_the_cpu_holds_its_weights_not_the_file_mapping(tiny_model):
+    folder = tiny_model("llava").resolve()
+    loaded = load_model(folder, "cpu", "float32")  # the files' own dtype: nothing to convert
+    spans = file_mappings(folder)
+    tensors = [*loaded.model.parameters(), *loaded.model.buffers()]
+    in_file = [t.shape for t in tensors if any(a <= t.data_ptr() < b for a, b in spans)]
+    assert not in_file, f"{len(in_file)} of {len(tensors)} tensors are still pages of the file mapping"
+
+
+@linux_only
+def test_freed_heap_goes_back_to_the_system():
+    if not return_freed_heap():
+        pytest.skip("this C library has no malloc_trim")
+    blocks = [bytearray(64 << 10) for _ in range(3200)]  # 200 MiB of heap (below the mmap threshold)
+    pin = bytearray(64 << 10)  # allocated last: freeing the rest leaves a hole, not a shrinkable top
+    held = rss()
+    del blocks
+    kept = rss()
+    return_freed_heap()
+    after = rss()
+    assert held - kept < 50 << 20 and held - after > 150 << 20, (held >> 20, kept >> 20, after >> 20)
+    del pin

@@ -111,7 +111,7 @@ class EncoderResidency:
             return False
         for full, sub, pname, p in list(self._params()):
             self._shapes[full] = p.shape
-            # torch's own parameter table: setattr would re-register hooks and refuse a shape change
+            # torch's private parameter table, written directly: only the tensor in this slot changes
             sub._parameters[pname] = torch.nn.Parameter(
                 torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False
             )

@@ -136,6 +136,9 @@ class EngineBridge(QObject):
 
     def load_model(self, path: str) -> None:
         self.builtin.load_model(str(path))
+        # said now, not when the owner thread reaches the request: at launch that thread is still
+        # importing torch (seconds), and the window would say "No model loaded" meanwhile
+        self.inject(ModelLoading(str(path)))
 
     def submit(self, turn: Turn) -> int:
         # ids come from the built-in engine whichever engine runs the turn: they stay unique

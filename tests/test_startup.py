@@ -51,3 +51,32 @@ def test_window_shows_before_torch_is_imported(tmp_path, tiny_model):
         if app.poll() is None:
             app.kill()
             app.wait()
+
+
+def test_the_window_says_loading_at_once_while_the_engine_is_still_starting(qtbot, tmp_path, tiny_model):
+    # at launch the window is up before the engine thread has imported torch: a queued load must
+    # read "Loading …" from the first frame, never "No model is loaded" with a "Get a model" button
+    import app  # noqa: F401  (the PySide6 refcount workaround before any signal)
+    from app.bridge import EngineBridge
+    from app.history import History
+    from app.main_window import MainWindow
+    from PySide6.QtWidgets import QPushButton
+    from tests.test_app_support import TIMEOUT_MS, make_prefs
+
+    data = tmp_path / "data"
+    prefs = make_prefs(tmp_path / "prefs.ini")
+    bridge = EngineBridge.create(prefs.engine_settings(), data, start=False)
+    w = MainWindow(bridge, History(data), prefs, data)
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        model = tiny_model("llava")
+        w.load_model(str(model))
+        qtbot.waitUntil(lambda: w.model_label.text() == f"Loading {model.name}…", timeout=TIMEOUT_MS)
+        assert not w.model_ready and w.composer.send.toolTip() == "The model is loading"
+        get_a_model = w.findChild(QPushButton, "emptyChatModels")
+        assert get_a_model is None or not get_a_model.isVisible()
+        bridge.start()
+        qtbot.waitUntil(lambda: w.model_ready, timeout=TIMEOUT_MS)
+    finally:
+        w.shutdown()

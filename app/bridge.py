@@ -181,6 +181,9 @@ class EngineBridge(QObject):
     @staticmethod
     def check_model_folder(path: str | Path) -> str | None:
         """Why a folder cannot be loaded (the engine's own sentence), or None if it looks fine."""
+        from engine.heavy_imports import heavy
+
+        heavy()  # at launch the engine thread may be importing torch: wait for it, never race it
         from engine.model import ModelLoadError, check_folder
         try:
             check_folder(Path(path).expanduser())

@@ -19,6 +19,7 @@ from .events import (
     TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
+from .heavy_imports import heavy
 from .paths import create_data_dir, default_data_dir
 from .settings import EngineSettings
 from .turn_stats import LocalTurnStats, TurnStats
@@ -98,9 +99,12 @@ class Engine(EngineWorker):
 
     def _loop(self) -> None:
         # torch and transformers load here, first thing on this thread (see the module docstring),
-        # never under _do_load's frame (engine/model.py says why)
-        from . import memory_manager, model, spill_scheduler, turn_pipeline  # noqa: F401
-        from .vision import gate  # noqa: F401
+        # never under _do_load's frame (engine/model.py says why), under heavy_imports' lock
+        try:
+            heavy()
+        except Exception as exc:  # a broken install: say so; each request then fails with its own line
+            log.exception("importing torch/transformers failed")
+            self._emit(Notice("error", f"The engine cannot start: {type(exc).__name__}: {exc}"))
 
         while True:
             try:
@@ -160,11 +164,15 @@ class Engine(EngineWorker):
         self._emit(EncoderState(state, left))
 
     def _do_load(self, path: str) -> None:
-        from .memory_manager import MemoryManager
-        from .model import ModelLoadError, check_load, load_model
-        from .spill_scheduler import SpillScheduler
-        from .turn_pipeline import TurnPipeline
-        from .vision.gate import PictureGate
+        try:
+            from .memory_manager import MemoryManager
+            from .model import ModelLoadError, check_load, load_model
+            from .spill_scheduler import SpillScheduler
+            from .turn_pipeline import TurnPipeline
+            from .vision.gate import PictureGate
+        except ImportError as exc:  # a broken install: the window leaves "Loading…" with this line
+            self._emit(ModelFailed(path, f"Cannot load {path}: the engine's libraries do not import ({exc})"))
+            return
 
         self._emit(ModelLoading(path))
         try:

@@ -56,6 +56,9 @@ class Fit:
 
 
 def _config_objects(config: dict):
+    from ..heavy_imports import heavy
+
+    heavy()  # never alongside the engine thread's own import of transformers
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(**config)
@@ -147,14 +150,15 @@ def free_device_memory() -> tuple[str, int]:
     """(device name, free bytes) of the device Parley would load onto: CUDA, then MPS, then RAM."""
     import psutil
 
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
+    from ..heavy_imports import heavy
+
+    heavy()
+    import torch
+
+    if torch.cuda.is_available():
         free, _total = torch.cuda.mem_get_info()
         return f"cuda:0 ({torch.cuda.get_device_name(0)})", int(free)
-    if torch is not None and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         # unified memory: what the OS can still hand out, capped by Metal's working-set limit
         limit = torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory()
         return "mps", int(min(limit, psutil.virtual_memory().available))

@@ -185,7 +185,7 @@ class Engine(EngineWorker):
             # the old model goes before the new one loads: two models never share the device
             self._release_model()
             loaded = load_model(path, self.settings.device, self.settings.dtype, self.settings.weights,
-                                self.settings.memory_budget_bytes)
+                                self.settings.memory_budget_bytes, self.settings.elastic)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
             return

@@ -194,7 +194,7 @@ def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
 
 
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
-               budget_bytes: int | None = None) -> LoadedModel:
+               budget_bytes: int | None = None, elastic: bool = False) -> LoadedModel:
     from .memory import device_totals
     from .weights import finish_load, load_kwargs, plan_weights
 
@@ -225,7 +225,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc
     try:
-        finish_load(model, plan, family, dev)
+        finish_load(model, plan, family, dev, elastic)
     except ModelLoadError:
         raise
     except RuntimeError as exc:  # e.g. an op or dtype this Mac's GPU lacks, or too little memory

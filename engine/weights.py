@@ -185,28 +185,31 @@ def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     return {}
 
 
-def finish_load(model, plan: WeightPlan, family: str, device: torch.device) -> None:
-    """Place the model on the device and check that only the language model was quantized."""
+def finish_load(model, plan: WeightPlan, family: str, device: torch.device, elastic: bool = False) -> None:
+    """Place the model on the device and check that only the language model was quantized.
+    `elastic`: the engine releases the encoder's weights right after the load (the residency reads
+    them back, owned, when a picture needs them), so they are not copied here only to be dropped."""
     if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
         model.to(device)
     if plan.format == "int8":
         pack_int8(model, ADAPTERS[family].vision_modules, plan.dtype)
     model.eval()
     if device.type == "cpu" and not plan.quantized:
-        own_weights(model)
+        own_weights(model, skip=tuple(m + "." for m in ADAPTERS[family].vision_modules) if elastic else ())
     if plan.quantized:
         check_quantized(model, family, plan.format)
 
 
-def own_weights(model) -> None:
+def own_weights(model, skip: tuple[str, ...] = ()) -> None:
     """Copy the weights into the process's own memory. On the CPU, from_pretrained leaves them
     as views of the safetensors file mapping, read from disk page by page as the first turn
     touches them: until then the model holds far less than its size (the memory dock would
     count weights not yet in memory) and that first turn pays the disk reads. One tensor at a
-    time, so the extra memory is one tensor's; shared (tied) parameters stay shared."""
+    time, so the extra memory is one tensor's; shared (tied) parameters stay shared. Names under
+    `skip` (prefixes) are left as they are."""
     with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.device.type == "cpu":
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.device.type == "cpu" and not name.startswith(skip):
                 t.data = t.data.clone()
 
 

@@ -15,7 +15,6 @@ the shared libraries' code, paged in as kernels first run (tens of MiB), not dat
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 
@@ -24,6 +23,7 @@ from _common import parse_args, ratio_line, workdir
 from engine.client import load_blocking
 from engine.engine import Engine
 from engine.events import Message
+from engine.heap_trim import return_freed_heap
 from engine.settings import EngineSettings
 from tests.engine_helpers import ask, expect_done, wait_report
 from tests.fixtures.pictures import make_picture, pics
@@ -84,7 +84,7 @@ def main() -> None:
         done = expect_done(ask(engine, "long", [Message("user", long_text)], 8))
         record("a long turn", f" ({done.stats.prompt_tokens} tokens)")
         # heap the allocator still keeps after freeing (the engine trims after each turn: ~0 left)
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return_freed_heap()
         trimmed = resident()["RssAnon"] - base["RssAnon"]
         print(ratio_line("anonymous RSS growth after another malloc_trim(0)", trimmed / 2**20, unit="MiB", digits=1,
                          note=f"dock {steps[-1]['dock'] / 2**20:.1f} MiB; error "

@@ -10,6 +10,7 @@ COLORS = {
     "vision_encoder": "#a259d9",
     "hot_kv": "#2fb171",
     "image_cache_ram": "#f0a030",
+    "processor": "#8a8f99",
     "hot_kv#0": "#2fb171",  # one shade per conversation, alternating
     "hot_kv#1": "#5fd197",
     "hot_kv#2": "#1f8a55",

@@ -24,6 +24,7 @@ from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
 COMPONENT_NAMES = {
     "language_model": "Language model weights",
     "vision_encoder": "Vision encoder",
+    "processor": "Tokenizer and processor",
     "hot_kv": "Hot KV cache",
     "image_cache_ram": "Image cache (RAM)",
     "image_cache_disk": "Image cache (disk)",

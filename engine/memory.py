@@ -73,6 +73,8 @@ def build_report(loaded, sessions: dict, extra_components: dict | None = None, c
     lm, vision = model_bytes(loaded)
     name, total, free = device_totals(loaded.device)
     components = {"language_model": lm, "vision_encoder": vision}
+    if loaded.device.type == "cpu":  # device memory is this process's memory: its tokenizer is in it too
+        components["processor"] = loaded.processor_bytes
     kv = {cid: s.kv_bytes() for cid, s in sessions.items() if s.cache is not None}
     components["hot_kv"] = sum(kv.values())
     components.update(extra_components or {})

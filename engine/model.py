@@ -26,6 +26,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import devices
 from .heap_trim import return_freed_heap
+from .process_memory import growth_during
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class LoadedModel:
     notes: tuple[str, ...] = ()  # device / dtype fallbacks, told to the user
     weights: str = ""  # the language model's weight format as loaded: bf16 | fp16 | fp32 | int8 | 4bit
     weights_note: str = ""  # auto: which format it chose and why
+    processor_bytes: int = 0  # host memory the tokenizer and processor took, measured around their load
 
     @property
     def context_tokens(self) -> int | None:
@@ -211,7 +213,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     plan = plan_weights(folder, family, dev, dtype, weights, free)
     dt, fmt = plan.dtype, plan.format
     try:
-        processor = AutoProcessor.from_pretrained(folder)
+        processor, processor_bytes = growth_during(lambda: AutoProcessor.from_pretrained(folder))
     except Exception as exc:  # transformers raises many kinds; the user needs one sentence
         raise ModelLoadError(f"Cannot load the processor/tokenizer from {folder}: {exc}") from exc
     if not getattr(processor, "chat_template", None) and not getattr(processor.tokenizer, "chat_template", None):
@@ -281,4 +283,5 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
         path=folder, name=name, model=model, processor=processor, adapter=ADAPTERS[config["model_type"]],
         device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
         fingerprint=fp.digest(), notes=tuple(notes), weights=fmt, weights_note=plan.note,
+        processor_bytes=processor_bytes,
     )

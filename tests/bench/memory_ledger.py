@@ -2,7 +2,8 @@
 SmolVLM-256M shape (bf16 on CPU).
 
 The dock's total is the sum of the MemoryReport components that live in this process's memory on
-the CPU device: language model + vision encoder + hot KV + image cache (RAM). The measured figure
+the CPU device: language model + vision encoder + tokenizer and processor (measured by the loader
+around their load) + hot KV + image cache (RAM). The measured figure
 is the growth of the process's resident anonymous memory (RssAnon in /proc/self/status: what it
 allocated, weights included now that loading copies them out of the file mapping) from a baseline
 taken after the engine has started and the model's code is imported, over the same steps: load
@@ -31,7 +32,7 @@ from tests.fixtures.published_configs import build_published
 
 SHAPE = "SmolVLM-256M-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}
-IN_PROCESS = ("language_model", "vision_encoder", "hot_kv", "image_cache_ram")
+IN_PROCESS = ("language_model", "vision_encoder", "processor", "hot_kv", "image_cache_ram")
 WORDS = ("a small red house beside a quiet river with two children playing on the grass while "
          "a brown dog runs after a yellow ball under tall green trees ").split()
 

@@ -58,11 +58,12 @@ def machine() -> dict:
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def run(names: list[str], bench_args: list[str]) -> None:
+def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -> None:
     RUNS.mkdir(parents=True, exist_ok=True)
     (RUNS / "machine.json").write_text(json.dumps(machine(), indent=1))
-    for name in names:
-        script = BENCH / f"{name}.py"
+    for script_name in scripts:
+        script = BENCH / f"{script_name}.py"
+        name = save_as or script_name  # a second configuration of one benchmark keeps its own log
         cmd = [sys.executable, "-u", str(script), *bench_args]
         if '"--json"' in script.read_text():
             cmd += ["--json", str(RUNS / f"{name}.json")]
@@ -225,6 +226,9 @@ def main() -> None:
     ap.add_argument("--render", action="store_true", help="only redraw docs/benchmarks.md from docs/bench-runs")
     ap.add_argument("--out", default=str(DOCS / "benchmarks.md"))
     ap.add_argument("--runs", default=str(RUNS), help="where the logs, series and machine.json go")
+    ap.add_argument("--save-as", default=None,
+                    help="with one --only: keep this run under another name (e.g. restore_real_fp32), "
+                         "beside the benchmark's default run")
     args = ap.parse_args()
     RUNS = Path(args.runs).resolve()
     if not args.render:
@@ -232,7 +236,9 @@ def main() -> None:
         unknown = [n for n in names if not (BENCH / f"{n}.py").exists()]
         if unknown:
             sys.exit(f"no such benchmark: {', '.join(unknown)} (see tests/bench/)")
-        run(names, shlex.split(args.bench_args))
+        if args.save_as and len(names) != 1:
+            sys.exit("--save-as names the run of one benchmark: give exactly one --only")
+        run(names, shlex.split(args.bench_args), args.save_as)
     render(Path(args.out))
 
 

@@ -71,3 +71,23 @@ def test_an_elastic_load_does_not_copy_the_encoder_weights_it_is_about_to_releas
     mapped = {n for n, t in loaded.model.named_parameters() if any(a <= t.data_ptr() < b for a, b in spans)}
     assert mapped and all(n.startswith(vision) for n in mapped)
     assert {n for n, _ in loaded.model.named_parameters() if n.startswith(vision)} == mapped
+
+
+def test_growth_during_measures_what_a_step_allocates():
+    # how the loader measures the tokenizer and processor, which no tensor accounts for
+    from engine.process_memory import growth_during
+
+    held, grown = growth_during(lambda: bytearray(b"\x01") * (64 << 20))  # written: resident
+    assert (60 << 20) <= grown <= (72 << 20), grown >> 20
+    del held
+
+
+@pytest.mark.slow
+def test_a_cpu_load_puts_the_tokenizer_and_processor_in_the_dock(tiny_model):
+    from engine.memory import build_report
+
+    loaded = load_model(tiny_model("llava").resolve(), "cpu", "float32")
+    report = build_report(loaded, {})
+    assert report.components["processor"] == loaded.processor_bytes
+    total = sum(report.components.values())
+    assert total == report.components["language_model"] + report.components["vision_encoder"] + loaded.processor_bytes

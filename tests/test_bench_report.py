@@ -35,3 +35,17 @@ def test_figures_are_read_from_ratio_lines():
         ("spill time / its goal (1.2·k/N·full + 20 ms), worst k", "0.904", "", "≤ 1 and blocks ≤ ceil(k/256) + 1",
          "yes", ""),
     ]
+
+
+def test_a_second_configuration_needs_exactly_one_benchmark(tmp_path):
+    # --save-as keeps e.g. restore_real at float32 beside its bf16 run; for two benchmarks it
+    # would write both logs under one name, so it is refused before anything runs
+    import subprocess
+    import sys
+
+    script = ROOT / "packaging" / "bench_report.py"
+    done = subprocess.run([sys.executable, str(script), "--only", "startup", "ui_stall", "--save-as", "x",
+                           "--runs", str(tmp_path), "--out", str(tmp_path / "report.md")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "exactly one --only" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written

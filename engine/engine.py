@@ -19,6 +19,7 @@ from .events import (
     TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
+from .heap_trim import keep_one_heap
 from .heavy_imports import heavy
 from .paths import create_data_dir, default_data_dir
 from .settings import EngineSettings
@@ -41,6 +42,7 @@ class Engine(EngineWorker):
 
     def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
         super().__init__()
+        keep_one_heap()  # before the owner thread exists: its freed memory must be trimmable
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
         create_data_dir(self.data_dir)

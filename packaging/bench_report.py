@@ -114,17 +114,23 @@ def charts(rendered: list[str], where: Path) -> list[str]:
         if pts:
             fig, ax = plt.subplots(figsize=(6, 3.6))
             x = [p["tokens"] for p in pts]
-            ax.plot(x, [p["reprefill_s"] for p in pts], "o-", label="re-prefill (TTFT)")
-            ax.plot(x, [p["resume_ttft_s"] for p in pts], "s-", label="resume from SSD (TTFT)")
+            ax.plot(x, [p["reprefill_s"] for p in pts], "o-", label="re-prefill (TTFT), bf16")
+            ax.plot(x, [p["resume_ttft_s"] for p in pts], "s-", label="resume from SSD (TTFT), bf16")
+            other = RUNS / "restore_real_fp32.json"  # the float32 run reaches 32K on a CPU
+            if other.exists() and "restore_real_fp32" in rendered:
+                more = json.loads(other.read_text())["lengths"]
+                x2 = [p["tokens"] for p in more]
+                ax.plot(x2, [p["reprefill_s"] for p in more], "o--", label="re-prefill (TTFT), float32")
+                ax.plot(x2, [p["resume_ttft_s"] for p in more], "s--", label="resume from SSD (TTFT), float32")
             for s in data.get("skipped", []):
                 ax.axvline(s["tokens"], color="grey", ls=":", lw=1)
-                ax.annotate(f"{s['tokens']}: not run", (s["tokens"], ax.get_ylim()[1] * 0.5), rotation=90,
+                ax.annotate(f"{s['tokens']}: bf16 not run", (s["tokens"], ax.get_ylim()[1] * 0.5), rotation=90,
                             fontsize=7, color="grey", ha="right")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("conversation length (tokens)")
             ax.set_ylabel("seconds")
-            ax.set_title(f"Restore vs re-prefill, {data['shape']}{' (quick)' if data['quick'] else ''}, bf16 CPU",
+            ax.set_title(f"Restore vs re-prefill, {data['shape']}{' (quick)' if data['quick'] else ''}, CPU",
                          fontsize=9)
             ax.legend(fontsize=8)
             fig.tight_layout()

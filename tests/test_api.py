@@ -158,12 +158,15 @@ def test_serve_command(tiny_model, tmp_path):
                               "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, env=env,
                              timeout=120)
     assert refused.returncode != 0 and "--api-token" in refused.stderr
-    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0",
-                             "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err_path = tmp_path / "serve.stderr"  # a file, never a pipe nobody drains (a full pipe blocks the server)
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0",
+                                 "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d")],
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=dict(env, PYTHONFAULTHANDLER="1"))
     try:
         line = proc.stdout.readline()
-        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert "http://127.0.0.1:" in line, (line, err_path.read_text() if proc.poll() is not None else "")
         url = line[line.index("http://"):].split()[0]
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
         model = client.models.list().data[0].id
@@ -172,8 +175,10 @@ def test_serve_command(tiny_model, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            rc = proc.wait(30)
+            rc = proc.wait(30)  # it stops in 1-2 s
         except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+            proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack: where it hangs
+            proc.wait(30)
+            raise AssertionError("serve did not stop within 30 s of Ctrl+C; its stderr:\n"
+                                 + err_path.read_text()[-8000:]) from None
     assert rc == 0

@@ -133,11 +133,11 @@ def cmd_serve(args) -> int:
         server.start()
         print(f"Parley API listening on {server.url} (model {ready.name}); Ctrl+C stops it", flush=True)
         done = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: done.set())
-        try:
-            while not done.wait(0.5):
-                pass
-        except KeyboardInterrupt:
+        # Ctrl+C and kill both stop it, also where SIGINT came in ignored (nohup, a background
+        # job of a script): Python then never turns it into KeyboardInterrupt
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop_signal, lambda *_: done.set())
+        while not done.wait(0.5):
             pass
         return 0
     except (ApiConfigError, EngineError) as exc:

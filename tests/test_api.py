@@ -163,7 +163,10 @@ def test_serve_command(tiny_model, tmp_path):
         proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0",
                                  "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d")],
                                 stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=dict(env, PYTHONFAULTHANDLER="1"))
+                                env=dict(env, PYTHONFAULTHANDLER="1"),
+                                # started with SIGINT ignored, as under nohup or a script's background
+                                # job (where this test hung): Ctrl+C must still stop it
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         line = proc.stdout.readline()
         assert "http://127.0.0.1:" in line, (line, err_path.read_text() if proc.poll() is not None else "")

@@ -101,9 +101,9 @@ class _Builder:
         self.ask(t, q, a, new_scenes)
 
 
-def random_conversation(rng: random.Random) -> Conversation:
-    """One training conversation (a mix of the kinds the app sends)."""
-    b = _Builder(rng, system=rng.random() < 0.2)
+def random_conversation(rng: random.Random, draw: Callable = render) -> Conversation:
+    """One training conversation (a mix of the kinds the app sends); `draw` renders its pictures."""
+    b = _Builder(rng, system=rng.random() < 0.2, draw=draw)
     kind = rng.choices(["one", "two_at_once", "two_turns", "talk", "talk_then_picture", "edge"],
                        weights=[0.3, 0.25, 0.3, 0.04, 0.06, 0.05])[0]
     if kind == "one":

@@ -138,6 +138,15 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
     return Scene(objects, background, split, size, noise, blur, jpeg)
 
 
+def lesson_scene(rng: random.Random) -> Scene:
+    """The first lesson of training: one large filled shape near the middle of a clean white square."""
+    kind, colour = rng.choice(SHAPES), rng.choice(COLOUR_NAMES)
+    cx, cy = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7)
+    angle = rng.uniform(-15, 15) if kind in ("triangle", "star", "heart", "circle") else rng.uniform(-8, 8)
+    obj = Obj(kind, colour, cell_of(cx, cy), cx, cy, rng.uniform(0.2, 0.42), angle, rgb=random_rgb(rng, colour))
+    return Scene([obj], ["white"], size=(96, 96))
+
+
 def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float) -> list[tuple[float, float]]:
     if kind == "circle":
         pts = [(math.cos(t), math.sin(t)) for t in (2 * math.pi * i / 48 for i in range(48))]

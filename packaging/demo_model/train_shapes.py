@@ -1,6 +1,6 @@
 """Train "Parley Shapes", the tiny built-in vision-language model Parley ships with.
 
-A LLaVA model (small CLIP vision tower + small Llama), a byte-level BPE tokenizer trained here,
+A LLaVA model (a small LeViT vision tower + a small Llama), a byte-level BPE tokenizer trained here,
 a LlavaProcessor and a chat template, trained on the synthetic world of
 shapes_world.py + shapes_data.py (pictures of any size and aspect ratio, shapes
 anywhere, noise, blur, JPEG; photos and screenshots from shapes_unknown.py get a one-line
@@ -8,24 +8,26 @@ anywhere, noise, blur, JPEG; photos and screenshots from shapes_unknown.py get a
 save_pretrained. Every picture goes through the model's own image processor, as in the app.
 Nothing is downloaded.
 
-Recipe (from scratch):
+Recipe:
   stage 1  the vision tower and projector alone learn to see: a training-only linear probe
            reads each 3x3 cell's picture token (RMS-normalised, as the language model sees it) and
            predicts the shape kind, colour (or empty) and the cell; the mean token predicts the
-           background.
+           background. A curriculum: --easy-steps of one large clean shape (shapes_world.lesson_scene),
+           then the full mix blended in over as many steps again.
   stage 2  the whole model on conversations exactly as the app renders them:
            processor.apply_chat_template(messages) -> processor(text=..., images=...); loss on the
            assistant answers only (each followed by EOS); the probe
            keeps running (so the picture tokens stay readable), and a second probe asks the
            picture tokens, two layers into the language model, which picture they belong to
            (shapes_probes.py); the vision tower starts frozen, then learns at a lower rate.
-Fine-tune (--init FOLDER): start from a trained folder's weights, tokenizer and processor and
-run the stages on today's pictures (the shipped weights: see the model README for the command).
+Start points: from scratch (tokenizer and language model too); --lm-from FOLDER: a trained folder's
+tokenizer and language model with a new vision side (how the shipped weights were made: see the
+model README for the command); --init FOLDER: fine-tune a folder of this architecture as it is.
 
     .venv/bin/python packaging/demo_model/train_shapes.py            # full run from scratch
     .venv/bin/python packaging/demo_model/train_shapes.py --vision-steps 50 --steps 50 --out /tmp/shapes-smoke
 
-Reproducible: the same seed, steps, batch sizes, thread count (and --init folder) give the same weights.
+Reproducible: the same seed, steps, batch sizes, thread count (and start folder) give the same weights.
 """
 from __future__ import annotations
 
@@ -49,8 +51,8 @@ from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noq
 DEFAULT_OUT = DEMO_MODEL  # where the app looks for its built-in model
 
 IMAGE_SIZE = 96
-PATCH_SIZE = 32  # 3 x 3 = 9 picture tokens, one per cell of the world's grid (CLS is dropped)
-GRID = IMAGE_SIZE // PATCH_SIZE  # patches per side
+GRID = 3  # 3 x 3 = 9 picture tokens, one per cell of the world's grid
+VISION_DIM = 192  # width of the picture tokens the vision tower hands the projector
 VOCAB_SIZE = 640
 
 
@@ -86,20 +88,27 @@ def build_processor(tokenizer):
     ip = CLIPImageProcessor(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         do_center_crop=False)  # squash, don't crop: a shape near the edge stays in the picture
+    # patch_size here only counts picture tokens: 96 / 32 = 3 per side, all kept ("full": no CLS token)
     return LlavaProcessor(
-        image_processor=ip, tokenizer=tokenizer, patch_size=PATCH_SIZE,
-        vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        image_processor=ip, tokenizer=tokenizer, patch_size=IMAGE_SIZE // GRID,
+        vision_feature_select_strategy="full", num_additional_image_tokens=0,
         chat_template=sd.CHAT_TEMPLATE)
 
 
 def build_model(processor):
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import LevitConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tok = processor.tokenizer
-    vision = CLIPVisionConfig(
-        hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, num_channels=3, hidden_act="gelu",
-        projection_dim=128)
+    # LeViT: a convolutional stem (four stride-2 convolutions: 96 px -> 6x6) and attention blocks with
+    # learned relative-position biases, then an attention subsample to 3x3. Its convolutions see a
+    # shape the same wherever it sits, which a plain ViT with 32-px (or 16-px) patches had to learn
+    # from examples and, on this CPU's budget, did not (shape kind stayed at chance).
+    # LLaVA reads hidden_states[1], the 3x3 output of the first stage; the later two stages, which
+    # LeViT's config always has, are kept minimal and unread. hidden_size sizes LLaVA's projector.
+    vision = LevitConfig(
+        image_size=IMAGE_SIZE, hidden_sizes=[128, VISION_DIM, 16], num_attention_heads=[4, 6, 1],
+        depths=[4, 0, 0], key_dim=[16, 16, 16], mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2],
+        output_hidden_states=True, hidden_size=VISION_DIM)
     text = LlamaConfig(
         vocab_size=len(tok), hidden_size=192, intermediate_size=512, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
@@ -107,7 +116,7 @@ def build_model(processor):
         pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
     cfg = LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=processor.image_token_id,
-        vision_feature_select_strategy="default", vision_feature_layer=-1,
+        vision_feature_select_strategy="full", vision_feature_layer=1,
         projector_hidden_act="gelu", image_seq_length=GRID ** 2,
         tie_word_embeddings=True)
     model = LlavaForConditionalGeneration(cfg)
@@ -117,6 +126,21 @@ def build_model(processor):
     model.generation_config.do_sample = False
     model.generation_config.max_new_tokens = 64
     return model
+
+
+def transplant_language_model(folder: Path, seed: int):
+    """A new model (fresh vision tower and projector) speaking with the tokenizer and language model of
+    a trained demo folder: the language model already knows the conversations, so the new vision side
+    only has to learn to see and to hand it readable picture tokens."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor = build_processor(tokenizer)
+    torch.manual_seed(seed)
+    model = build_model(processor)
+    old = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    model.model.language_model.load_state_dict(old.model.language_model.state_dict())
+    return tokenizer, processor, model
 
 
 # ---------------------------------------------------------------- batches
@@ -169,6 +193,20 @@ def check_rendering(processor, rng: random.Random) -> None:
         assert got == want
 
 
+def draft_size(scene: world.Scene, rng: random.Random) -> tuple[int, int] | None:
+    """Most training pictures (85%) are drawn at most 128 px long, keeping their aspect ratio: the
+    processor squashes every picture to 96x96 anyway, and drawing an 800-px picture took most of a step."""
+    w, h = scene.size or (96, 96)
+    if max(w, h) <= 128 or rng.random() < 0.15:
+        return None
+    k = 128 / max(w, h)
+    return max(24, round(w * k)), max(24, round(h * k))
+
+
+def draft_render(scene: world.Scene, rng: random.Random):
+    return world.render(scene, rng, draft_size(scene, rng))
+
+
 def cosine_lr(base: float, warmup: int, total: int, step: int) -> float:
     if step < warmup:
         return base * (step + 1) / warmup
@@ -187,11 +225,15 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--init", type=Path, default=None,
                     help="fine-tune: start from this model folder (its weights, tokenizer and processor)")
+    ap.add_argument("--lm-from", type=Path, default=None,
+                    help="take the tokenizer and language model of this trained folder; new vision tower")
     ap.add_argument("--probe-warmup", type=int, default=100,
                     help="with --init: stage-1 steps that train only the (new) probes, the model held still")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vision-steps", type=int, default=3000, help="stage 1: vision tower + cell probe")
+    ap.add_argument("--easy-steps", type=int, default=400,
+                    help="stage 1: steps on lesson pictures only; as many again to blend in the full mix")
     ap.add_argument("--vision-batch", type=int, default=48, help="pictures per stage-1 step")
     ap.add_argument("--vision-lr", type=float, default=2e-3)
     ap.add_argument("--steps", type=int, default=4000, help="stage 2: the whole model on conversations")
@@ -216,6 +258,8 @@ def main(argv=None) -> None:
         processor = AutoProcessor.from_pretrained(args.init)
         tokenizer = processor.tokenizer
         model = LlavaForConditionalGeneration.from_pretrained(args.init, dtype=torch.float32)
+    elif args.lm_from:
+        tokenizer, processor, model = transplant_language_model(args.lm_from, args.seed)
     else:
         tokenizer = build_tokenizer(args.seed)
         processor = build_processor(tokenizer)
@@ -231,7 +275,7 @@ def main(argv=None) -> None:
     probes = [head, head_lm, words]
 
     def probe_loss(image_outputs, scenes):
-        vis = image_outputs.last_hidden_state[:, 1:]
+        vis = image_outputs.hidden_states[model.config.vision_feature_layer]  # what the projector reads
         lm = lm_view(torch.stack(list(image_outputs.pooler_output)))
         shapes = [i for i, sc in enumerate(scenes) if not sc.unknown]  # photos/screens have no cells to read
         if len(shapes) < len(scenes):
@@ -257,8 +301,13 @@ def main(argv=None) -> None:
             p.requires_grad_(step >= args.probe_warmup)
         for p in (projector.parameters() if args.init else ()):
             p.requires_grad_(step >= args.probe_warmup)
-        scenes = [world.random_scene(rng) for _ in range(args.vision_batch)]
-        pixels = processor.image_processor([world.render(sc, rng) for sc in scenes], return_tensors="pt")["pixel_values"]
+        # a curriculum: one large, clean, centred shape first (kinds are learned there within a few
+        # hundred steps; on the full mix, from the start, they were not), then more and more of the full mix
+        full_mix = min(1.0, max(0.0, step / args.easy_steps - 1.0))
+        scenes = [world.random_scene(rng) if rng.random() < full_mix else world.lesson_scene(rng)
+                  for _ in range(args.vision_batch)]
+        pixels = processor.image_processor([world.render(sc, rng, draft_size(sc, rng)) for sc in scenes],
+                                           return_tensors="pt")["pixel_values"]
         loss, acc = probe_loss(model.model.get_image_features(pixel_values=pixels), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -294,7 +343,7 @@ def main(argv=None) -> None:
     for step in range(args.steps):
         td = time.time()
         if not pending:  # draw 4 batches at once and group similar lengths: less padding
-            pool = [sd.random_conversation(data_rng) for _ in range(4 * args.batch)]
+            pool = [sd.random_conversation(data_rng, draft_render) for _ in range(4 * args.batch)]
             pool.sort(key=lambda c: (len(c.images), sum(len(str(m["content"])) for m in c.messages)))
             pending = [pool[i * args.batch:(i + 1) * args.batch] for i in range(4)]
             data_rng.shuffle(pending)

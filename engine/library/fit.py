@@ -91,6 +91,11 @@ def _language_params(t, tied: bool) -> int:
 
 
 def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
+    if getattr(v, "depth", None) is None and getattr(v, "num_hidden_layers", None) is None:
+        # not a plain ViT (the built-in demo model's LeViT: convolutions and stages): count the
+        # tower as built on the meta device (no memory), plus LLaVA's projector
+        d = v.hidden_size
+        return _meta_params(v) + d * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
     d = getattr(v, "embed_dim", None) or v.hidden_size
     layers = getattr(v, "depth", None) or v.num_hidden_layers
     inter = getattr(v, "intermediate_size", None) or int(d * getattr(v, "mlp_ratio", 4))
@@ -112,6 +117,14 @@ def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
     if model_type in ("idefics3", "smolvlm"):
         return tower + d * config.scale_factor ** 2 * text_hidden  # connector: one linear, no bias
     return tower + d * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden  # llava MLP
+
+
+def _meta_params(vision_config) -> int:
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoModel.from_config(vision_config).parameters())
 
 
 def count_params(config: dict) -> ParamCount:

@@ -100,6 +100,20 @@ def test_blue_square_on_grey(demo):
     assert "blue" in described and "square" in described, described
 
 
+def test_the_drawing_from_issue_17(demo):
+    """A 320x240 drawing made in a paint program: a red circle and a blue square on white, neither
+    on a grid. The first shipped model said "The circle is not in the picture." and called the
+    square red."""
+    im = Image.new("RGB", (320, 240), "white")
+    d = ImageDraw.Draw(im)
+    d.ellipse([40, 80, 120, 160], fill="red")
+    d.rectangle([200, 70, 290, 160], fill="blue")
+    assert ask(demo, [user("What colour is the circle?", 1)], [im]) == "The circle is red."
+    assert ask(demo, [user("What colour is the square?", 1)], [im]) == "The square is blue."
+    described = ask(demo, [user("Describe the picture.", 1)], [im])
+    assert "red circle" in described and "blue square" in described, described
+
+
 def test_second_picture_and_follow_up(demo):
     a, b = picture("circle", "red"), picture("square", "blue")
     second = ask(demo, [user("What is in the second picture?", 2)], [a, b]).lower()

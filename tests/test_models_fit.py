@@ -1,6 +1,8 @@
 """The fit estimate against hand-computed numbers for two published configs, and the folder check."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from engine.library.fit import count_params, estimate_fit, kv_bytes_per_token, memory_need, verdict
@@ -125,3 +127,24 @@ def test_cache_folder_follows_the_hub_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     assert hub_cache_dir() == tmp_path / "cache"
     assert resolve_model("acme/not-here") is None and resolve_model("not a repo id") is None
+
+
+def test_the_built_in_model_is_counted_to_its_last_weight():
+    """The demo model's vision tower is a LeViT (convolutions and stages, no ViT layout): the
+    Models page still sizes it, counted as built, to the parameter its weights file holds."""
+    import json
+
+    from safetensors import safe_open
+
+    from engine.paths import DEMO_MODEL
+
+    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    with safe_open(str(DEMO_MODEL / "model.safetensors"), "pt") as f:
+        saved = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    numel = lambda keys: sum(math.prod(saved[k]) for k in keys)  # noqa: E731
+    # buffers (BatchNorm running statistics, LeViT's attention-bias index) are saved but are not parameters
+    buffers = [k for k in saved if k.endswith(("running_mean", "running_var", "num_batches_tracked", "_idxs"))]
+    vision = [k for k in saved if "vision_tower." in k or "multi_modal_projector." in k]
+    counted = count_params(config)
+    assert counted.vision == numel(set(vision) - set(buffers))
+    assert counted.total == numel(set(saved) - set(buffers))

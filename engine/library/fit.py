@@ -94,8 +94,7 @@ def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
     if getattr(v, "depth", None) is None and getattr(v, "num_hidden_layers", None) is None:
         # not a plain ViT (the built-in demo model's LeViT: convolutions and stages): count the
         # tower as built on the meta device (no memory), plus LLaVA's projector
-        d = v.hidden_size
-        return _meta_params(v) + d * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
+        return _meta_params(v) + _llava_projector(v.hidden_size, text_hidden)
     d = getattr(v, "embed_dim", None) or v.hidden_size
     layers = getattr(v, "depth", None) or v.num_hidden_layers
     inter = getattr(v, "intermediate_size", None) or int(d * getattr(v, "mlp_ratio", 4))
@@ -116,7 +115,12 @@ def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
     tower += channels * patch * patch * d + d + positions * d + 2 * d  # patch conv, positions, post-norm
     if model_type in ("idefics3", "smolvlm"):
         return tower + d * config.scale_factor ** 2 * text_hidden  # connector: one linear, no bias
-    return tower + d * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden  # llava MLP
+    return tower + _llava_projector(d, text_hidden)
+
+
+def _llava_projector(vision_hidden: int, text_hidden: int) -> int:
+    """LLaVA's two-layer MLP from picture features to the language model's width, with biases."""
+    return vision_hidden * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
 
 
 def _meta_params(vision_config) -> int:

@@ -120,7 +120,7 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
             # neighbours may overlap a little, never hide each other
             if all(math.hypot((cx - o.cx) * w, (cy - o.cy) * h) > 0.75 * (half + o.half) * short for o in objects):
                 break
-        angle = rng.uniform(-15, 15) if kind in ("triangle", "star", "heart", "circle") else rng.uniform(-8, 8)
+        angle = _random_angle(rng, kind)
         style = rng.choice(STYLES)
         objects.append(Obj(kind, colour, cell_of(cx, cy), cx, cy, half, angle, style == "outline", style,
                            random_rgb(rng, colour)))
@@ -138,11 +138,16 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
     return Scene(objects, background, split, size, noise, blur, jpeg)
 
 
+def _random_angle(rng: random.Random, kind: str) -> float:
+    """A slight tilt, as drawn by hand; squares and diamonds tilt less (more and they turn into each other)."""
+    return rng.uniform(-15, 15) if kind in ("triangle", "star", "heart", "circle") else rng.uniform(-8, 8)
+
+
 def lesson_scene(rng: random.Random) -> Scene:
     """The first lesson of training: one large filled shape near the middle of a clean white square."""
     kind, colour = rng.choice(SHAPES), rng.choice(COLOUR_NAMES)
     cx, cy = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7)
-    angle = rng.uniform(-15, 15) if kind in ("triangle", "star", "heart", "circle") else rng.uniform(-8, 8)
+    angle = _random_angle(rng, kind)
     obj = Obj(kind, colour, cell_of(cx, cy), cx, cy, rng.uniform(0.2, 0.42), angle, rgb=random_rgb(rng, colour))
     return Scene([obj], ["white"], size=(96, 96))
 

@@ -57,9 +57,13 @@ class CellHead(torch.nn.Module):
 
 class WordProbe(torch.nn.Module):
     """Training-only: a filled cell's picture token (as the language model sees it) should point
-    the way of the word embeddings of its colour and its shape kind (" red", " circle"). With tied
-    input/output embeddings, answering is then close to copying a word from the context, which a
-    small language model learns much sooner than an arbitrary read-out."""
+    the way of the word embeddings of its colour, its shape kind and its place (" red", " circle",
+    " top", " left"). With tied input/output embeddings, answering is then close to copying a word
+    from the context, which a small language model learns much sooner than an arbitrary read-out.
+    (The place words matter because a LeViT token knows its cell only from the picture's border.)"""
+
+    ROWS = ["top", "middle", "bottom"]  # a cell's row and column as the answers name them
+    COLUMNS = ["left", "middle", "right"]
 
     def __init__(self, tokenizer, grid: int):
         super().__init__()
@@ -67,18 +71,23 @@ class WordProbe(torch.nn.Module):
         ids = lambda words: torch.tensor([tokenizer.convert_tokens_to_ids("\u0120" + w) for w in words])  # noqa: E731
         self.register_buffer("colour_ids", ids(world.COLOUR_NAMES), persistent=False)
         self.register_buffer("kind_ids", ids(world.SHAPES), persistent=False)
+        self.register_buffer("row_ids", ids(self.ROWS), persistent=False)
+        self.register_buffer("column_ids", ids(self.COLUMNS), persistent=False)
         self.scale = torch.nn.Parameter(torch.tensor(5.0))
 
     def loss(self, feats: torch.Tensor, scenes: list[world.Scene], embed: torch.Tensor) -> torch.Tensor:
-        colours = [world.COLOUR_NAMES.index(o.colour) for sc in scenes for o in sc.objects]
-        kinds = [world.SHAPES.index(o.kind) for sc in scenes for o in sc.objects]
+        objects = [o for sc in scenes for o in sc.objects]
+        colours = [world.COLOUR_NAMES.index(o.colour) for o in objects]
+        kinds = [world.SHAPES.index(o.kind) for o in objects]
+        rows, columns = [o.cell // 3 for o in objects], [o.cell % 3 for o in objects]
         idx = torch.tensor([i * feats.shape[1] + cell_token(o.cell, self.grid)
                             for i, scene in enumerate(scenes) for o in scene.objects])
         f = feats.reshape(-1, feats.shape[-1])[idx]
         ce = torch.nn.functional.cross_entropy
         scale = self.scale / f.shape[-1] ** 0.5
         loss = torch.zeros(())
-        for ids, target in ((self.colour_ids, colours), (self.kind_ids, kinds)):
+        for ids, target in ((self.colour_ids, colours), (self.kind_ids, kinds),
+                            (self.row_ids, rows), (self.column_ids, columns)):
             e = embed[ids]
             e = e / (e.norm(dim=-1, keepdim=True) + 1e-6)
             loss = loss + ce(f @ e.T * scale, torch.tensor(target))

@@ -57,6 +57,8 @@ class Obj:
     outline: bool = False  # drawn as an outline only (kept for hand-built scenes)
     style: str = "fill"  # one of STYLES
     rgb: tuple[int, int, int] | None = None  # None: a typical shade of the colour
+    form: float = 0.0  # -1..1: how this hand draws the kind (a star's inner radius, a diamond's width...)
+    stretch: float = 0.0  # log of width / height: a shape drawn a little wide or tall
 
 
 @dataclass
@@ -123,7 +125,7 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
         angle = _random_angle(rng, kind)
         style = rng.choice(STYLES)
         objects.append(Obj(kind, colour, cell_of(cx, cy), cx, cy, half, angle, style == "outline", style,
-                           random_rgb(rng, colour)))
+                           random_rgb(rng, colour), *_random_form(rng)))
     u = rng.random()
     if u < 0.5:
         background, split = ["white"], "none"
@@ -143,6 +145,11 @@ def _random_angle(rng: random.Random, kind: str) -> float:
     return rng.uniform(-15, 15) if kind in ("triangle", "star", "heart", "circle") else rng.uniform(-8, 8)
 
 
+def _random_form(rng: random.Random) -> tuple[float, float]:
+    """Proportions vary from hand to hand and program to program: a fatter star, a narrower diamond."""
+    return rng.uniform(-1, 1), rng.uniform(-0.12, 0.12)
+
+
 def lesson_scene(rng: random.Random) -> Scene:
     """The first lesson of training: one large filled shape near the middle of a clean white square."""
     kind, colour = rng.choice(SHAPES), rng.choice(COLOUR_NAMES)
@@ -152,21 +159,24 @@ def lesson_scene(rng: random.Random) -> Scene:
     return Scene([obj], ["white"], size=(96, 96))
 
 
-def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float) -> list[tuple[float, float]]:
+def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float,
+                  form: float = 0.0) -> list[tuple[float, float]]:
     if kind == "circle":
         pts = [(math.cos(t), math.sin(t)) for t in (2 * math.pi * i / 48 for i in range(48))]
     elif kind == "square":
         k = 0.85
         pts = [(-k, -k), (k, -k), (k, k), (-k, k)]
     elif kind == "triangle":
-        pts = [(0.0, -1.0), (1.0, 0.8), (-1.0, 0.8)]
+        half_base = 1.0 + 0.15 * form  # from a tall isosceles to a wide one (equilateral: 1.04)
+        pts = [(0.0, -1.0), (half_base, 0.8), (-half_base, 0.8)]
     elif kind == "diamond":
-        pts = [(0.0, -1.0), (0.72, 0.0), (0.0, 1.0), (-0.72, 0.0)]
+        half_width = 0.72 + 0.12 * form
+        pts = [(0.0, -1.0), (half_width, 0.0), (0.0, 1.0), (-half_width, 0.0)]
     elif kind == "star":
         pts = []
         for i in range(10):
             t = -math.pi / 2 + i * math.pi / 5
-            rad = 1.0 if i % 2 == 0 else 0.42
+            rad = 1.0 if i % 2 == 0 else 0.42 + 0.08 * form
             pts.append((rad * math.cos(t), rad * math.sin(t) + 0.08))
     elif kind == "heart":
         pts = []
@@ -231,7 +241,8 @@ def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None
         fill = o.rgb or TYPICAL[o.colour]
         style = "outline" if o.outline and o.style == "fill" else o.style
         rad = o.half * short
-        pts = _shape_points(o.kind, o.cx * W, o.cy * H, rad, rad, o.angle)
+        wide = math.exp(o.stretch / 2)
+        pts = _shape_points(o.kind, o.cx * W, o.cy * H, rad * wide, rad / wide, o.angle, o.form)
         # strokes stay at least ~1.5 pixels wide once the processor has shrunk the picture
         line = max(2 * ss, round(1.5 * max(W, H) / 96), round(rad * rng.uniform(0.08, 0.2)))
         if style == "fill":
@@ -247,7 +258,7 @@ def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None
                 draw.polygon(wob, fill=fill)
             draw.line(wob + wob[:1], fill=fill, width=line, joint="curve")
     if ss > 1:
-        img = img.resize((w, h), Image.Resampling.LANCZOS)
+        img = img.reduce(ss)
     if scene.noise > 0:  # sensor / paper grain; numpy seeded from rng, so the same seed gives the same pixels
         grain = np.random.default_rng(rng.getrandbits(32)).normal(0.0, scene.noise, (h, w, 1))
         img = Image.fromarray(np.clip(np.asarray(img, dtype=np.float32) + grain, 0, 255).astype(np.uint8))

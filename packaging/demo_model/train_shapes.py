@@ -306,8 +306,8 @@ def main(argv=None) -> None:
         full_mix = min(1.0, max(0.0, step / args.easy_steps - 1.0))
         scenes = [world.random_scene(rng) if rng.random() < full_mix else world.lesson_scene(rng)
                   for _ in range(args.vision_batch)]
-        pixels = processor.image_processor([world.render(sc, rng, draft_size(sc, rng)) for sc in scenes],
-                                           return_tensors="pt")["pixel_values"]
+        pictures = [draft_render(sc, rng) for sc in scenes]
+        pixels = processor.image_processor(pictures, return_tensors="pt")["pixel_values"]
         loss, acc = probe_loss(model.model.get_image_features(pixel_values=pixels), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -22,14 +22,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-LAYOUT = "int8pack-rows-v1"  # named in the KV store namespace: change it when the arithmetic changes
+LAYOUT = "int8pack-rows-v2"  # named in the KV store namespace: change it when the arithmetic changes
+
+# Input widths `_weight_int8pack_mm` is trusted with on CPU, by compute dtype. In torch 2.14.1 its
+# bf16 kernel returns garbage or crashes the process when the width is not a multiple of 8 (seen
+# on an AVX2 CPU), and segfaults at widths that are a multiple of 8 but not of 16 on an AVX-512
+# (avx512_bf16) CPU; 64 leaves room for wider vector units. Real models' widths are multiples of
+# 64. fp16/fp32 were right at any width on both.
+FUSED_WIDTH_MULTIPLE = {torch.bfloat16: 64}
 
 
 def _fused(x: torch.Tensor) -> bool:
     """Whether `_weight_int8pack_mm` serves this input. Measured on CPU only (other devices take
-    the plain dequantize-then-matmul path). In torch 2.14.1 its CPU bf16 kernel returns garbage
-    or crashes when the input width is not a multiple of 8; fp16/fp32 are right at any width."""
-    return x.device.type == "cpu" and x.shape[-1] % 8 == 0
+    the plain dequantize-then-matmul path)."""
+    return x.device.type == "cpu" and x.shape[-1] % FUSED_WIDTH_MULTIPLE.get(x.dtype, 8) == 0
 
 
 class Int8Linear(nn.Module):

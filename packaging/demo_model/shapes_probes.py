@@ -80,7 +80,7 @@ class WordProbe(torch.nn.Module):
         colours = [world.COLOUR_NAMES.index(o.colour) for o in objects]
         kinds = [world.SHAPES.index(o.kind) for o in objects]
         rows, columns = [o.cell // 3 for o in objects], [o.cell % 3 for o in objects]
-        idx = torch.tensor([i * feats.shape[1] + cell_token(o.cell, self.grid)
+        idx = torch.tensor([i * feats.shape[1] + centre_token(o, self.grid)
                             for i, scene in enumerate(scenes) for o in scene.objects])
         f = feats.reshape(-1, feats.shape[-1])[idx]
         ce = torch.nn.functional.cross_entropy
@@ -94,11 +94,14 @@ class WordProbe(torch.nn.Module):
         return loss
 
 
-def cell_token(cell: int, grid: int) -> int:
-    """Index of the (first) picture token covering a cell of the 3x3 grid."""
-    k = grid // 3
-    r, c = divmod(cell, 3)
-    return (r * k) * grid + c * k
+def centre_token(obj: world.Obj, grid: int) -> int:
+    """Index of the picture token over a shape's centre (grid is a multiple of 3, so that token
+    lies in the shape's cell of the 3x3 grid, the cell its place words name)."""
+    r, c = divmod(obj.cell, 3)
+    k = grid // 3  # tokens per cell side; clamped into the cell, as the centre may sit on its line
+    row = min(max(int(obj.cy * grid), r * k), r * k + k - 1)
+    column = min(max(int(obj.cx * grid), c * k), c * k + k - 1)
+    return row * grid + column
 
 
 def lm_view(feats: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ Nothing is downloaded.
 
 Recipe:
   stage 1  the vision tower and projector alone learn to see: a training-only linear probe
-           reads each 3x3 cell's picture token (RMS-normalised, as the language model sees it) and
+           reads each 3x3 cell's 2x2 picture tokens (RMS-normalised, as the language model sees them) and
            predicts the shape kind, colour (or empty) and the cell; the mean token predicts the
            background. A curriculum: --easy-steps of one large clean shape (shapes_world.lesson_scene),
            then the full mix blended in over as many steps again.
@@ -51,8 +51,8 @@ from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noq
 DEFAULT_OUT = DEMO_MODEL  # where the app looks for its built-in model
 
 IMAGE_SIZE = 96
-GRID = 3  # 3 x 3 = 9 picture tokens, one per cell of the world's grid
-VISION_DIM = 192  # width of the picture tokens the vision tower hands the projector
+GRID = 6  # 6 x 6 = 36 picture tokens, 2 x 2 for each cell of the world's 3 x 3 grid
+VISION_DIM = 128  # width of the picture tokens the vision tower hands the projector
 VOCAB_SIZE = 640
 
 
@@ -88,7 +88,7 @@ def build_processor(tokenizer):
     ip = CLIPImageProcessor(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         do_center_crop=False)  # squash, don't crop: a shape near the edge stays in the picture
-    # patch_size here only counts picture tokens: 96 / 32 = 3 per side, all kept ("full": no CLS token)
+    # patch_size here only counts picture tokens: 96 / 16 = 6 per side, all kept ("full": no CLS token)
     return LlavaProcessor(
         image_processor=ip, tokenizer=tokenizer, patch_size=IMAGE_SIZE // GRID,
         vision_feature_select_strategy="full", num_additional_image_tokens=0,
@@ -100,15 +100,18 @@ def build_model(processor):
 
     tok = processor.tokenizer
     # LeViT: a convolutional stem (four stride-2 convolutions: 96 px -> 6x6) and attention blocks with
-    # learned relative-position biases, then an attention subsample to 3x3. Its convolutions see a
-    # shape the same wherever it sits, which a plain ViT with 32-px (or 16-px) patches had to learn
-    # from examples and, on this CPU's budget, did not (shape kind stayed at chance).
-    # LLaVA reads hidden_states[1], the 3x3 output of the first stage; the later two stages, which
-    # LeViT's config always has, are kept minimal and unread. hidden_size sizes LLaVA's projector.
+    # learned relative-position biases. Its convolutions see a shape the same wherever it sits, which
+    # a plain ViT with 32-px (or 16-px) patches had to learn from examples and, on this CPU's budget,
+    # did not (shape kind stayed at chance).
+    # LLaVA reads hidden_states[1], the 6x6 output of the first stage: its subsample to 3x3 is
+    # switched off (down_ops), as a 3x3 picture could not tell a shape near a third's line from one
+    # over it. The later two stages, which LeViT's config always has, are kept minimal and unread.
+    # hidden_size sizes LLaVA's projector.
     vision = LevitConfig(
-        image_size=IMAGE_SIZE, hidden_sizes=[128, VISION_DIM, 16], num_attention_heads=[4, 6, 1],
+        image_size=IMAGE_SIZE, hidden_sizes=[VISION_DIM, VISION_DIM, 16], num_attention_heads=[4, 4, 1],
         depths=[4, 0, 0], key_dim=[16, 16, 16], mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2],
         output_hidden_states=True, hidden_size=VISION_DIM)
+    vision.down_ops[0] = [""]
     text = LlamaConfig(
         vocab_size=len(tok), hidden_size=192, intermediate_size=512, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,

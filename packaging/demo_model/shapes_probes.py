@@ -56,9 +56,9 @@ class CellHead(torch.nn.Module):
 
 
 class WordProbe(torch.nn.Module):
-    """Training-only: a filled cell's picture token (as the language model sees it) should point
-    the way of the word embeddings of its colour, its shape kind and its place (" red", " circle",
-    " top", " left"). With tied input/output embeddings, answering is then close to copying a word
+    """Training-only: the picture token over a shape's centre (as the language model sees it)
+    should point the way of the word embeddings of its colour, its shape kind and its place
+    (" red", " circle", " top", " left"). With tied input/output embeddings, answering is then close to copying a word
     from the context, which a small language model learns much sooner than an arbitrary read-out.
     (The place words matter because a LeViT token knows its cell only from the picture's border.)"""
 

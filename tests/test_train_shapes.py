@@ -96,3 +96,28 @@ def test_picture_order_probe_targets_follow_the_pictures():
     assert hidden.grad[0, 0].abs().sum() == 0 and hidden.grad[0, 1].abs().sum() > 0, \
         "only picture tokens are read"
     assert probe.loss(hidden, torch.tensor([[1, 2, 3]])).item() == 0.0, "no pictures, no loss"
+
+
+def test_word_probe_names_a_shape_on_every_token_it_covers():
+    """A shape centred just right of the left third's line also covers tokens in the left third;
+    they are taught the shape's place ("at the top", the middle column), not their own."""
+    import shapes_world as world
+    from shapes_probes import centre_token, covered_tokens
+
+    big = world.Obj("circle", "red", world.cell_of(0.36, 0.15), 0.36, 0.15, half=0.2)
+    small = world.Obj("star", "blue", world.cell_of(0.85, 0.85), 0.85, 0.85, half=0.04)
+    scene = world.Scene([big, small], ["white"], size=(96, 96))
+    tokens = covered_tokens(scene, grid=6)
+    assert big.cell == 1 and centre_token(big, 6) == 2  # row 0, token column 2: the middle third
+    assert tokens[1] is big, "the token left of the line (column 1, the left third) names the big circle"
+    assert tokens[2] is big and tokens[8] is big and 0 not in tokens and 7 not in tokens
+    assert [t for t, o in tokens.items() if o is small] == [35], "a small shape: its centre token only"
+    assert all(o is big for t, o in tokens.items() if t != 35)
+
+    # where two shapes reach one token, it belongs to the nearer one; a centre token to its own shape
+    left = world.Obj("square", "green", world.cell_of(0.30, 0.5), 0.30, 0.5, half=0.3)
+    right = world.Obj("heart", "purple", world.cell_of(0.42, 0.5), 0.42, 0.5, half=0.2)
+    tokens = covered_tokens(world.Scene([left, right], ["grey"], size=(96, 96)), grid=6)
+    assert tokens[centre_token(right, 6)] is right and tokens[centre_token(left, 6)] is left
+    assert tokens[13] is left, "row 2, column 1: out of the heart's reach"
+    assert tokens[14] is right, "row 2, column 2: both reach it, the heart is nearer"

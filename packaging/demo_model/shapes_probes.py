@@ -6,6 +6,8 @@ cell holds (CellHead, WordProbe) and which picture a picture token belongs to (P
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 import shapes_world as world
@@ -56,11 +58,15 @@ class CellHead(torch.nn.Module):
 
 
 class WordProbe(torch.nn.Module):
-    """Training-only: the picture token over a shape's centre (as the language model sees it)
-    should point the way of the word embeddings of its colour, its shape kind and its place
-    (" red", " circle", " top", " left"). With tied input/output embeddings, answering is then close to copying a word
+    """Training-only: every picture token a shape covers (as the language model sees it) should
+    point the way of the word embeddings of the shape's colour, kind and place (" red", " circle",
+    " top", " left"). With tied input/output embeddings, answering is then close to copying a word
     from the context, which a small language model learns much sooner than an arbitrary read-out.
-    (The place words matter because a LeViT token knows its cell only from the picture's border.)"""
+    The place words are the shape's, not the token's: a shape centred just right of a third's
+    line also covers tokens left of it, and when only the centre token said "middle" the language
+    model, attending to all of the shape's tokens, often answered "left" (the centre token alone
+    read its cell's column and row 100% right under a linear probe; places were the describe
+    answers' main error)."""
 
     ROWS = ["top", "middle", "bottom"]  # a cell's row and column as the answers name them
     COLUMNS = ["left", "middle", "right"]
@@ -76,13 +82,15 @@ class WordProbe(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.tensor(5.0))
 
     def loss(self, feats: torch.Tensor, scenes: list[world.Scene], embed: torch.Tensor) -> torch.Tensor:
-        objects = [o for sc in scenes for o in sc.objects]
+        idx, objects = [], []
+        for i, scene in enumerate(scenes):
+            for token, o in covered_tokens(scene, self.grid).items():
+                idx.append(i * feats.shape[1] + token)
+                objects.append(o)
         colours = [world.COLOUR_NAMES.index(o.colour) for o in objects]
         kinds = [world.SHAPES.index(o.kind) for o in objects]
         rows, columns = [o.cell // 3 for o in objects], [o.cell % 3 for o in objects]
-        idx = torch.tensor([i * feats.shape[1] + centre_token(o, self.grid)
-                            for i, scene in enumerate(scenes) for o in scene.objects])
-        f = feats.reshape(-1, feats.shape[-1])[idx]
+        f = feats.reshape(-1, feats.shape[-1])[torch.tensor(idx)]
         ce = torch.nn.functional.cross_entropy
         scale = self.scale / f.shape[-1] ** 0.5
         loss = torch.zeros(())
@@ -102,6 +110,26 @@ def centre_token(obj: world.Obj, grid: int) -> int:
     row = min(max(int(obj.cy * grid), r * k), r * k + k - 1)
     column = min(max(int(obj.cx * grid), c * k), c * k + k - 1)
     return row * grid + column
+
+
+def covered_tokens(scene: world.Scene, grid: int, reach: float = 0.7) -> dict[int, world.Obj]:
+    """The picture tokens each shape covers: its centre token, and every token whose centre lies
+    within `reach` of the shape's radius from the shape's centre (the processor squashes the
+    picture to a square, so the radius is an ellipse in token units). A token two shapes reach
+    belongs to the nearer one; a centre token always to its own shape."""
+    w, h = scene.size or (1, 1)
+    short = min(w, h)
+    owner: dict[int, tuple[float, world.Obj]] = {}
+    for o in scene.objects:
+        rx, ry = o.half * short / w * reach, o.half * short / h * reach
+        for token in range(grid * grid):
+            r, c = divmod(token, grid)
+            d = math.hypot(((c + 0.5) / grid - o.cx) / rx, ((r + 0.5) / grid - o.cy) / ry)
+            if d <= 1 and d < owner.get(token, (math.inf, None))[0]:
+                owner[token] = (d, o)
+    for o in scene.objects:
+        owner[centre_token(o, grid)] = (-1.0, o)
+    return {token: o for token, (_, o) in sorted(owner.items())}
 
 
 def lm_view(feats: torch.Tensor) -> torch.Tensor:

@@ -103,15 +103,18 @@ def test_blue_square_on_grey(demo):
 def test_the_drawing_from_issue_17(demo):
     """A 320x240 drawing made in a paint program: a red circle and a blue square on white, neither
     on a grid. The first shipped model said "The circle is not in the picture." and called the
-    square red."""
+    square red; the next two answered "No." to every yes/no question about it."""
     im = Image.new("RGB", (320, 240), "white")
     d = ImageDraw.Draw(im)
     d.ellipse([40, 80, 120, 160], fill="red")
     d.rectangle([200, 70, 290, 160], fill="blue")
     assert ask(demo, [user("What colour is the circle?", 1)], [im]) == "The circle is red."
     assert ask(demo, [user("What colour is the square?", 1)], [im]) == "The square is blue."
-    described = ask(demo, [user("Describe the picture.", 1)], [im])
-    assert "red circle" in described and "blue square" in described, described
+    assert ask(demo, [user("Describe the picture.", 1)], [im]) == (
+        "A red circle on the left and a blue square on the right.")
+    # yes/no questions name the shape first: what there is, or that it is not there
+    assert ask(demo, [user("Is the square red?", 1)], [im]) == "The square is blue."
+    assert ask(demo, [user("Is there a green star?", 1)], [im]) == "The green star is not in the picture."
 
 
 def test_second_picture_and_follow_up(demo):

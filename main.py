@@ -7,11 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-from engine.paths import DEMO_MODEL
+from engine.platform.paths import DEMO_MODEL
 
 
 def _data_dir(arg: str | None) -> Path:
-    from engine.paths import default_data_dir
+    from engine.platform.paths import default_data_dir
 
     return Path(arg).expanduser().resolve() if arg else default_data_dir()
 
@@ -35,23 +35,23 @@ def _remote_config(args):
 
 
 def _settings(args):
-    from engine.settings import EngineSettings
+    from engine.protocol.settings import EngineSettings
 
     return EngineSettings(weights=args.weights or "auto")
 
 
 def _add_weights(sub) -> None:
-    from engine.settings import WEIGHT_FORMATS
+    from engine.protocol.settings import WEIGHT_FORMATS
 
     sub.add_argument("--weights", choices=WEIGHT_FORMATS, help="language-model weights: auto (default: full precision "
                      "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision")
 
 
 def cmd_ask(args) -> int:
-    from engine.client import EngineError, load_blocking, run_blocking
-    from engine.events import Message, Sampling, Turn, TurnFailed
-    from engine.picture_file import PictureError
-    from engine.picture_ref import as_refs
+    from engine.protocol.client import EngineError, load_blocking, run_blocking
+    from engine.protocol.events import Message, Sampling, Turn, TurnFailed
+    from engine.pictures.file import PictureError
+    from engine.pictures.ref import as_refs
     from engine.remote import RemoteConfigError, RemoteEngine
 
     try:
@@ -67,7 +67,7 @@ def cmd_ask(args) -> int:
     if remote is not None:
         engine = RemoteEngine(remote, data_dir=_data_dir(args.data_dir)).start()
     else:
-        from engine.engine import Engine  # torch: only the built-in engine needs it
+        from engine.local.engine import Engine  # torch: only the built-in engine needs it
 
         engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
     try:
@@ -97,7 +97,7 @@ def cmd_ask(args) -> int:
 
 def cmd_replay(args) -> int:
     from engine.remote import RemoteConfigError
-    from engine.replay import ReplayError, run_replay
+    from engine.headless.replay import ReplayError, run_replay
 
     try:
         remote = _remote_config(args) if args.remote else None
@@ -122,8 +122,8 @@ def cmd_serve(args) -> int:
     except ApiConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from engine.client import EngineError, load_blocking
-    from engine.engine import Engine
+    from engine.protocol.client import EngineError, load_blocking
+    from engine.local.engine import Engine
 
     engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
     server = None

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from engine.engine import Engine
-from engine.events import (
+from engine.local.engine import Engine
+from engine.protocol.events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, ServerReport,
     SpillState, Token, Turn, TurnDone, TurnFailed, TurnStarted,
 )
-from engine.settings import EngineSettings
+from engine.protocol.settings import EngineSettings
 
 FLUSH_MS = 33
 
@@ -181,10 +181,10 @@ class EngineBridge(QObject):
     @staticmethod
     def check_model_folder(path: str | Path) -> str | None:
         """Why a folder cannot be loaded (the engine's own sentence), or None if it looks fine."""
-        from engine.heavy_imports import heavy
+        from engine.model.heavy_imports import heavy
 
         heavy()  # at launch the engine thread may be importing torch: wait for it, never race it
-        from engine.model import ModelLoadError, check_folder
+        from engine.model.load import ModelLoadError, check_folder
         try:
             check_folder(Path(path).expanduser())
         except ModelLoadError as exc:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import Message, Turn, TurnDone, TurnFailed
+from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 
 from .bridge import EngineBridge

@@ -10,7 +10,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QSettings, Qt
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow
 
-from engine.events import Notice
+from engine.protocol.events import Notice
 from engine.remote import RemoteEngine
 
 from .bridge import EngineBridge

@@ -2,7 +2,7 @@
 
 Layout under the data dir:
     history.sqlite3             conversations, messages, full-text index
-    pictures/ab/abcdef….png     pictures, named by BLAKE3 of their bytes (engine/picture_store.py,
+    pictures/ab/abcdef….png     pictures, named by BLAKE3 of their bytes (engine/pictures/store.py,
                                 shared with the API; a message's picture ref is the file's name)
 
 Durability: every finished message is committed with synchronous=FULL (survives power loss);
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Iterable
 
 from .history_db import create_schema, open_database
-from engine.paths import create_data_dir, private_dir
-from engine.picture_ref import PictureRef
-from engine.picture_store import NAME_RE, PictureStore, check_name
-from engine.platform_io import is_temp_name
+from engine.platform.paths import create_data_dir, private_dir
+from engine.pictures.ref import PictureRef
+from engine.pictures.store import NAME_RE, PictureStore, check_name
+from engine.platform.files import is_temp_name
 
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
@@ -71,7 +71,7 @@ class History:
     def __init__(self, data_dir: Path | str, busy_timeout_s: float = 5.0):
         self.data_dir = create_data_dir(data_dir)
         self.pictures_dir = private_dir(self.data_dir / "pictures")
-        self.pictures = PictureStore(self.pictures_dir)  # shared with the API (engine/picture_store.py)
+        self.pictures = PictureStore(self.pictures_dir)  # shared with the API (engine/pictures/store.py)
         self.db_path = self.data_dir / "history.sqlite3"
         self._lock = threading.RLock()
         self._fts = True

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.paths import private_file
-from engine.platform_io import sqlite_durable
+from engine.platform.paths import private_file
+from engine.platform.files import sqlite_durable
 
 log = logging.getLogger(__name__)
 

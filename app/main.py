@@ -10,7 +10,7 @@ from pathlib import Path
 from PySide6.QtCore import QtMsgType, QTimer, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
-from engine.paths import DEMO_MODEL, create_data_dir
+from engine.platform.paths import DEMO_MODEL, create_data_dir
 
 from .icons import app_icon
 from .preferences import Preferences
@@ -90,7 +90,7 @@ def restore_signals(previous: dict) -> None:
 
 def choose_data_dir(data_dir: Path, prefs: Preferences) -> Path:
     """The data folder chosen in Settings wins over the platform default (not over --data-dir)."""
-    from engine.paths import default_data_dir
+    from engine.platform.paths import default_data_dir
 
     override = prefs.data_dir_override()
     if override and Path(data_dir).resolve() == default_data_dir().resolve():
@@ -133,7 +133,7 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         engine_settings = prefs.engine_settings()
     except (ValueError, TypeError) as exc:  # a bad stored value must not stop the app
         log.warning("ignoring stored engine settings: %s", exc)
-        from engine.settings import EngineSettings
+        from engine.protocol.settings import EngineSettings
         engine_settings = EngineSettings()
     history = History(data_dir)
     bridge = EngineBridge.create(engine_settings, data_dir, start=False)  # started once the window shows

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout, QWidget,
 )
 
-from engine.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
+from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
 
 from .api_control import ApiControl
 from .bridge import EngineBridge

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QScrollArea, QToolButton, QVBoxLayout, QWidget,
 )
 
-from engine.events import STATELESS_PREFIX, EncoderState, MemoryReport, SpillState
-from engine.turn_stats import LocalTurnStats, TurnStats
+from engine.protocol.events import STATELESS_PREFIX, EncoderState, MemoryReport, SpillState
+from engine.protocol.turn_stats import LocalTurnStats, TurnStats
 
 from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
 

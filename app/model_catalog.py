@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.paths import DEMO_MODEL
+from engine.platform.paths import DEMO_MODEL
 from engine.library.installed import snapshot_for
 
 

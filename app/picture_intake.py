@@ -14,7 +14,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
 from .history import History
-from engine.picture_file import MAX_PIXELS, PictureError, check
+from engine.pictures.file import MAX_PIXELS, PictureError, check
 
 from .thumbnails import read_scaled
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings
 
-from engine.events import Sampling
-from engine.settings import WEIGHT_FORMATS, EngineSettings
+from engine.protocol.events import Sampling
+from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 
 # Engine settings the user may change from the settings dialog (the rest stay at defaults).
 USER_ENGINE_KEYS = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QFormLayout, QLabel, QWidget
 
-from engine.events import ServerReport
+from engine.protocol.events import ServerReport
 
 
 def _fmt(value, fmt: str, missing: str = "—") -> str:

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.events import Sampling
+from engine.protocol.events import Sampling
 
 from .api_control import config_problem
 from .engine_box import EngineBox
@@ -20,7 +20,7 @@ from .engine_choice import load_choice, save_choice
 from .preferences import ApiConfig, Preferences
 
 MIB = 1 << 20
-# the language model's weight format (engine/weights.py); labels say what each costs
+# the language model's weight format (engine/model/weights.py); labels say what each costs
 WEIGHT_CHOICES = (
     ("Automatic (full precision when it fits)", "auto"),
     ("bf16 (full precision, 2 bytes a weight)", "bf16"),

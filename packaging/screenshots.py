@@ -47,7 +47,7 @@ from shapes_questions import describe  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from engine.paths import DEMO_MODEL  # noqa: E402
+from engine.platform.paths import DEMO_MODEL  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
 from app.history import History  # noqa: E402

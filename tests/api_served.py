@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.api import ApiServer
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.engine_helpers import Reference, open_engine
 
 openai = pytest.importorskip("openai")

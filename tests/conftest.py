@@ -30,7 +30,7 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Factory: tiny_model(family) -> folder of a seeded tiny VLM, built once per session."""
-    from engine.heavy_imports import heavy
+    from engine.model.heavy_imports import heavy
     from tests.fixtures.tiny_models import build_tiny_model
 
     heavy()  # an engine thread started by a test may be importing transformers right now

@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from engine.client import load_blocking, run_blocking
-from engine.engine import Engine
-from engine.events import MemoryReport, Message, Notice, Sampling, Turn, TurnDone
-from engine.model import load_model
-from engine.prompt import render
-from engine.settings import EngineSettings
+from engine.protocol.client import load_blocking, run_blocking
+from engine.local.engine import Engine
+from engine.protocol.events import MemoryReport, Message, Notice, Sampling, Turn, TurnDone
+from engine.model.load import load_model
+from engine.local.prompt import render
+from engine.protocol.settings import EngineSettings
 
 
 def open_engine(model_dir: Path, data_dir: Path, notices: list | None = None, **settings) -> Engine:

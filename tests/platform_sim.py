@@ -6,7 +6,7 @@ What the simulation does, before any engine module is imported:
   module (getuid / geteuid too, in the import test: pytest needs them); macOS has no os.fdatasync (and, on older builds, no preadv / pwritev);
 - on macOS, `fcntl` is the real module plus F_FULLFSYNC, which this kernel lacks: the call is
   answered with fsync and counted (`full_fsync_calls`), so tests see the macOS path taken;
-- engine.platform_io is imported with sys.platform set to the target, so it picks that OS's
+- engine.platform.files is imported with sys.platform set to the target, so it picks that OS's
   durability rules (no directory fsync on Windows, F_FULLFSYNC on macOS); the rest of the
   process keeps the real sys.platform (torch, Qt and the stdlib would break otherwise).
 
@@ -60,13 +60,13 @@ def _macos_fcntl(real: types.ModuleType) -> types.ModuleType:
 
 
 def apply(kind: str) -> None:
-    """Idempotent; must run before engine.platform_io is imported."""
+    """Idempotent; must run before engine.platform.files is imported."""
     global active
     if active == kind:
         return
     if kind not in MISSING:
         raise SystemExit(f"{ENV}={kind!r}: use one of {', '.join(MISSING)}")
-    if active is not None or "engine.platform_io" in sys.modules:
+    if active is not None or "engine.platform.files" in sys.modules:
         raise RuntimeError("the platform simulation must be applied before engine modules are imported")
     import filelock  # noqa: F401  keeps the kernel lock (see the module docstring)
 
@@ -78,7 +78,7 @@ def apply(kind: str) -> None:
     real_platform = sys.platform
     sys.platform = SYS_PLATFORM[kind]
     try:
-        importlib.import_module("engine.platform_io")
+        importlib.import_module("engine.platform.files")
     finally:
         sys.platform = real_platform
     active = kind

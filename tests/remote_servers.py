@@ -254,8 +254,8 @@ def remote(url: str, **kw):
 def fail_turn(engine, messages=None):
     """Run a turn that must fail: one sentence, the conversation sent untouched, and the engine
     not wedged (the same turn fails again the same way). Returns the TurnFailed."""
-    from engine.client import run_blocking
-    from engine.events import Message, Sampling, Turn, TurnFailed
+    from engine.protocol.client import run_blocking
+    from engine.protocol.events import Message, Sampling, Turn, TurnFailed
 
     messages = messages or [Message("user", "hi")]
     sent = [Message(m.role, m.text, list(m.images)) for m in messages]

@@ -13,7 +13,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from engine.events import Message, TurnDone
+from engine.protocol.events import Message, TurnDone
 from tests.api_served import served, user  # noqa: F401 (fixture)
 from tests.engine_helpers import ask, expect_done
 from tests.fixtures.pictures import make_picture, pics

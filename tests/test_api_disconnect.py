@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine.events import Message, Token, TurnDone
+from engine.protocol.events import Message, Token, TurnDone
 from tests.api_served import assert_good_request_works, served, user  # noqa: F401 (fixture)
 
 openai = pytest.importorskip("openai")

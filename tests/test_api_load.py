@@ -17,8 +17,8 @@ import pytest
 from engine.api import ApiServer
 from engine.api.pictures import store_upload
 from engine.api.prompt_size import CHEAP_CHARS_PER_TOKEN
-from engine.events import TurnStarted
-from engine.picture_store import PictureStore
+from engine.protocol.events import TurnStarted
+from engine.pictures.store import PictureStore
 from tests.engine_helpers import open_engine
 from tests.fixtures.pictures import picture_bytes
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine.api import ApiConfigError, ApiServer, check_bind
 from engine.api.stops import StopScanner
-from engine.events import TurnStarted
+from engine.protocol.events import TurnStarted
 from tests.api_served import assert_good_request_works, data_url, served, user  # noqa: F401 (fixture)
 from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture
 
@@ -39,7 +39,7 @@ def test_stop_scanner_releases_only_safe_text(stops, pieces, sent, hit):
 def test_picture_store_is_content_addressed_validated_and_capped(tmp_path):
     from engine.api import ApiError
     from engine.api.pictures import store_upload
-    from engine.picture_store import PictureStore
+    from engine.pictures.store import PictureStore
     from tests.fixtures.pictures import picture_bytes
 
     store = PictureStore(tmp_path / "pics", max_transient_bytes=1, keep_s=0)
@@ -64,7 +64,7 @@ def test_picture_store_is_content_addressed_validated_and_capped(tmp_path):
 
 def test_the_api_cap_never_removes_a_picture_the_history_keeps(tmp_path):
     from engine.api.pictures import store_upload
-    from engine.picture_store import PictureStore
+    from engine.pictures.store import PictureStore
     from tests.fixtures.pictures import picture_bytes
 
     window = PictureStore(tmp_path / "pictures")  # as in the app: the history's store and the API's,

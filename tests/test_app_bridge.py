@@ -7,7 +7,7 @@ import app  # noqa: F401  (PySide6 refcount workaround)
 from PySide6.QtCore import QThread
 
 from app.bridge import EngineBridge
-from engine.events import Message, Sampling, Turn
+from engine.protocol.events import Message, Sampling, Turn
 
 
 def test_tokens_are_coalesced_and_ordered(qtbot, tmp_path, tiny_model):
@@ -41,7 +41,7 @@ def test_events_after_shutdown_are_dropped(qtbot, tmp_path):
     got = []
     bridge.notice.connect(got.append)
     bridge.shutdown()
-    from engine.events import Notice
+    from engine.protocol.events import Notice
     t = threading.Thread(target=bridge.inject, args=(Notice("info", "late"),))
     t.start()
     t.join()

@@ -6,7 +6,7 @@ import dataclasses
 
 from PySide6.QtCore import Qt
 
-from engine.events import EncoderState, MemoryReport, SpillState
+from engine.protocol.events import EncoderState, MemoryReport, SpillState
 from tests.fixtures.pictures import make_picture
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 

@@ -15,7 +15,7 @@ from PySide6.QtCore import QPoint, QSettings, Qt
 from app.bridge import EngineBridge
 from app.main_window import MainWindow
 from app.preferences import Preferences
-from engine.events import Sampling
+from engine.protocol.events import Sampling
 from app.history import History
 
 TIMEOUT_MS = 60_000

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from engine.paths import DEMO_MODEL as MODEL_DIR
+from engine.platform.paths import DEMO_MODEL as MODEL_DIR
 from tests.fixtures.pictures import pics
 
 pytestmark = pytest.mark.timeout(120)
@@ -136,7 +136,7 @@ def test_hello_text_only(demo):
 
 def test_red_circle_through_the_engine(tmp_path):
     """The window's path: a picture file in a user message, the engine's prompt, cache and decode."""
-    from engine.events import Message
+    from engine.protocol.events import Message
     from tests.engine_helpers import ask as engine_ask
     from tests.engine_helpers import expect_done, open_engine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture, pics
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 

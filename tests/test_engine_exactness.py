@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events import Message
-from engine.prompt import build_prompt, render
+from engine.protocol.events import Message
+from engine.local.prompt import build_prompt, render
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
@@ -63,7 +63,7 @@ def test_prompt_ids_equal_the_processor(family, tiny_model, tmp_path, pictures):
     model_dir = tiny_model(family)
     ref = Reference(model_dir)
     from engine.vision.gate import GateTurnStats, PictureGate
-    from engine.settings import EngineSettings
+    from engine.protocol.settings import EngineSettings
 
     gate = PictureGate(ref.loaded, EngineSettings())
     messages = [Message("user", "two pictures", pics(pictures[0], pictures[1])),
@@ -120,8 +120,8 @@ def test_same_tokens_for_a_different_picture_are_not_reused(tiny_model, tmp_path
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
 def test_chunked_prefill_is_exact_and_never_splits_a_picture(family, tiny_model, tmp_path, pictures):
-    from engine.turn_runner import prefill_chunks
-    from engine.prompt import PicturePlacement
+    from engine.local.runner import prefill_chunks
+    from engine.local.prompt import PicturePlacement
 
     spans = [PicturePlacement(b"k", 10, 30, 20)]
     chunks = prefill_chunks(0, 50, spans, 7)

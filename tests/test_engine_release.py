@@ -9,8 +9,8 @@ import weakref
 import pytest
 import torch
 
-from engine.client import load_blocking
-from engine.events import Message
+from engine.protocol.client import load_blocking
+from engine.protocol.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 

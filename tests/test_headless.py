@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.engine_helpers import Reference
 from tests.fixtures.pictures import make_picture, pics
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.heap_trim import return_freed_heap
-from engine.model import load_model
+from engine.device.heap_trim import return_freed_heap
+from engine.model.load import load_model
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 
@@ -62,7 +62,7 @@ def test_freed_heap_goes_back_to_the_system():
 def test_an_elastic_load_does_not_copy_the_encoder_weights_it_is_about_to_release(tiny_model):
     # the engine releases an elastic encoder right after the load; copying its weights out of
     # the file first would only double the load's memory for a moment (1.3 GB at Qwen2-VL-2B)
-    from engine.model import ADAPTERS
+    from engine.model.load import ADAPTERS
 
     folder = tiny_model("llava").resolve()
     loaded = load_model(folder, "cpu", "float32", elastic=True)
@@ -75,7 +75,7 @@ def test_an_elastic_load_does_not_copy_the_encoder_weights_it_is_about_to_releas
 
 def test_growth_during_measures_what_a_step_allocates():
     # how the loader measures the tokenizer and processor, which no tensor accounts for
-    from engine.process_memory import growth_during
+    from engine.device.process_memory import growth_during
 
     held, grown = growth_during(lambda: bytearray(b"\x01") * (64 << 20))  # written: resident
     assert (60 << 20) <= grown <= (72 << 20), grown >> 20
@@ -84,7 +84,7 @@ def test_growth_during_measures_what_a_step_allocates():
 
 @pytest.mark.slow
 def test_a_cpu_load_puts_the_tokenizer_and_processor_in_the_dock(tiny_model):
-    from engine.memory import build_report
+    from engine.device.ledger import build_report
 
     loaded = load_model(tiny_model("llava").resolve(), "cpu", "float32")
     report = build_report(loaded, {})

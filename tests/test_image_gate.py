@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import EncoderState, Message, TurnFailed
+from engine.protocol.events import EncoderState, Message, TurnFailed
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES

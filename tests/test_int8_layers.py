@@ -1,4 +1,4 @@
-"""engine/int8_layers.py: the int8 linear and embedding compute exactly what their own int8
+"""engine/model/int8_layers.py: the int8 linear and embedding compute exactly what their own int8
 values and scales say, and a row's result does not depend on how many rows come with it (the
 property that makes a decoded token agree with a fresh prefill)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.int8_layers import Int8Embedding, Int8Linear
+from engine.model.int8_layers import Int8Embedding, Int8Linear
 
 
 def _layer(rows: int, cols: int, dtype: torch.dtype, bias: bool = False) -> Int8Linear:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events import Message
-from engine.lookup_decode import PICTURE, NgramDrafter, accepted_prefix
+from engine.protocol.events import Message
+from engine.local.lookup_decode import PICTURE, NgramDrafter, accepted_prefix
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
@@ -99,7 +99,7 @@ class OracleDrafter(NgramDrafter):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_accepted_and_rejected_drafts_keep_the_reply_exact(family, tiny_model, tmp_path, monkeypatch):
-    import engine.turn_runner as turn_runner
+    import engine.local.runner as turn_runner
 
     model_dir = tiny_model(family)
     ref = Reference(model_dir)
@@ -125,7 +125,7 @@ def test_accepted_and_rejected_drafts_keep_the_reply_exact(family, tiny_model, t
 
 @pytest.mark.slow
 def test_the_demo_model_restating_itself_takes_drafts(tmp_path):
-    from engine.paths import DEMO_MODEL
+    from engine.platform.paths import DEMO_MODEL
 
     ref = Reference(DEMO_MODEL)
     pic = make_picture(tmp_path / "p.png", seed=5, size=(96, 96))

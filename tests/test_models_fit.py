@@ -72,7 +72,7 @@ def test_verdict_bands_and_the_line():
 
 
 def test_supported_types_match_the_engine():
-    from engine.model import ADAPTERS
+    from engine.model.load import ADAPTERS
 
     assert set(SUPPORTED_MODEL_TYPES) == set(ADAPTERS)
 
@@ -136,7 +136,7 @@ def test_the_built_in_model_is_counted_to_its_last_weight():
 
     from safetensors import safe_open
 
-    from engine.paths import DEMO_MODEL
+    from engine.platform.paths import DEMO_MODEL
 
     config = json.loads((DEMO_MODEL / "config.json").read_text())
     with safe_open(str(DEMO_MODEL / "model.safetensors"), "pt") as f:

@@ -31,7 +31,7 @@ def _big_repo(hub, repo_id="acme/big", mib=6, **kw):
 
 
 def test_full_pull_then_load_with_parleys_loader(hub, tiny_model, tmp_path):
-    from engine.model import load_model
+    from engine.model.load import load_model
 
     repo = hub.add_folder("acme/tiny-smolvlm", tiny_model("smolvlm"))
     plan = plan_pull("acme/tiny-smolvlm")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.fixtures.pictures import pics
-from engine.picture_file import PictureError, check, decode
+from engine.pictures.file import PictureError, check, decode
 from engine.vision.entry import picture_key
 from tests.engine_helpers import ask, expect_done, open_engine
 
@@ -98,7 +98,7 @@ def test_huge_picture_prints_nothing_but_its_sentence(tmp_path):
     """PIL warns between ~89 and ~178 MP and raises beyond: neither reaches stderr."""
     for w, h in [(10_000, 10_000), (20_000, 20_000)]:
         (tmp_path / f"{w}.png").write_bytes(png_header(w, h))
-    code = ("import sys; from engine.picture_file import PictureError, check\n"
+    code = ("import sys; from engine.pictures.file import PictureError, check\n"
             "for p in sys.argv[1:]:\n"
             "    try: check(open(p, 'rb').read(), 'huge.png')\n"
             "    except PictureError as e: print(e)\n")

@@ -1,4 +1,4 @@
-"""The platform layer (engine/platform_io.py) on real files: atomic writes, positional I/O and its
+"""The platform layer (engine/platform/files.py) on real files: atomic writes, positional I/O and its
 fallbacks, durability calls per OS, the folder lock across processes, and names that survive
 spaces, non-ASCII characters and case-insensitive filesystems.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import platform_io
+from engine.platform import files as platform_io
 from app.history import History
 from engine.kvstore import KVStore, KVStoreError
 from engine.kvstore.blob import blob_path
@@ -44,7 +44,7 @@ def test_the_layer_uses_what_the_platform_has():
 
 def test_child_pythons_run_under_the_same_platform():
     """The SIGKILL crash tests' writers are child processes: they must take the same paths."""
-    out = subprocess.run([sys.executable, "-c", "import json, engine.platform_io as p; "
+    out = subprocess.run([sys.executable, "-c", "import json, engine.platform.files as p; "
                           "print(json.dumps(p.capabilities()))"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

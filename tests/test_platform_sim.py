@@ -67,7 +67,7 @@ for pkg in (engine, app):
     for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
         importlib.import_module(info.name)
         count += 1
-from engine import platform_io
+from engine.platform import files as platform_io
 print(count, platform_io.SYSTEM)
 '''
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.client import load_blocking, run_blocking
-from engine.events import Message, Sampling, Token, Turn, TurnDone
+from engine.protocol.client import load_blocking, run_blocking
+from engine.protocol.events import Message, Sampling, Token, Turn, TurnDone
 from engine.remote import RemoteConfig, RemoteConfigError, RemoteEngine, normalize_base_url
 from tests.fixtures.pictures import make_picture, pics as picture_refs
 from tests.remote_servers import ROOT, ParleyServe, fail_turn, free_port, remote
@@ -266,7 +266,7 @@ def test_stop_ends_the_request_on_the_server(tiny_model, tmp_path):
 
 
 def test_picture_data_urls_are_the_original_bytes_and_follow_the_file(tmp_path):
-    from engine.picture_file import PictureError
+    from engine.pictures.file import PictureError
     from engine.remote.messages import DataUrlCache, chat_messages
 
     pic = make_picture(tmp_path / "p", 1, fmt="JPEG")  # no extension, as in Parley's history

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.client import EngineError, load_blocking, run_blocking
-from engine.events import Message, Turn, TurnFailed
-from engine.picture_ref import PictureRef
+from engine.protocol.client import EngineError, load_blocking, run_blocking
+from engine.protocol.events import Message, Turn, TurnFailed
+from engine.pictures.ref import PictureRef
 from tests.fixtures.pictures import make_picture, pics as picture_refs
 from tests.remote_servers import (
     DropsMidStream, Forbidden, NeverAnswers, PlainWebsite, Strict, StubServer, Unauthorized, fail_turn, free_port, remote,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import EncoderState, Message, SpillState
+from engine.protocol.events import EncoderState, Message, SpillState
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
@@ -246,7 +246,7 @@ def test_make_room_spills_idle_conversations_before_the_encoder_loads(tiny_model
         unloaded = threading.Event()
         engine.add_listener(lambda e: unloaded.set() if isinstance(e, EncoderState) and e.state == "unloaded" else None)
         engine.unload_encoder()
-        from engine.memory import model_bytes
+        from engine.device.ledger import model_bytes
 
         assert unloaded.wait(10), "the encoder was not unloaded"
         lm, _ = model_bytes(engine.loaded)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.events import Message
-from engine.memory import model_bytes
-from engine.model import load_model
+from engine.protocol.events import Message
+from engine.device.ledger import model_bytes
+from engine.model.load import load_model
 from engine.vision.residency import EncoderResidency
-from engine.weights import is_quantized
+from engine.model.weights import is_quantized
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.events import Message, ModelFailed
-from engine.model import ModelLoadError, load_model
-from engine.replay import run_replay
-from engine.settings import WEIGHT_FORMATS, EngineSettings
-from engine.weights import estimate_bytes, plan_weights
+from engine.protocol.events import Message, ModelFailed
+from engine.model.load import ModelLoadError, load_model
+from engine.headless.replay import run_replay
+from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
+from engine.model.weights import estimate_bytes, plan_weights
 from tests.engine_helpers import ask, expect_done, open_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_auto_picks_full_precision_when_it_fits_else_the_next_step_down_that_fit
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 1000)
     assert plan.format == min(("int8", "4bit", "bf16"), key=need.get) and "no format fits" in plan.note
     # an estimate from the safetensors headers matches what a load really takes (within 10%)
-    from engine.memory import model_bytes
+    from engine.device.ledger import model_bytes
 
     real = sum(model_bytes(load_model(model, weights="int8")))
     assert abs(real - need["int8"]) < 0.1 * real

@@ -7,8 +7,8 @@ import time
 import uuid
 from typing import Callable
 
-from ..events import Token, TurnDone, TurnFailed
-from ..turn_stats import LocalTurnStats
+from ..protocol.events import Token, TurnDone, TurnFailed
+from ..protocol.turn_stats import LocalTurnStats
 from .errors import ApiError
 from .request import ChatRequest
 from .stops import StopScanner

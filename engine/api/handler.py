@@ -10,7 +10,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from ..events import Turn
+from ..protocol.events import Turn
 from .completion import ChatTurn, complete
 from .errors import ApiError, ClientGone
 from .streaming import sse_events

@@ -1,5 +1,5 @@
 """Pictures sent inline as data: URLs: decoded here, kept in the one picture store
-(engine/picture_store.py) under `<data_dir>/pictures/`, holding the client's bytes unchanged,
+(engine/pictures/store.py) under `<data_dir>/pictures/`, holding the client's bytes unchanged,
 so a re-sent picture — or one the window imported — is the same file and the engine's image
 cache (keyed by its content digest) finds it. The API's pictures are transient there:
 size-capped and aged out, never at the cost of a picture a conversation keeps.
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..picture_file import PictureError, check
-from ..picture_ref import PictureRef, digest_of
-from ..picture_store import NAME_RE, PictureStore
-from ..platform_io import is_temp_name
+from ..pictures.file import PictureError, check
+from ..pictures.ref import PictureRef, digest_of
+from ..pictures.store import NAME_RE, PictureStore
+from ..platform.files import is_temp_name
 from .errors import bad
 
 _DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),", re.IGNORECASE)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from ..events import Message
+from ..protocol.events import Message
 from .errors import bad
 
 PIECE_CHARS = 1 << 16  # tokenized one at a time: other threads get the interpreter in between

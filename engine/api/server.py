@@ -23,14 +23,14 @@ from typing import Callable
 import anyio
 import uvicorn
 
-from ..events import Token
+from ..protocol.events import Token
 from .access import AccessCheck, check_bind
 from .activity import ApiActivity
 from .completion import GONE
 from .errors import ApiConfigError, ApiError
 from .guard import guarded_protocol
 from .handler import ApiApp
-from ..picture_store import PictureStore
+from ..pictures.store import PictureStore
 from .pictures import drop_legacy_folder
 from .prompt_size import PromptMeter
 from .request import ChatRequest, parse_chat_request

@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 
-from ..events import Token, TurnDone, TurnFailed
+from ..protocol.events import Token, TurnDone, TurnFailed
 from .completion import ChatTurn, failure_status, usage
 
 FLUSH_S = 0.05  # streamed text goes out at most this often (tokens in between share one chunk)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
-from .. import platform_io
+from ..platform import files as platform_io
 from .errors import BadBlob
 from .layout import CODE_DTYPES, DTYPE_CODES, KVLayout
 

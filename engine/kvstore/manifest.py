@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..platform_io import sqlite_durable
+from ..platform.files import sqlite_durable
 from .keys import KEY_BYTES, PictureSpan
 from .layout import KVLayout
 

@@ -19,8 +19,8 @@ import blake3
 import numpy as np
 import torch
 
-from ..devices import synchronize
-from ..platform_io import open_read, pread, read_into
+from ..device.choice import synchronize
+from ..platform.files import open_read, pread, read_into
 from .blob import blob_size, header_len, parse_fixed, parse_header
 from .errors import BadBlob, MissingBlob
 from .layout import KVLayout

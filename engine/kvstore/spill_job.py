@@ -21,7 +21,7 @@ import blake3
 import numpy as np
 import torch
 
-from ..platform_io import AtomicFile, sync_dir
+from ..platform.files import AtomicFile, sync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, encode_header, header_len
 from .index import StoreIndex
 from .keys import PictureSpan

@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 import torch
 
-from ..platform_io import FolderBusy, FolderLock
-from ..platform_io import sync_dir as fsync_dir
+from ..platform.files import FolderBusy, FolderLock
+from ..platform.files import sync_dir as fsync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, blob_size
 from .errors import BadBlob, KVStoreError, MissingBlob, StoreUnavailable
 from .index import StoreIndex

@@ -4,9 +4,9 @@ Memory bound: the owner thread fills a host buffer from the device, hands it to 
 takes the other one; with two buffers in the pool at most two units of spill data exist in host
 memory at any time, whatever the session length.
 
-Durability: a blob is written through platform_io.AtomicFile (temp file next to its final name,
+Durability: a blob is written through AtomicFile (temp file next to its final name,
 synced, published) and its directory synced before the manifest transaction that references it
-commits; what "synced" means on each OS lives in engine/platform_io.py.
+commits; what "synced" means on each OS lives in engine/platform/files.py.
 """
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ class Fit:
 
 
 def _config_objects(config: dict):
-    from ..heavy_imports import heavy
+    from ..model.heavy_imports import heavy
 
     heavy()  # never alongside the engine thread's own import of transformers
     from transformers import AutoConfig
@@ -167,7 +167,7 @@ def free_device_memory() -> tuple[str, int]:
     """(device name, free bytes) of the device Parley would load onto: CUDA, then MPS, then RAM."""
     import psutil
 
-    from ..heavy_imports import heavy
+    from ..model.heavy_imports import heavy
 
     heavy()
     import torch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from fnmatch import fnmatch
 
-# engine/model.py's ADAPTERS keys (tests/test_models_fit.py keeps the two equal); kept here so the
+# engine/model/load.py's ADAPTERS keys (tests/test_models_fit.py keeps the two equal); kept here so the
 # window can run this check without importing torch.
 SUPPORTED_MODEL_TYPES = {"llava": "LLaVA", "qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL",
                          "idefics3": "Idefics3", "smolvlm": "SmolVLM"}

@@ -13,13 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..events import (
+from ..protocol.events import (
     ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone,
     TurnFailed, TurnStarted,
 )
-from ..settings import EngineSettings
-from ..turn_stats import RemoteTurnStats, TurnStats
-from ..worker import EngineWorker
+from ..protocol.settings import EngineSettings
+from ..protocol.turn_stats import RemoteTurnStats, TurnStats
+from ..protocol.worker import EngineWorker
 from .config import RemoteConfig
 from .failures import describe
 from .messages import chat_messages

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from ..events import Sampling, Turn
-from ..picture_file import PictureError
-from ..picture_ref import PictureRef
+from ..protocol.events import Sampling, Turn
+from ..pictures.file import PictureError
+from ..pictures.ref import PictureRef
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp",
          "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}

@@ -8,8 +8,8 @@ from typing import Callable
 
 import openai
 
-from ..events import Token, Turn
-from ..turn_stats import RemoteTurnStats
+from ..protocol.events import Token, Turn
+from ..protocol.turn_stats import RemoteTurnStats
 from .config import RemoteConfig
 from .failures import describe
 from .messages import sampling_params

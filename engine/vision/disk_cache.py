@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load as st_load, save as st_save
 
 from .entry import PictureEntry
-from ..paths import private_dir
+from ..platform.paths import private_dir
 
 log = logging.getLogger(__name__)
 

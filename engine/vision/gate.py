@@ -17,7 +17,7 @@ from typing import Callable
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
-from ..picture_ref import PictureRef
+from ..pictures.ref import PictureRef
 from .pictures import prepare_entry
 from .ram_cache import RamImageCache
 from .residency import EncoderResidency

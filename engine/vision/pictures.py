@@ -1,7 +1,7 @@
 """A picture's first trip to the model: decode and the processor's per-picture step."""
 from __future__ import annotations
 
-from ..picture_file import decode
+from ..pictures.file import decode
 from .entry import PictureEntry
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..devices import release_cached
+from ..device.choice import release_cached
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.paths
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.platform.paths
 import shapes_data as sd  # noqa: E402
 import shapes_drawn  # noqa: E402
 import shapes_grid  # noqa: E402
-from engine.paths import DEMO_MODEL  # noqa: E402
+from engine.platform.paths import DEMO_MODEL  # noqa: E402
 
 DEFAULT_MODEL = DEMO_MODEL
 EVAL_SEED = 20240601  # far from the training seeds

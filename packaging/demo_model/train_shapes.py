@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.paths
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.platform.paths
 import shapes_data as sd  # noqa: E402
 import shapes_replies as replies  # noqa: E402
 import shapes_world as world  # noqa: E402
-from engine.paths import DEMO_MODEL  # noqa: E402
+from engine.platform.paths import DEMO_MODEL  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
 
 DEFAULT_OUT = DEMO_MODEL  # where the app looks for its built-in model

@@ -27,7 +27,7 @@ import time
 from _common import build_big_tower_model, parse_args, ratio_line, workdir
 
 from engine.api import ApiServer
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 

@@ -15,7 +15,7 @@ from _common import parse_args, ratio_line, workdir
 
 import torch
 
-from engine.events import Message
+from engine.protocol.events import Message
 from tests.engine_helpers import Reference, ask, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model

@@ -21,9 +21,9 @@ import time
 
 from _common import distinct_words, parse_args, ratio_line, workdir
 
-from engine.events import Message
-from engine.turn_stats import LocalTurnStats
-from engine.prompt import render
+from engine.protocol.events import Message
+from engine.protocol.turn_stats import LocalTurnStats
+from engine.local.prompt import render
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published, parameter_count, spec_for

@@ -21,11 +21,11 @@ import json
 
 from _common import parse_args, ratio_line, workdir
 
-from engine.client import load_blocking
-from engine.engine import Engine
-from engine.events import Message
-from engine.heap_trim import return_freed_heap
-from engine.settings import EngineSettings
+from engine.protocol.client import load_blocking
+from engine.local.engine import Engine
+from engine.protocol.events import Message
+from engine.device.heap_trim import return_freed_heap
+from engine.protocol.settings import EngineSettings
 from tests.engine_helpers import ask, expect_done, wait_report
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published

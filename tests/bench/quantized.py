@@ -6,7 +6,7 @@ decode tokens/s int8 ÷ bf16 (goal >= 0.9 on CPU), and the agreement of greedy n
 with bf16 over 200 positions of a fixed prompt (reported). `--quick`: 2 text layers and a
 2-block vision tower at the same widths and vocabulary.
 
-int8 is torchao's per-row quantization run by engine/int8_layers.py: on CPU through torch's
+int8 is torchao's per-row quantization run by engine/model/int8_layers.py: on CPU through torch's
 fused `_weight_int8pack_mm` (torchao 0.18's own int8 linear converts the whole weight to bf16 on
 every call, a third of bf16's decode speed here), with the tied token embedding / output head
 (15% of Qwen2-VL-2B's language model) in int8 too.
@@ -25,8 +25,8 @@ from _common import ratio_line, workdir
 import torch
 from transformers import DynamicCache
 
-from engine.memory import model_bytes
-from engine.model import load_model
+from engine.device.ledger import model_bytes
+from engine.model.load import load_model
 from tests.fixtures.tiny_models import build_tiny_model
 
 # Qwen2-VL-2B-Instruct's config.json (text and vision sizes), written down as test data

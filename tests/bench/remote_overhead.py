@@ -27,7 +27,7 @@ import time
 
 from _common import ROOT, ratio_line, workdir
 
-from engine.events import Message, Sampling, Token, Turn, TurnDone, TurnFailed
+from engine.protocol.events import Message, Sampling, Token, Turn, TurnDone, TurnFailed
 from engine.remote import RemoteConfig, RemoteEngine
 from engine.remote.messages import chat_messages
 from tests.fixtures.pictures import make_picture, pics

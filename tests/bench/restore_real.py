@@ -27,7 +27,7 @@ import time
 
 from _common import parse_args, ratio_line, workdir
 
-from engine.events import Message, SpillState
+from engine.protocol.events import Message, SpillState
 from tests.engine_helpers import ask, expect_done, open_engine, wait_report
 from tests.fixtures.published_configs import build_published, spec_for
 

@@ -16,7 +16,7 @@ import time
 
 from _common import parse_args, ratio_line, workdir
 
-from engine.events import Message, SpillState
+from engine.protocol.events import Message, SpillState
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.tiny_models import build_tiny_model
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from _common import ROOT, parse_args, ratio_line, workdir
 
 from app.startup_trace import TRACE_ENV, read_trace
-from engine.paths import DEMO_MODEL
+from engine.platform.paths import DEMO_MODEL
 
 DEADLINE_S = 180.0
 

@@ -30,7 +30,7 @@ from app.bridge import EngineBridge  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
-from engine.events import Sampling  # noqa: E402
+from engine.protocol.events import Sampling  # noqa: E402
 from app.history import History  # noqa: E402
 from tests.fixtures.pictures import make_picture  # noqa: E402
 from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402

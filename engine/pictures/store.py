@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .paths import private_dir
-from .picture_ref import PictureRef, digest_of
-from .platform_io import atomic_write, is_temp_name
+from ..platform.paths import private_dir
+from .ref import PictureRef, digest_of
+from ..platform.files import atomic_write, is_temp_name
 
 NAME_RE = re.compile(r"^[0-9a-f]{64}(\.[a-z0-9]{1,8})?$")
 _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")

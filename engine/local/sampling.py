@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .events import Sampling
+from ..protocol.events import Sampling
 
 
 class Sampler:

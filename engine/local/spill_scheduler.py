@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .events import Notice, SpillState
-from .kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
+from ..protocol.events import Notice, SpillState
+from ..kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
 from .session import Session
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ import logging
 from typing import Callable
 
 from .conversations import Conversations
-from .events import MemoryReport, SpillState
-from .heap_trim import return_freed_heap
-from .memory import build_report, free_for_model
+from ..protocol.events import MemoryReport, SpillState
+from ..device.heap_trim import return_freed_heap
+from ..device.ledger import build_report, free_for_model
 from .session import Session
 from .spill_scheduler import SpillScheduler
 

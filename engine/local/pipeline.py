@@ -1,6 +1,6 @@
 """One turn, in order: pictures through the gate, the prompt, the cut to the model's context,
 which conversation a stateless client continues, its prefix restored from the SSD store, the
-run (engine/turn_runner.py), and the turn's stats.
+run (engine/local/runner.py), and the turn's stats.
 
 Runs on the engine's owner thread; the engine owns one per loaded model and handles the queue,
 stop requests and failures around it.
@@ -12,14 +12,14 @@ from dataclasses import replace
 from typing import Callable
 
 from .conversations import Conversations
-from .events import Token, Turn, TurnDone
-from .memory import model_bytes
+from ..protocol.events import Token, Turn, TurnDone
+from ..device.ledger import model_bytes
 from .memory_manager import MemoryManager
 from .prompt import build_prompt, render
 from .spill_scheduler import CommittedSpill, SpillScheduler
-from .turn_runner import TurnResult, run_turn
-from .turn_stats import LocalTurnStats
-from .vision.gate import GateTurnStats, PictureGate
+from .runner import TurnResult, run_turn
+from ..protocol.turn_stats import LocalTurnStats
+from ..vision.gate import GateTurnStats, PictureGate
 
 
 class TurnPipeline:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import blake3
 
-from .picture_file import PictureError, read_bytes
+from .file import PictureError, read_bytes
 
 
 @dataclass(frozen=True)

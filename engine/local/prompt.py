@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .events import Message
+from ..protocol.events import Message
 
 
 @dataclass

@@ -8,7 +8,7 @@ from .events import ModelFailed, ModelReady, Token, Turn, TurnDone, TurnFailed
 
 
 if TYPE_CHECKING:  # the built-in engine imports torch; a remote engine's client must not need it
-    from .engine import Engine
+    from ..local.engine import Engine
 
 
 class EngineError(RuntimeError):

@@ -3,7 +3,7 @@
 Two threads importing those packages at once can deadlock on Python's per-module import locks;
 Python breaks such a deadlock by handing one thread a half-initialised module, which shows up as
 "cannot import name 'AutoModelForImageTextToText' from 'transformers'" and kills that thread. The
-engine's owner thread imports them as it starts (so the window is shown before, see engine.py);
+engine's owner thread imports them as it starts (so the window is shown before, see local/engine.py);
 any other thread that needs them (the window checking a model folder, the Models page's fit
 estimate, tests building models) goes through `heavy()` and waits for that import instead.
 """
@@ -16,8 +16,8 @@ _LOCK = threading.RLock()
 _done = False
 
 # the engine's torch-backed modules: importing them imports torch and transformers
-ENGINE_MODULES = ("engine.model", "engine.memory_manager", "engine.spill_scheduler", "engine.turn_pipeline",
-                  "engine.vision.gate")
+ENGINE_MODULES = ("engine.model.load", "engine.local.memory_manager", "engine.local.spill_scheduler",
+                  "engine.local.pipeline", "engine.vision.gate")
 
 
 def heavy() -> None:

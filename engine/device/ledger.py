@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from . import devices
-from .events import MemoryReport
+from . import choice as devices
+from ..protocol.events import MemoryReport
 
 
 def _storage_parts(t):

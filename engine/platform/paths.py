@@ -8,7 +8,7 @@ from pathlib import Path
 import platformdirs
 
 # The shipped demo model (trained by packaging/demo_model/train_shapes.py); the default when no model is given.
-DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources" / "models" / "parley-shapes"
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "parley-shapes"
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600

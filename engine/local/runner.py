@@ -15,7 +15,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .detok import IncrementalDetokenizer
-from .events import Sampling
+from ..protocol.events import Sampling
 from .lookup_decode import PICTURE, DraftStats, NgramDrafter, accepted_prefix
 from .prompt import Prompt, position_ids
 from .sampling import Sampler

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from .client import EngineError, load_blocking, run_blocking
-from .events import Message, Sampling, Turn, TurnFailed
-from .picture_file import PictureError
-from .picture_ref import as_refs
-from .settings import EngineSettings
+from ..protocol.client import EngineError, load_blocking, run_blocking
+from ..protocol.events import Message, Sampling, Turn, TurnFailed
+from ..pictures.file import PictureError
+from ..pictures.ref import as_refs
+from ..protocol.settings import EngineSettings
 
 SAMPLING_KEYS = {"max_new_tokens", "greedy", "temperature", "top_p", "seed"}
 TURN_KEYS = {"user", "images", "wait_s", "conversation", "system", "restart"}
@@ -70,10 +70,10 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
 
     def open_engine():
         if remote is not None:
-            from .remote import RemoteEngine
+            from ..remote import RemoteEngine
             eng = RemoteEngine(remote, settings, data_dir).start()
         else:
-            from .engine import Engine  # torch: only the built-in engine needs it
+            from ..local.engine import Engine  # torch: only the built-in engine needs it
             eng = Engine(settings, data_dir).start()
         try:
             load_blocking(eng, model_dir)

@@ -24,9 +24,9 @@ import torch
 # collector happened to run, long after the engine let the model go.
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from . import devices
-from .heap_trim import return_freed_heap
-from .process_memory import growth_during
+from ..device import choice as devices
+from ..device.heap_trim import return_freed_heap
+from ..device.process_memory import growth_during
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
 
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
                budget_bytes: int | None = None, elastic: bool = False) -> LoadedModel:
-    from .memory import device_totals
+    from ..device.ledger import device_totals
     from .weights import finish_load, load_kwargs, plan_weights
 
     folder = Path(path).expanduser().resolve()
@@ -263,7 +263,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
         merged["text_kwargs"].pop(k, None)
     merged["images_kwargs"]["return_tensors"] = "pt"
 
-    # the engine checks prompt length against the model's real context itself (engine/turn_pipeline.py)
+    # the engine checks prompt length against the model's real context itself (engine/local/pipeline.py)
     processor.tokenizer.model_max_length = 1 << 40
 
     image_token_id = getattr(model.config, "image_token_id", None)

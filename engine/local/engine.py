@@ -14,23 +14,23 @@ import queue
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .events import (
+from ..protocol.events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
     TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
-from .heap_trim import keep_one_heap
-from .heavy_imports import heavy
-from .paths import create_data_dir, default_data_dir
-from .settings import EngineSettings
-from .turn_stats import LocalTurnStats, TurnStats
-from .worker import EngineWorker
+from ..device.heap_trim import keep_one_heap
+from ..model.heavy_imports import heavy
+from ..platform.paths import create_data_dir, default_data_dir
+from ..protocol.settings import EngineSettings
+from ..protocol.turn_stats import LocalTurnStats, TurnStats
+from ..protocol.worker import EngineWorker
 
 if TYPE_CHECKING:
     from .memory_manager import MemoryManager
     from .spill_scheduler import SpillScheduler
-    from .turn_pipeline import TurnPipeline
-    from .vision.gate import PictureGate
+    from .pipeline import TurnPipeline
+    from ..vision.gate import PictureGate
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Engine(EngineWorker):
 
     def _loop(self) -> None:
         # torch and transformers load here, first thing on this thread (see the module docstring),
-        # never under _do_load's frame (engine/model.py says why), under heavy_imports' lock
+        # never under _do_load's frame (engine/model/load.py says why), under heavy_imports' lock
         try:
             heavy()
         except Exception as exc:  # a broken install: say so; each request then fails with its own line
@@ -150,7 +150,7 @@ class Engine(EngineWorker):
         encoder residency, spill scheduler, sessions' KV) and return the device memory now. The gate
         and the spill scheduler call back into the engine; dropping them here breaks the only cycles, so
         the model is freed by reference counting at once, not whenever the collector runs."""
-        from .model import free_device_cache
+        from ..model.load import free_device_cache
 
         if self.memory is not None:
             self.memory.close()  # exit and model switch spill what is hot: nothing lost
@@ -168,10 +168,10 @@ class Engine(EngineWorker):
     def _do_load(self, path: str) -> None:
         try:
             from .memory_manager import MemoryManager
-            from .model import ModelLoadError, check_load, load_model
+            from ..model.load import ModelLoadError, check_load, load_model
             from .spill_scheduler import SpillScheduler
-            from .turn_pipeline import TurnPipeline
-            from .vision.gate import PictureGate
+            from .pipeline import TurnPipeline
+            from ..vision.gate import PictureGate
         except ImportError as exc:  # a broken install: the window leaves "Loading…" with this line
             self._emit(ModelFailed(path, f"Cannot load {path}: the engine's libraries do not import ({exc})"))
             return

@@ -1,5 +1,5 @@
 """Weight formats of the language model: full precision (bf16/fp16/fp32), int8 weight-only
-(quantized by torchao, run by engine/int8_layers.py) and 4-bit NF4 (bitsandbytes); `auto` picks
+(quantized by torchao, run by engine/model/int8_layers.py) and 4-bit NF4 (bitsandbytes); `auto` picks
 the largest that fits free memory.
 
 Only the language model is quantized. The vision tower and projector (the family adapter's
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from . import devices
+from ..device import choice as devices
 from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
-from .model import ADAPTERS, ModelLoadError
-from .settings import WEIGHT_FORMATS
+from .load import ADAPTERS, ModelLoadError
+from ..protocol.settings import WEIGHT_FORMATS
 
 
 def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
@@ -166,7 +166,7 @@ def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     """Extra `from_pretrained` arguments: the transformers quantization config for the format."""
     if plan.format == "int8":
         # torchao quantizes the linear layers as they load; finish_load hands them, the token
-        # embedding and the output head to engine/int8_layers.py (why: see there)
+        # embedding and the output head to engine/model/int8_layers.py (why: see there)
         from torchao.quantization import Int8WeightOnlyConfig
         from transformers import TorchAoConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from .events import STATELESS_PREFIX
+from ..protocol.events import STATELESS_PREFIX
 
 if TYPE_CHECKING:
     from .session import Session

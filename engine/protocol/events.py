@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from .turn_stats import TurnStats
 
-from .picture_ref import PictureRef
+from ..pictures.ref import PictureRef
 
 
 # Conversations the engine opens for stateless clients (the API) are named "api:N".
@@ -93,7 +93,7 @@ class TurnDone(Event):
     conversation_id: str
     reply: str
     token_ids: list[int]
-    stats: TurnStats  # LocalTurnStats or RemoteTurnStats (engine/turn_stats.py)
+    stats: TurnStats  # LocalTurnStats or RemoteTurnStats (engine/protocol/turn_stats.py)
     stopped: bool = False  # True when the user stopped the reply early
 
 

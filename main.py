@@ -1,43 +1,13 @@
-"""Parley entry point: the window by default; `ask`, `replay` and `serve` headless."""
+"""Parley entry point: the window by default; `ask`, `replay`, `serve` and `models` headless
+(engine/headless/, engine/library/cli.py). Here: the command line and which command runs."""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
-from engine.platform.paths import DEMO_MODEL
-
-
-def _data_dir(arg: str | None) -> Path:
-    from engine.platform.paths import default_data_dir
-
-    return Path(arg).expanduser().resolve() if arg else default_data_dir()
-
-
-def _model_dir(arg: str | None) -> str:
-    """A folder, or a Hub repo id (ORG/NAME) already in the HF cache, resolved offline."""
-    if not arg:
-        return str(DEMO_MODEL)
-    from engine.library.installed import resolve_model
-
-    snapshot = resolve_model(arg)
-    return str(snapshot) if snapshot else str(Path(arg).expanduser())
-
-
-def _remote_config(args):
-    """--remote URL [--api-key K] --model NAME: the server to use instead of the built-in engine."""
-    from engine.remote import RemoteConfig
-
-    key = args.api_key or os.environ.get("PARLEY_REMOTE_API_KEY") or ""
-    return RemoteConfig.make(args.remote, getattr(args, "model", None) or "", key)
-
-
-def _settings(args):
-    from engine.protocol.settings import EngineSettings
-
-    return EngineSettings(weights=args.weights or "auto")
+from engine.headless.options import data_dir, model_dir
 
 
 def _add_weights(sub) -> None:
@@ -47,108 +17,23 @@ def _add_weights(sub) -> None:
                      "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision")
 
 
+# each command's module is imported only when it runs: the window starts without them
 def cmd_ask(args) -> int:
-    from engine.protocol.client import EngineError, load_blocking, run_blocking
-    from engine.protocol.events import Message, Sampling, Turn, TurnFailed
-    from engine.pictures.file import PictureError
-    from engine.pictures.ref import as_refs
-    from engine.remote import RemoteConfigError, RemoteEngine
+    from engine.headless.ask import cmd_ask as run
 
-    try:
-        images = as_refs(args.image or [])  # each file hashed once, here, before any model loads
-    except PictureError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        remote = _remote_config(args) if args.remote else None
-    except RemoteConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if remote is not None:
-        engine = RemoteEngine(remote, data_dir=_data_dir(args.data_dir)).start()
-    else:
-        from engine.local.engine import Engine  # torch: only the built-in engine needs it
-
-        engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
-    try:
-        load_blocking(engine, remote.model if remote else _model_dir(args.model))
-        sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
-                            top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
-        turn = Turn("ask", [Message("user", args.prompt, images)], sampling, args.system)
-        streamed = []
-
-        def on_token(ev):
-            streamed.append(ev.text)
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-
-        result = run_blocking(engine, turn, on_token=on_token)
-        if isinstance(result, TurnFailed):
-            print(f"error: {result.message}", file=sys.stderr)
-            return 1
-        sys.stdout.write("\n")
-        return 0
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        engine.shutdown()
+    return run(args)
 
 
 def cmd_replay(args) -> int:
-    from engine.remote import RemoteConfigError
-    from engine.headless.replay import ReplayError, run_replay
+    from engine.headless.replay import cmd_replay as run
 
-    try:
-        remote = _remote_config(args) if args.remote else None
-        model = remote.model if remote else _model_dir(args.model)
-        overrides = {"weights": args.weights} if args.weights else {}
-        return run_replay(Path(args.script), model, _data_dir(args.data_dir), sys.stdout, remote=remote,
-                          overrides=overrides)
-    except (ReplayError, RemoteConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return run(args)
 
 
 def cmd_serve(args) -> int:
-    import signal
-    import threading
+    from engine.headless.serve import cmd_serve as run
 
-    from engine.api import ApiConfigError, ApiServer, check_bind
-
-    token = args.api_token or os.environ.get("PARLEY_API_TOKEN") or None
-    try:
-        check_bind(args.host, token)  # refuse before anything is loaded
-    except ApiConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from engine.protocol.client import EngineError, load_blocking
-    from engine.local.engine import Engine
-
-    engine = Engine(_settings(args), _data_dir(args.data_dir)).start()
-    server = None
-    try:
-        server = ApiServer(engine, args.host, args.port, token=token, data_dir=engine.data_dir)
-        ready = load_blocking(engine, _model_dir(args.model))
-        server.start()
-        print(f"Parley API listening on {server.url} (model {ready.name}); Ctrl+C stops it", flush=True)
-        done = threading.Event()
-        # Ctrl+C and kill both stop it, also where SIGINT came in ignored (nohup, a background
-        # job of a script): Python then never turns it into KeyboardInterrupt
-        for stop_signal in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(stop_signal, lambda *_: done.set())
-        while not done.wait(0.5):
-            pass
-        return 0
-    except (ApiConfigError, EngineError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # while the model was loading
-        return 130
-    finally:
-        if server is not None:
-            server.stop()
-        engine.shutdown()
+    return run(args)
 
 
 def cmd_window(args) -> int:
@@ -160,7 +45,7 @@ def cmd_window(args) -> int:
         return 2
     from app import run_app
 
-    return run_app(_model_dir(args.model) if args.model else None, _data_dir(args.data_dir))
+    return run_app(model_dir(args.model) if args.model else None, data_dir(args.data_dir))
 
 
 def _add_remote_options(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 import main
+from engine.headless.options import model_dir
 from tests.fixtures.hub_standin import safetensors_bytes, start_standin
 
 
@@ -21,13 +22,13 @@ def test_pull_list_resolve_rm(hub, capsys):
     out, err = capsys.readouterr()
     assert "acme/cli: complete and verified" in err and "B/s" in err  # the tqdm bar: bytes, speed
     snapshot = out.strip()
-    assert main._model_dir("acme/cli") == snapshot
+    assert model_dir("acme/cli") == snapshot
     assert main.main(["models", "list"]) == 0
     listed = capsys.readouterr().out
     assert any(line.startswith("acme/cli") and "installed" in line for line in listed.splitlines())
     assert main.main(["models", "rm", "acme/cli"]) == 0
     assert capsys.readouterr().out.startswith("removed acme/cli: 0.00 GB freed")  # ~2 MiB
-    assert main._model_dir("acme/cli").endswith("acme/cli")  # no longer resolved: left as a path
+    assert model_dir("acme/cli").endswith("acme/cli")  # no longer resolved: left as a path
 
 
 def test_pull_failures_are_one_line(hub, capsys):

@@ -8,6 +8,7 @@ turn with one line, as a failed turn does). Settings take sampling keys and any 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TextIO
@@ -17,6 +18,7 @@ from ..protocol.events import Message, Sampling, Turn, TurnFailed
 from ..pictures.file import PictureError
 from ..pictures.ref import as_refs
 from ..protocol.settings import EngineSettings
+from . import options
 
 SAMPLING_KEYS = {"max_new_tokens", "greedy", "temperature", "top_p", "seed"}
 TURN_KEYS = {"user", "images", "wait_s", "conversation", "system", "restart"}
@@ -120,3 +122,17 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
     finally:
         engine.shutdown()
     return 1 if failures else 0
+
+
+def cmd_replay(args) -> int:
+    from ..remote import RemoteConfigError
+
+    try:
+        remote = options.remote_config(args) if args.remote else None
+        model = remote.model if remote else options.model_dir(args.model)
+        overrides = {"weights": args.weights} if args.weights else {}
+        return run_replay(Path(args.script), model, options.data_dir(args.data_dir), sys.stdout, remote=remote,
+                          overrides=overrides)
+    except (ReplayError, RemoteConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,174 @@
+"""The house rules of the imports, so a newcomer can trust the folder names (docs/design.md):
+
+- the torch-free rooms import neither torch nor Qt (a fresh interpreter imports every module);
+- nothing under engine/ imports Qt, and every engine module lives in a room;
+- app/ imports only the engine rooms meant for it, and never torch;
+- engine's rooms import only the rooms below them (the table below).
+The static checks read every import statement with ast, also those inside functions and under
+TYPE_CHECKING: an import made late or only for annotations is still an arrow in the house.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# importable without torch or Qt (engine.headless: at import time; a command imports torch when it starts
+# the built-in engine)
+TORCH_FREE = ["engine.platform", "engine.pictures", "engine.protocol", "engine.remote", "engine.library",
+              "engine.headless"]
+HEAVY = ["torch", "PySide6"]
+QT = ("PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "shiboken2", "qtpy")
+
+# which rooms each engine room may import (besides itself): lower rooms only, so no arrow runs back up
+BELOW_VISION = {"model", "device", "protocol", "pictures", "platform"}
+ROOMS = {
+    "platform": set(),
+    "pictures": {"platform"},
+    "protocol": {"pictures", "platform"},
+    "device": {"protocol", "pictures", "platform"},
+    "model": {"device", "protocol", "pictures", "platform"},
+    "vision": BELOW_VISION,
+    "kvstore": BELOW_VISION,
+    "local": BELOW_VISION | {"vision", "kvstore"},
+    "api": BELOW_VISION | {"vision", "kvstore", "local"},
+    "remote": {"protocol", "pictures", "platform"},  # the engine protocol over HTTP: no model, no torch
+    "library": {"model", "platform"},  # model only through its torch-free heavy_imports lock
+    "headless": BELOW_VISION | {"vision", "kvstore", "local", "api", "remote", "library"},
+}
+# (importer, imported): why this arrow may run against the table, until it is gone
+ROOM_EXCEPTIONS = {
+    ("engine.protocol.client", "engine.local.engine"):
+        "annotation only (TYPE_CHECKING): load_blocking/run_blocking take either engine; issue 29's "
+        "declared engine protocol replaces it",
+}
+
+# what app/ may import from engine/: whole rooms, and single modules of the others
+APP_ROOMS = {
+    "engine.protocol": "turns in, events out: the window speaks only the protocol",
+    "engine.pictures": "pictures the user adds are refs in the shared picture store",
+    "engine.platform": "paths and durable files (history's SQLite, settings)",
+    "engine.library": "the Models page: catalog, fit, downloads, installed models",
+    "engine.remote": "the window can talk to a server instead of the built-in engine",
+    "engine.api": "the window can serve its engine over HTTP",
+}
+APP_MODULES = {
+    "engine.local.engine": "the Engine class the bridge starts; nothing else of local/",
+    "engine.model.heavy_imports": "the bridge waits on the one torch import lock before checking a folder",
+    "engine.model.load": "check_folder for the window's folder check (issue 29 makes it torch-free)",
+}
+
+
+def _module_name(path: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    return ".".join(parts[:-1] if is_package else parts), is_package
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """(absolute module, line) for every import in one file: relative ones resolved, and for
+    `from PKG import NAME` the submodule PKG.NAME where NAME is one."""
+    name, is_package = _module_name(path)
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            found.append((module, node.lineno))
+            for alias in node.names:
+                sub = ROOT.joinpath(*module.split("."), alias.name)
+                if sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file():
+                    found.append((f"{module}.{alias.name}", node.lineno))
+    return found
+
+
+def _sources(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "engine" and len(parts) > 1 else None
+
+
+# a fresh interpreter imports each module of the package in turn and names the first that brought in
+# torch or Qt
+_IMPORT_ALL = """
+import importlib, json, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+names = [package.__name__] + [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+for name in names:
+    importlib.import_module(name)
+    heavy = [h for h in sys.argv[2:] if h in sys.modules]
+    if heavy:
+        print(json.dumps({"module": name, "imported": heavy}))
+        break
+"""
+
+
+@pytest.mark.parametrize("package", TORCH_FREE)
+def test_torch_free_rooms_import_neither_torch_nor_qt(package):
+    out = subprocess.run([sys.executable, "-c", _IMPORT_ALL, package, *HEAVY], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "", f"{package} is torch-free, but importing {json.loads(out.stdout)}"
+
+
+def test_engine_never_imports_qt():
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in _sources("engine") for m, line in imports_of(p)
+           if m.split(".")[0] in QT]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_engine_module_lives_in_a_room():
+    loose = [p.name for p in (ROOT / "engine").glob("*.py") if p.name != "__init__.py"]
+    rooms = sorted(p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file())
+    assert loose == [], "engine/ holds only rooms: move these into one"
+    assert rooms == sorted(ROOMS), "a new room needs its line in ROOMS (which rooms it may import)"
+
+
+def test_engine_rooms_import_only_rooms_below_them():
+    bad = []
+    for path in _sources("engine"):
+        importer = _module_name(path)[0]
+        here = _room(importer)
+        for module, line in imports_of(path):
+            there = _room(module)
+            if there is None or there == here or (importer, module) in ROOM_EXCEPTIONS:
+                continue
+            if here is None or there not in ROOMS[here]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} ({here}) imports {module} ({there})")
+    assert not bad, "\n".join(bad)
+
+
+def test_room_exceptions_are_still_needed():
+    """An exception whose import is gone is removed with it, so the list only shrinks."""
+    present = {(_module_name(p)[0], m) for p in _sources("engine") for m, _ in imports_of(p)}
+    assert set(ROOM_EXCEPTIONS) <= present
+
+
+def test_app_imports_only_the_engine_rooms_meant_for_it():
+    bad = []
+    for path in _sources("app"):
+        for module, line in imports_of(path):
+            top = module.split(".")[0]
+            if top in ("torch", "transformers"):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}: the window never calls torch")
+            if top != "engine" or module in APP_MODULES:
+                continue
+            room = ".".join(module.split(".")[:2])
+            if room not in APP_ROOMS:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, "\n".join(bad)

@@ -6,6 +6,7 @@ functions returning numbers); results come back as queued Qt signals. No torch h
 """
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .download_text import human_bytes, progress_text
 
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed"]
 COL_FIT, COL_INSTALLED = 4, 5
+log = logging.getLogger(__name__)
 
 
 class _Signals(QObject):
@@ -51,8 +53,9 @@ class ModelsPage(QDialog):
         self.sig.installed.connect(self._take_scan)
         self.sig.progress.connect(self._on_progress)
         self.sig.done.connect(self._on_done)
-        self.sig.notice.connect(self._say)
+        self.sig.notice.connect(self._say_network_once)
         self.catalog = catalog if catalog is not None else load_catalog()
+        self._catalog = {e.repo_id: e for e in self.catalog}
         self.installed: dict = {}
         self.folders: dict[str, Path] = {}  # recent model folders: loadable, never deleted from here
         self.cancel = threading.Event()
@@ -229,7 +232,31 @@ class ModelsPage(QDialog):
         # the size and folder check come once; a precision or context change only redoes the fit
         first = not getattr(self, "_planned", False)
         self._planned = True
-        self._background(lambda: [self._fit_one(repo, *args, with_plan=first) for repo in repos])
+        self._background(lambda: self._fit_all(repos, *args, with_plan=first))
+
+    def _fit_all(self, repos: list[str], precision: str, context: int, with_plan: bool) -> None:
+        # catalog rows first, from the catalog's numbers (no network, no transformers): each row has
+        # an estimate at once, replaced by the one from config.json when the Hub answers
+        for repo in repos:
+            self._fit_from_catalog(repo, precision, context)
+        for repo in repos:
+            self._fit_one(repo, precision, context, with_plan)
+
+    def _fit_from_catalog(self, repo_id: str, precision: str, context: int) -> bool:
+        """Emit the catalog's estimate for a catalog model not on disk; False when there is none."""
+        from engine.library.fit import estimate_fit_from_catalog
+
+        entry = self._catalog.get(repo_id)
+        if entry is None or repo_id in self.installed or repo_id in self.folders:
+            return False
+        try:
+            fit = estimate_fit_from_catalog(entry, precision, context)
+        except ValueError:
+            return False
+        self._emit("fit", repo_id, f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of "
+                                   f"{human_bytes(fit.free_bytes)} free (estimated from the catalog)",
+                   fit.line() + "; the model's config.json could not be fetched yet")
+        return True
 
     def _fit_one(self, repo_id: str, precision: str, context: int, with_plan: bool = True) -> None:
         """Fit (and, for a model not on disk, the live size and the folder check) of one row."""
@@ -255,10 +282,14 @@ class ModelsPage(QDialog):
                                        f"{human_bytes(fit.free_bytes)} free", fit.line())
         except NetworkUnreachable as exc:
             self._network_down.set()
-            self._emit("fit", repo_id, "—", str(exc))
+            if not self._fit_from_catalog(repo_id, precision, context):
+                self._emit("fit", repo_id, "—", str(exc))
             self._emit("notice", str(exc))
         except (LibraryError, ValueError, TypeError, KeyError) as exc:
             self._emit("fit", repo_id, "unknown", str(exc))
+        except Exception as exc:  # the row says so; the other rows still get their fit
+            log.exception("fit of %s failed", repo_id)
+            self._emit("fit", repo_id, "unknown", f"{type(exc).__name__}: {exc}")
 
     def _on_fit(self, repo_id: str, text: str, tip: str) -> None:
         r = self.row_of(repo_id)
@@ -294,12 +325,13 @@ class ModelsPage(QDialog):
         self._update_buttons()
 
     def _say(self, text: str) -> None:
-        if text.startswith("network unreachable"):
-            if self._network_said:
-                return
-            self._network_said = True
-            text += " — installed models are still listed"
         self.status.setText(text)
+
+    def _say_network_once(self, text: str) -> None:
+        """The fit column's "network unreachable": every row meets it, the page says it once."""
+        if not self._network_said:
+            self._network_said = True
+            self._say(f"{text} — installed models are still listed; catalog models are sized from the catalog")
 
     # ------------------------------------------------------------ actions
 
@@ -316,6 +348,8 @@ class ModelsPage(QDialog):
         self._background(lambda: self._pull(repo_id, cancel))
 
     def _pull(self, repo_id: str, cancel: threading.Event) -> None:
+        """Runs on a worker thread; always ends with one `done` signal, whatever goes wrong."""
+        from engine.library.fetch import Cancelled
         from engine.library.pull import plan_pull, pull
 
         try:
@@ -326,8 +360,13 @@ class ModelsPage(QDialog):
             snap = pull(plan, self._emit_progress, cancel)
             self._emit("done", repo_id, str(snap),
                        f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
-        except LibraryError as exc:
+        except Cancelled as exc:
             self._emit("done", repo_id, "", str(exc))
+        except LibraryError as exc:
+            self._emit("done", repo_id, "", f"{repo_id} was not downloaded: {exc}")
+        except Exception as exc:  # an OS error or a fault no library call translated: said, never silent
+            log.exception("download of %s failed", repo_id)
+            self._emit("done", repo_id, "", f"{repo_id} was not downloaded: {type(exc).__name__}: {exc}")
 
     def _on_progress(self, done: float, total: float, speed: float, eta: float, file: str) -> None:
         from engine.library.progress import Progress

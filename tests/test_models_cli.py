@@ -72,3 +72,30 @@ def test_gated_pull_with_a_saved_token(hub, capsys, tmp_path, monkeypatch):
     assert main.main(["models", "pull", "acme/gated"]) == 0
     monkeypatch.setenv("HF_TOKEN", "hf_from_env")  # the environment wins, as in huggingface_hub
     assert token_store.load_token() == "hf_from_env"
+
+
+def test_list_offline_has_a_fit_column_from_the_catalog_and_loads_no_model_libraries(hub, tmp_path):
+    """Issue 27: offline, `models list` printed no fit at all, and took 12-18 s: the device probe
+    imported torch and transformers (with torchvision) even where no GPU can be."""
+    import subprocess
+    import sys
+
+    from engine.library.catalog import load_catalog
+    from tests.remote_servers import ROOT
+
+    code = ("import sys, main\n"
+            "rc = main.main(['models', 'list'])\n"
+            "from engine.library.fit import accelerator_possible\n"
+            "print('imported:', 'transformers' in sys.modules, 'torch' in sys.modules, accelerator_possible())\n"
+            "sys.exit(rc)\n")
+    env = dict(__import__("os").environ, HF_ENDPOINT="http://127.0.0.1:1", HF_HUB_OFFLINE="0")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].split() == ["MODEL", "FAMILY", "PARAMS", "DOWNLOAD", "INSTALLED", "FIT"]
+    for entry in load_catalog():
+        row = next(line for line in lines if line.startswith(entry.repo_id + " "))
+        assert "needs ~" in row and row.endswith("(estimated from the catalog)"), row
+    transformers, torch, accelerator = lines[-1].removeprefix("imported: ").split()
+    assert transformers == "False" and torch == accelerator  # torch only to ask a GPU

@@ -29,6 +29,23 @@ SMOLVLM_256M = {
                       "num_channels": 3},
 }
 
+# Qwen2.5-VL-3B-Instruct and llava-1.5-7b-hf (a sparse config: transformers' own config classes
+# fill in Llama's and CLIP's defaults)
+QWEN25_VL_3B = {
+    "model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+    "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_chans": 3,
+                      "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                      "hidden_act": "silu", "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]},
+}
+LLAVA_15_7B = {
+    "model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
+    "text_config": {"model_type": "llama", "vocab_size": 32064, "max_position_embeddings": 4096},
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+                      "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                      "patch_size": 14, "projection_dim": 768},
+}
+
 
 def test_qwen2_vl_2b_by_hand():
     # language: embed 151936*1536 + 28 layers * (q 1536*1536+1536, k and v 1536*256+256 each,
@@ -98,21 +115,37 @@ def test_folder_check_before_download():
 def test_two_more_families_match_their_published_counts():
     """Qwen2.5-VL-3B-Instruct (gated vision MLP, RMSNorm) and llava-1.5-7b-hf (a sparse config:
     transformers' own config classes fill in Llama's and CLIP's defaults)."""
-    qwen25_3b = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-                 "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-                 "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                                   "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
-                                   "temporal_patch_size": 2, "hidden_act": "silu", "window_size": 112,
-                                   "fullatt_block_indexes": [7, 15, 23, 31]}}
-    llava_15_7b = {"model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
-                   "text_config": {"model_type": "llama", "vocab_size": 32064, "max_position_embeddings": 4096},
-                   "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
-                                     "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
-                                     "patch_size": 14, "projection_dim": 768}}
-    assert abs(count_params(qwen25_3b).total / 3.75e9 - 1) < 0.01  # "3.75B"
-    assert abs(count_params(llava_15_7b).total / 7.06e9 - 1) < 0.01  # "7.06B"
-    assert kv_bytes_per_token(llava_15_7b) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B: no grouped KV heads
+    assert abs(count_params(QWEN25_VL_3B).total / 3.75e9 - 1) < 0.01  # "3.75B"
+    assert abs(count_params(LLAVA_15_7B).total / 7.06e9 - 1) < 0.01  # "7.06B"
+    assert kv_bytes_per_token(LLAVA_15_7B) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B: no grouped KV heads
 
+
+
+@pytest.mark.parametrize("repo_id, config", [("Qwen/Qwen2-VL-2B-Instruct", QWEN2_VL_2B),
+                                             ("HuggingFaceTB/SmolVLM-256M-Instruct", SMOLVLM_256M),
+                                             ("Qwen/Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B),
+                                             ("llava-hf/llava-1.5-7b-hf", LLAVA_15_7B)])
+def test_the_catalog_estimate_agrees_with_the_config_estimate(repo_id, config):
+    """Offline the Models page sizes catalog models from the catalog's own numbers (published
+    parameter counts, KV bytes per token): within 1 % of the estimate from config.json."""
+    from engine.library.catalog import load_catalog
+    from engine.library.fit import catalog_need
+
+    entry = next(e for e in load_catalog() if e.repo_id == repo_id)
+    for precision in ("bfloat16", "float32", "4bit"):
+        exact, est = memory_need(config, precision, 8192), catalog_need(entry, precision, 8192)
+        assert est.kv_bytes_per_token == exact.kv_bytes_per_token
+        assert abs(est.total_bytes / exact.total_bytes - 1) < 0.01, (precision, est, exact)
+
+
+def test_every_catalog_model_can_be_estimated_offline():
+    from engine.library.catalog import load_catalog
+    from engine.library.fit import catalog_need
+
+    for entry in load_catalog():
+        need = catalog_need(entry, "bfloat16", 4096)
+        # 16-bit weights are about the published download (the safetensors at 16 bits)
+        assert abs((need.weights_bytes + need.vision_bytes) / (entry.download_gb * 1e9) - 1) < 0.06, entry
 
 def test_cache_folder_follows_the_hub_environment(monkeypatch, tmp_path):
     from engine.library.hub import hub_cache_dir

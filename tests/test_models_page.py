@@ -134,3 +134,47 @@ def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub)
     assert "cannot be used by Parley: unsupported architecture" in p.status.text()
     assert BIG not in hub.sent
     assert p.wait_idle()
+
+
+def test_a_failed_download_is_said_and_the_buttons_come_back(qtbot, hub, monkeypatch):
+    """Issue 27: offline, the fit column's "network unreachable" was said first, so the download's
+    own failure (the same words) was dropped and "Checking acme/smol…" stayed; an error no library
+    call translates (a damaged cache) ended the worker without any answer."""
+    from app.models_page import ModelsPage
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    p = ModelsPage(catalog=[CatalogEntry("acme/smol", "smolvlm", "256M", 0.51, True)])
+    qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
+    assert p.wait_idle()
+    p.table.selectRow(0)
+    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+        p.download_selected()
+    assert p.status.text().startswith("acme/smol was not downloaded: network unreachable"), p.status.text()
+    assert p.btn_download.isEnabled() and not p.btn_cancel.isEnabled()
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)  # the network is back, but the cache is damaged:
+    folder = repo_folder("acme/smol")  # a file where the model's folder belongs
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_bytes(b"")
+    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+        p.download_selected()
+    assert p.status.text().startswith("acme/smol was not downloaded: NotADirectoryError"), p.status.text()
+    assert p.btn_download.isEnabled() and p.downloading is None
+    assert p.wait_idle()
+
+
+def test_offline_catalog_rows_are_estimated_from_the_catalog(qtbot, hub, monkeypatch):
+    from app.models_page import COL_FIT, ModelsPage
+    from engine.library.catalog import load_catalog
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    qwen = next(e for e in load_catalog() if e.repo_id == "Qwen/Qwen2-VL-2B-Instruct")
+    p = ModelsPage(catalog=[qwen])
+    qtbot.addWidget(p)
+    fit = p.table.item(0, COL_FIT)
+    qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
+    assert fit.text().startswith(("fits · needs ~", "tight · needs ~", "does not fit · needs ~")), fit.text()
+    assert fit.text().endswith("(estimated from the catalog)")
+    assert "estimated from the catalog" in fit.toolTip() and "KV" in fit.toolTip()
+    assert p.wait_idle()

@@ -12,36 +12,41 @@ def _gb(n: int) -> str:
 
 
 def cmd_list(args) -> int:
+    from .fit import estimate_fit, estimate_fit_from_catalog, free_device_memory
     from .installed import installed_models
     from .remote import remote_config
-
-    from .fit import estimate_fit, free_device_memory
 
     device = free_device_memory()
     installed = {m.repo_id: m for m in installed_models()}
     print(f"device: {device[0]}, {device[1] / (1 << 30):.2f} GiB free; precision {args.precision}, "
           f"context {args.context} tokens")
-    network_said = offline_forced()
-    if network_said:
-        print("network unreachable: offline mode is on (HF_HUB_OFFLINE); fit shown for installed models only")
+    offline = offline_forced()
+    catalog = {e.repo_id: e for e in load_catalog()}
     rows = [(e.repo_id, e.family, e.params, f"~{e.download_gb:.2f} GB" if e.approx else _gb(int(e.download_gb * 1e9)))
-            for e in load_catalog()]
-    rows += [(r, m.model_type or "?", "", _gb(m.size_on_disk)) for r, m in installed.items()
-             if r not in {row[0] for row in rows}]
+            for e in catalog.values()]
+    rows += [(r, m.model_type or "?", "", _gb(m.size_on_disk)) for r, m in installed.items() if r not in catalog]
+    print(f"{'MODEL':44} {'FAMILY':11} {'PARAMS':>6} {'DOWNLOAD':>10} {'INSTALLED':9} FIT")
+    if offline:
+        print("network unreachable: offline mode is on (HF_HUB_OFFLINE); catalog models are sized from the catalog")
     for repo_id, family, params, size in rows:
         mark = "installed" if repo_id in installed and installed[repo_id].complete else (
             "partial" if repo_id in installed else "")
         fit = ""
         try:
-            config = remote_config(repo_id, installed.get(repo_id), offline=network_said)
+            config = remote_config(repo_id, installed.get(repo_id), offline=offline)
             if config is not None:
                 fit = estimate_fit(config, args.precision, args.context, device).line()
         except NetworkUnreachable as exc:
-            if not network_said:
-                print(str(exc))  # said once
-                network_said = True
+            if not offline:
+                print(f"{exc}; catalog models are sized from the catalog")  # said once
+                offline = True
         except (LibraryError, ValueError) as exc:
             fit = f"fit unknown: {exc}"
+        if not fit and offline and repo_id in catalog:
+            try:
+                fit = estimate_fit_from_catalog(catalog[repo_id], args.precision, args.context, device).line()
+            except ValueError as exc:
+                fit = f"fit unknown: {exc}"
         print(f"{repo_id:44} {family:11} {params:>6} {size:>10} {mark:9} {fit}".rstrip())
     return 0
 

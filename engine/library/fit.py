@@ -46,13 +46,16 @@ class Fit:
     device: str  # "cuda:0 (NVIDIA ...)", "mps", "cpu (RAM)"
     free_bytes: int
     verdict: str  # fits | tight | does not fit
+    from_catalog: bool = False  # sized from the catalog's numbers, config.json not fetched
 
     def line(self) -> str:
         gb = 1 << 30
         n = self.need
-        return (f"{self.verdict}: needs {n.total_bytes / gb:.2f} GiB (weights {n.weights_bytes / gb:.2f} + vision "
-                f"{n.vision_bytes / gb:.2f} + KV {n.kv_bytes / gb:.2f} for {n.context} tokens, {n.precision}) "
-                f"of {self.free_bytes / gb:.2f} GiB free on {self.device}")
+        about = "~" if self.from_catalog else ""
+        return (f"{self.verdict}: needs {about}{n.total_bytes / gb:.2f} GiB (weights {n.weights_bytes / gb:.2f} + "
+                f"vision {n.vision_bytes / gb:.2f} + KV {n.kv_bytes / gb:.2f} for {n.context} tokens, {n.precision}) "
+                f"of {self.free_bytes / gb:.2f} GiB free on {self.device}"
+                + (" (estimated from the catalog)" if self.from_catalog else ""))
 
 
 def _config_objects(config: dict):
@@ -147,14 +150,32 @@ def kv_bytes_per_token(config: dict, precision: str = "bfloat16") -> int:
     return 2 * t.num_hidden_layers * kv * hd * elem
 
 
-def memory_need(config: dict, precision: str = "bfloat16", context: int = 4096) -> MemoryNeed:
+def _check_precision(precision: str) -> None:
     if precision not in BYTES_PER_PARAM:
         raise ValueError(f"unknown precision {precision!r} (use {', '.join(BYTES_PER_PARAM)})")
-    params = count_params(config)
-    vision_elem = 4 if precision == "float32" else 2
-    per_token = kv_bytes_per_token(config, precision)
+
+
+def _need(params: ParamCount, precision: str, context: int, kv_per_token_16bit: int) -> MemoryNeed:
+    elem = 4 if precision == "float32" else 2  # the vision tower and the KV cache stay 16-bit when quantized
+    per_token = kv_per_token_16bit * elem // 2
     return MemoryNeed(params, precision, context, int(params.language * BYTES_PER_PARAM[precision]),
-                      params.vision * vision_elem, per_token, per_token * context)
+                      params.vision * elem, per_token, per_token * context)
+
+
+def memory_need(config: dict, precision: str = "bfloat16", context: int = 4096) -> MemoryNeed:
+    _check_precision(precision)
+    return _need(count_params(config), precision, context, kv_bytes_per_token(config, "bfloat16"))
+
+
+def catalog_need(entry, precision: str = "bfloat16", context: int = 4096) -> MemoryNeed:
+    """The same estimate from a catalog entry's own numbers (engine.library.catalog.CatalogEntry):
+    for when config.json cannot be fetched. Needs no transformers."""
+    _check_precision(precision)
+    if entry.vision_params is None or entry.kv_bytes_per_token is None:
+        raise ValueError(f"the catalog holds no sizes for {entry.repo_id}")
+    total = entry.total_params
+    return _need(ParamCount(total - entry.vision_params, entry.vision_params), precision, context,
+                 entry.kv_bytes_per_token)
 
 
 def verdict(need_bytes: int, free_bytes: int) -> str:
@@ -163,9 +184,35 @@ def verdict(need_bytes: int, free_bytes: int) -> str:
     return "tight" if need_bytes <= free_bytes else "does not fit"
 
 
+def accelerator_possible() -> bool:
+    """Whether this machine may have a GPU torch could use (NVIDIA or ROCm drivers, WSL's GPU,
+    Apple silicon). False means the CPU for certain, so the probe below imports no torch: with
+    transformers (which `heavy()` imports with it) that was 7-9 s of `models list` (measured on a
+    shared 2-core Xeon), most of its time."""
+    import os
+    import platform
+    import sys
+
+    if sys.platform == "darwin":
+        return platform.machine() == "arm64"
+    if sys.platform.startswith("linux"):
+        return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd",
+                                               "/dev/dxg"))
+    if sys.platform == "win32":
+        import ctypes.util
+
+        return ctypes.util.find_library("nvcuda") is not None
+    return True
+
+
 def free_device_memory() -> tuple[str, int]:
     """(device name, free bytes) of the device Parley would load onto: CUDA, then MPS, then RAM."""
+    import sys
+
     import psutil
+
+    if "torch" not in sys.modules and not accelerator_possible():
+        return "cpu (RAM)", int(psutil.virtual_memory().available)
 
     from ..model.heavy_imports import heavy
 
@@ -188,3 +235,11 @@ def estimate_fit(config: dict, precision: str = "bfloat16", context: int = 4096,
     need = memory_need(config, precision, context)
     name, free = device or free_device_memory()
     return Fit(need, name, free, verdict(need.total_bytes, free))
+
+
+def estimate_fit_from_catalog(entry, precision: str = "bfloat16", context: int = 4096,
+                              device: tuple[str, int] | None = None) -> Fit:
+    """estimate_fit from a catalog entry's numbers (see catalog_need), said to be an estimate."""
+    need = catalog_need(entry, precision, context)
+    name, free = device or free_device_memory()
+    return Fit(need, name, free, verdict(need.total_bytes, free), from_catalog=True)

@@ -19,6 +19,7 @@ from .progress import ProgressCallback, ProgressMeter
 
 SPACE_MARGIN = 64 << 20  # keep this much free after a pull
 META_TIMEOUT_S = 15  # model info and small JSON files: a dead network must not hang the page
+META_CONNECT_TIMEOUT_S = 5  # a network that drops packets fails here, not after the whole 15 s
 
 
 class NoSpace(LibraryError):
@@ -68,13 +69,14 @@ def _api():
 
 def fetch_json(repo_id: str, filename: str, commit: str, token: str | None) -> dict | None:
     """A small JSON file read into memory (not the cache), e.g. config.json for a fit estimate."""
+    import httpx2
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint())
     try:
         r = get_session().get(url, headers=build_hf_headers(token=token or False), follow_redirects=True,
-                              timeout=META_TIMEOUT_S)
+                              timeout=httpx2.Timeout(META_TIMEOUT_S, connect=META_CONNECT_TIMEOUT_S))
         hf_raise_for_status(r)
         return json.loads(r.content)
     except ValueError:

@@ -156,3 +156,4 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         restore_signals(previous)
         instance.close()
         window.shutdown()
+        mark("saved")  # history, settings and the engine's spills are on disk: the process may end now

@@ -381,6 +381,9 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         self.prefs.qs.setValue("ui/geometry", self.saveGeometry())
         self.prefs.qs.setValue("ui/state", self.saveState())
+        if not self._closed:  # the engine writes hot conversations to disk before it stops
+            self.statusBar().showMessage("Saving…")
+            self.statusBar().repaint()  # painted now: the event loop does not run until shutdown returns
         self.shutdown()
         super().closeEvent(event)
 

@@ -1,6 +1,9 @@
 """How fast the window starts: launch `main.py` (offscreen, a fresh data folder and settings, the
 built-in demo model) and time launch → window shown (goal ≤ 1.0 s, with torch not yet imported
-when it shows) and launch → model ready (for comparison), median of `--runs` launches.
+when it shows) and launch → model ready (for comparison), median of `--runs` launches; then how
+fast it quits: SIGTERM (a logout, or Quit) → everything saved (the app's `saved` mark) → the
+process gone (goal ≤ 1.0 s; the interpreter's own teardown of torch and transformers took 2-3 s
+of it before the app skipped it).
 
 The app reports its milestones itself: $PARLEY_STARTUP_TRACE (app/startup_trace.py) gets a
 `shown` line once the window is up and the event loop runs, and a `ready` line when the model
@@ -39,7 +42,8 @@ def isolated_env(home: Path, trace: Path) -> dict:
 
 def launch_once(model: Path, d: Path) -> dict[str, tuple[float, str]]:
     """Start the app, wait (up to DEADLINE_S) for its `shown` and `ready` marks, close it as a
-    logout would (SIGTERM) and return the marks with times relative to the launch."""
+    logout would (SIGTERM) and return the marks with times relative to the launch, and the
+    moments SIGTERM was sent (`quit`) and the process was gone (`gone`)."""
     trace, log_path = d / "trace", d / "app.log"
     env = isolated_env(d / "home", trace)
     argv = [sys.executable, str(ROOT / "main.py"), "--data-dir", str(d / "data"), "--model", str(model)]
@@ -53,13 +57,19 @@ def launch_once(model: Path, d: Path) -> dict[str, tuple[float, str]]:
                 raise SystemExit(f"the app did not reach ready (exit {proc.poll()}, marks {sorted(marks)}):\n"
                                  + log_path.read_text()[-3000:])
             time.sleep(0.02)  # polling a file another process writes; the deadline above bounds it
+        quit_at = time.time()
         proc.send_signal(signal.SIGTERM)
         if proc.wait(timeout=60) != 0:
             raise SystemExit(f"the app exited with {proc.returncode} on SIGTERM:\n" + log_path.read_text()[-3000:])
+        gone_at = time.time()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    marks = read_trace(trace)
+    if "saved" not in marks:
+        raise SystemExit("the app ended without its `saved` mark:\n" + log_path.read_text()[-3000:])
+    marks.update(quit=(quit_at, ""), gone=(gone_at, ""))
     return {event: (t - launched, heavy) for event, (t, heavy) in marks.items()}
 
 
@@ -72,19 +82,26 @@ def main() -> None:
     if args.model is None:
         from tests.fixtures.tiny_models import build_tiny_model
         args.model = str(build_tiny_model("llava", d / "tiny"))
-    shown, ready, heavy_at_shown = [], [], set()
+    shown, ready, heavy_at_shown, saving, gone = [], [], set(), [], []
     for run in range(args.runs):
         marks = launch_once(Path(args.model), d / f"run{run}")
         shown.append(marks["shown"][0])
         ready.append(marks["ready"][0])
         heavy_at_shown.add(marks["shown"][1])
+        saving.append(marks["saved"][0] - marks["quit"][0])
+        gone.append(marks["gone"][0] - marks["quit"][0])
         print(f"launch {run + 1}: window shown {shown[-1]:.2f} s (heavy modules then: {marks['shown'][1]}), "
-              f"model ready {ready[-1]:.2f} s", flush=True)
+              f"model ready {ready[-1]:.2f} s; quit: saved after {saving[-1]:.2f} s, gone after {gone[-1]:.2f} s",
+              flush=True)
     torch_free = heavy_at_shown == {"none"}
     print(ratio_line(f"launch → window shown, median of {args.runs}", statistics.median(shown), at_most=1.0,
                      unit="s", digits=2, also=("torch not imported yet", torch_free)))
     print(ratio_line(f"launch → model ready, median of {args.runs}", statistics.median(ready), unit="s",
                      digits=2, note=f"{Path(args.model).name}"))
+    print(ratio_line(f"SIGTERM → everything saved, median of {args.runs}", statistics.median(saving), unit="s",
+                     digits=2, note="engine stopped, history and settings closed"))
+    print(ratio_line(f"SIGTERM → process gone, median of {args.runs}", statistics.median(gone), at_most=1.0,
+                     unit="s", digits=2))
 
 
 if __name__ == "__main__":

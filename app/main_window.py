@@ -39,6 +39,10 @@ from .window_chrome import build_menus, build_status_bar, show_api_state
 HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
                  "with File ▸ Models….")
 HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
+# On a small screen the memory dock gives way before the conversation does: the conversation keeps
+# room for a ~40-character bubble beside the picture thumbnails, the sidebar for a title.
+CHAT_MIN_WIDTH = 420
+SIDEBAR_MIN_WIDTH = 170
 
 
 class MainWindow(QMainWindow):
@@ -79,10 +83,13 @@ class MainWindow(QMainWindow):
         rl.addWidget(self.notice)
         rl.addWidget(self.retry)
         rl.addWidget(self.composer)
+        right.setMinimumWidth(CHAT_MIN_WIDTH)
+        self.sidebar.setMinimumWidth(SIDEBAR_MIN_WIDTH)
         self.splitter = QSplitter()
         self.splitter.addWidget(self.sidebar)
         self.splitter.addWidget(right)
         self.splitter.setStretchFactor(1, 1)
+        self.splitter.setCollapsible(1, False)
         self.splitter.setSizes([260, 940])
         self.setCentralWidget(self.splitter)
 

@@ -75,6 +75,7 @@ class _Rows:
 
     def __init__(self, form: QFormLayout):
         self.form = form
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # a narrow dock puts values under names
         self.labels: dict[str, QLabel] = {}
 
     def set(self, key: str, title: str, text: str, tooltip: str = "") -> QLabel:
@@ -119,6 +120,7 @@ class MemoryDock(QDockWidget):
         self.device.setWordWrap(True)
         self.totals = QLabel("")
         self.totals.setObjectName("totalsLabel")
+        self.totals.setWordWrap(True)
         self.bar = MemoryBar()
         lay.addWidget(self.device)
         lay.addWidget(self.totals)
@@ -132,6 +134,7 @@ class MemoryDock(QDockWidget):
         el = QHBoxLayout(enc)
         self.encoder = QLabel("—")
         self.encoder.setObjectName("encoderLabel")
+        self.encoder.setWordWrap(True)
         self.unload = QPushButton("Unload encoder")
         self.unload.setEnabled(False)  # until the engine reports a resident encoder
         self.unload.clicked.connect(self.unloadEncoderRequested)
@@ -188,7 +191,7 @@ class MemoryDock(QDockWidget):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(370)
+        scroll.setMinimumWidth(270)  # values wrap under their names; the dock yields to the chat first
         scroll.setWidget(body)
         self.setWidget(scroll)
 
@@ -374,6 +377,7 @@ class MemoryDock(QDockWidget):
         if row is None:
             swatch, name, val = QLabel(), QLabel(COMPONENT_NAMES.get(key, key.replace("_", " "))), QLabel()
             swatch.setFixedSize(12, 12)
+            name.setWordWrap(True)
             swatch.setStyleSheet(f"background: {color_for(key).name()}; border-radius: 2px;")
             val.setObjectName(f"component_{key}")
             val.setAlignment(Qt.AlignmentFlag.AlignRight)

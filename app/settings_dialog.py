@@ -8,7 +8,7 @@ from typing import Callable
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
-    QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
+    QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
     QWidget,
 )
 
@@ -54,8 +54,11 @@ class SettingsDialog(QDialog):
         self.api_apply = api_apply
         s, es = prefs.sampling(), prefs.engine_settings()
         lay = QVBoxLayout(self)
+        # one tab per group: all of them stacked were 989 px tall, OK and Cancel off a 900 px screen
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("settingsTabs")
+        lay.addWidget(self.tabs)
         self.engine_box = EngineBox(load_choice(prefs.qs))
-        lay.addWidget(self.engine_box)
 
         gen = QGroupBox("Replies")
         f = QFormLayout(gen)
@@ -81,7 +84,6 @@ class SettingsDialog(QDialog):
         f.addRow("Top-p", self.top_p)
         f.addRow("Max new tokens", self.max_tokens)
         f.addRow("System prompt", self.system_prompt)
-        lay.addWidget(gen)
 
         mem = QGroupBox("Memory and caches")
         m = QFormLayout(mem)
@@ -113,9 +115,7 @@ class SettingsDialog(QDialog):
         m.addRow("Picture cache in RAM", self.cache_ram)
         m.addRow("Picture cache on disk", self.cache_disk)
         m.addRow("Conversation store on disk", self.store_cap)
-        lay.addWidget(mem)
-
-        lay.addWidget(self._build_api(prefs.api_config()))
+        self.api_box = self._build_api(prefs.api_config())
 
         other = QGroupBox("Storage and look")
         o = QFormLayout(other)
@@ -136,13 +136,31 @@ class SettingsDialog(QDialog):
             self.theme.addItem(label, key)
         self.theme.setCurrentIndex(max(0, self.theme.findData(prefs.theme())))
         o.addRow("Theme", self.theme)
-        lay.addWidget(other)
+        for box, name in ((gen, "Replies"), (self.engine_box, "Engine"), (mem, "Memory and caches"),
+                          (self.api_box, "API server"), (other, "Storage and look")):
+            self._add_tab(box, name)
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
         self._sync_enabled()
+
+    def _add_tab(self, box: QGroupBox, name: str) -> None:
+        box.setTitle("")  # the tab says it
+        box.setFlat(True)
+        page = QWidget()
+        pl = QVBoxLayout(page)
+        pl.addWidget(box)
+        pl.addStretch(1)
+        self.tabs.addTab(page, name)
+
+    def show_tab_of(self, widget: QWidget) -> None:
+        """Bring forward the tab holding `widget` (a problem shown there must be seen)."""
+        for i in range(self.tabs.count()):
+            if self.tabs.widget(i).isAncestorOf(widget):
+                self.tabs.setCurrentIndex(i)
+                return
 
     def _build_api(self, cfg: ApiConfig) -> QGroupBox:
         box = QGroupBox("API server")
@@ -190,8 +208,7 @@ class SettingsDialog(QDialog):
     def show_api_error(self, message: str) -> None:
         self.api_error.setText(message)
         self.api_error.show()
-        if self.isVisible():
-            self.adjustSize()  # room for the message
+        self.show_tab_of(self.api_error)
 
     def api_config(self) -> ApiConfig:
         return ApiConfig(enabled=self.api_enabled.isChecked(), host=self.api_host.text().strip(),
@@ -200,6 +217,7 @@ class SettingsDialog(QDialog):
     def accept(self) -> None:
         """OK: refuse an API setting that cannot work, with the reason shown inline."""
         if self.engine_box.problem():  # shown in the Engine box
+            self.show_tab_of(self.engine_box)
             return
         cfg = self.api_config()
         error = config_problem(cfg)

@@ -85,7 +85,7 @@ class ConversationListModel(QAbstractListModel):
 class TwoLineDelegate(QStyledItemDelegate):
     def sizeHint(self, option, index) -> QSize:
         fm = QFontMetrics(option.font)
-        return QSize(200, 2 * fm.height() + 14)
+        return QSize(120, 2 * fm.height() + 14)  # as wide as the list: the title is elided to fit
 
     def paint(self, painter, option, index) -> None:
         self.initStyleOption(option, index)
@@ -157,6 +157,7 @@ class Sidebar(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.setFrameShape(QFrame.Shape.NoFrame)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # titles are elided
         self.list.clicked.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
         self.list.activated.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
         lay.addWidget(self.list, 1)

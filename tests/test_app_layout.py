@@ -1,0 +1,104 @@
+"""The window and its dialogs on small screens (issue 27): every dialog fits a 1280×720 screen, and a
+900×600 window keeps a usable conversation (the memory dock gives way first)."""
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
+
+from tests.test_app_support import make_window  # noqa: F401
+
+# a 1280×720 screen less a 40 px panel and a 32 px title bar
+ROOM = QSize(1280, 720 - 40 - 32)
+CHAT_MIN_WIDTH = 400  # a bubble of ~40 characters next to the picture thumbnails
+
+
+def assert_fits(dlg: QDialog, what: str) -> None:
+    for name, size in (("size hint", dlg.sizeHint()), ("minimum", dlg.minimumSizeHint()), ("size", dlg.size())):
+        assert size.width() <= ROOM.width() and size.height() <= ROOM.height(), \
+            f"{what}: {name} {size.width()}×{size.height()} does not fit {ROOM.width()}×{ROOM.height()}"
+
+
+def modal_sizes(trigger) -> list[tuple[str, QSize, QSize]]:
+    """Run `trigger` (which opens a modal dialog and blocks); read the dialog's sizes and close it."""
+    seen = []
+
+    def look():
+        dlg = QApplication.activeModalWidget()
+        if dlg is None:
+            return QTimer.singleShot(20, look)
+        seen.append((dlg.windowTitle(), dlg.sizeHint(), dlg.size()))
+        dlg.reject()
+
+    QTimer.singleShot(0, look)
+    trigger()
+    return seen
+
+
+def test_every_dialog_fits_a_1280x720_screen(make_window, qtbot, tmp_path, tiny_model):
+    from app.model_picker import ModelPicker
+    from app.models_page import ModelsPage
+    from app.settings_dialog import SettingsDialog
+
+    w = make_window(load=False)
+    dlg = SettingsDialog(w.prefs, w.data_dir, w, api_apply=w.apply_api)
+    qtbot.addWidget(dlg)
+    assert_fits(dlg, "Settings")
+    # with both of its problems on show (each brings its own tab forward)
+    dlg.engine_box.remote.setChecked(True)
+    dlg.accept()
+    assert dlg.engine_box.error.isVisibleTo(dlg) or dlg.tabs.currentWidget().isAncestorOf(dlg.engine_box)
+    dlg.show_api_error("Cannot listen on 127.0.0.1:8011: the address is already in use " * 3)
+    assert dlg.tabs.currentWidget().isAncestorOf(dlg.api_error)
+    assert_fits(dlg, "Settings with its problems shown")
+
+    page = ModelsPage(recent=[str(tiny_model("llava"))], parent=w)
+    qtbot.addWidget(page)
+    assert_fits(page, "Models")
+    page.cancel.set()
+    assert page.wait_idle()
+
+    picker = ModelPicker([str(tiny_model("llava"))], w.bridge.check_model_folder, parent=w)
+    qtbot.addWidget(picker)
+    assert_fits(picker, "Choose a model")
+
+    w.new_chat()
+    opened = modal_sizes(w.show_about) + modal_sizes(w.edit_chat_prompt)
+    assert [title for title, _, _ in opened] == ["About Parley", "Chat instructions"]
+    for title, hint, size in opened:
+        for s in (hint, size):
+            assert s.width() <= ROOM.width() and s.height() <= ROOM.height(), (title, s)
+
+    box = QMessageBox(QMessageBox.Icon.Warning, "Chat history was damaged", "x " * 400, QMessageBox.StandardButton.Ok,
+                      w)
+    assert box.sizeHint().height() <= ROOM.height()
+
+
+def test_a_small_window_keeps_the_chat_usable_and_the_dock_gives_way(make_window, qtbot):
+    w = make_window(load=False)
+    w.resize(1400, 900)
+    qtbot.waitUntil(lambda: w.width() == 1400)
+    wide_dock = w.memory_dock.width()
+    for width, height in ((1280, 720), (900, 600)):
+        w.resize(width, height)
+        qtbot.waitUntil(lambda: w.width() == width)
+        QApplication.processEvents()
+        assert w.chat.width() >= CHAT_MIN_WIDTH, (width, w.chat.width(), w.memory_dock.width(), w.sidebar.width())
+        assert w.composer.edit.width() >= CHAT_MIN_WIDTH - 100
+    assert w.memory_dock.isVisible() and w.memory_dock.width() < wide_dock
+    # the whole window still fits the screen it is on: nothing is pushed past its right edge
+    assert w.minimumSizeHint().width() <= 900 and w.minimumSizeHint().height() <= 600
+
+
+def test_the_narrow_dock_and_sidebar_need_no_sideways_scrolling(make_window, qtbot):
+    w = make_window(max_new_tokens=4)
+    from tests.test_app_support import send, wait_reply
+
+    send(qtbot, w, "What is in this picture, described at some length please?")
+    wait_reply(qtbot, w)
+    w.memory_dock.refresh_now()
+    w.resize(900, 600)
+    qtbot.waitUntil(lambda: w.width() == 900)
+    QApplication.processEvents()
+    scroll = w.memory_dock.widget()
+    assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width()
+    assert not w.sidebar.list.horizontalScrollBar().isVisible()

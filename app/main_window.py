@@ -129,6 +129,8 @@ class MainWindow(QMainWindow):
         b.turnStarted.connect(lambda ev: self._turn_t0.__setitem__(ev.turn_id, time.monotonic()))
         b.tokens.connect(self._on_tokens)
         b.turnDone.connect(self._on_turn_done)
+        b.turnFailed.connect(lambda _ev: self.speed_label.clear())  # the last speed is no longer the latest
+        b.engineChanged.connect(lambda _engine: self.speed_label.clear())
         b.memoryReport.connect(self.memory_dock.on_memory_report)
         b.encoderState.connect(self.memory_dock.on_encoder_state)
         b.spillState.connect(self.memory_dock.on_spill_state)
@@ -203,7 +205,9 @@ class MainWindow(QMainWindow):
         self.model_path, self.model_name = ev.path, ev.name
         self.progress.hide()
         self.model_label.setText(f"{ev.name} ({ev.family})")
-        self.device_label.setText(" · ".join(x for x in (ev.device, ev.dtype) if x))  # a server has no dtype
+        # a server's "device" is its address, which the engine label already shows
+        self.device_label.setText("" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
+        self.device_label.setVisible(bool(self.device_label.text()))
         self.composer.set_ready(True)
         self.memory_dock.on_model(ev.device, ev.name)
         if ev.family != "remote":  # a server's address is not a model folder

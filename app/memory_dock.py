@@ -226,6 +226,10 @@ class MemoryDock(QDockWidget):
         self._dirty = True
 
     def on_turn_stats(self, stats: TurnStats) -> None:
+        """The built-in engine's turns only: a server's turn says nothing of this machine's memory
+        (the server dock shows it), and its figures would sit next to the last local ones."""
+        if not isinstance(stats, LocalTurnStats):
+            return
         self.last_stats = stats
         self._dirty = True
 
@@ -307,6 +311,8 @@ class MemoryDock(QDockWidget):
                 else:
                     text = f"{v:,.1f} {unit}" if unit else _num(v)
                 self.turn_rows.set(key, title, text)
+            elif key in self.turn_rows.labels:  # not measured in the latest turn: no older figure stays
+                self.turn_rows.set(key, title, "—")
         self._apply_api()
 
     def _conversation_lines(self) -> str:

@@ -29,7 +29,6 @@ class ServerPanel(QDockWidget):
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.rows[key] = label
             form.addRow(title, label)
-        self.rows["error"].setObjectName("problemLabel")
         note = QLabel("The server keeps its own memory and caches (prefix caching, KV offload).")
         note.setWordWrap(True)
         form.addRow(note)
@@ -41,7 +40,9 @@ class ServerPanel(QDockWidget):
     def on_server_report(self, r: ServerReport) -> None:
         self.rows["server"].setText(r.server)
         self.rows["model"].setText(r.model or "—")
-        self.rows["state"].setText({"ready": "connected", "failed": "not connected"}.get(r.state, r.state))
+        # the latest request decides: asking for the models, or a turn
+        state = {"ready": "connected", "connecting": "connecting…", "failed": "last request failed"}
+        self.rows["state"].setText(state.get(r.state, r.state))
         self.rows["ttft"].setText(_fmt(r.ttft_s, "{:.2f} s"))
         self.rows["speed"].setText(_fmt(r.tokens_per_s, "{:.1f} tok/s"))
         cached = "not reported" if r.cached_share is None and r.turns else _fmt(r.cached_share, "{:.0%}")
@@ -50,3 +51,13 @@ class ServerPanel(QDockWidget):
         self.rows["cached"].setText(cached)
         self.rows["turns"].setText(str(r.turns))
         self.rows["error"].setText(r.last_error or "none")
+        self._mark_problem(self.rows["error"], bool(r.last_error))
+
+    @staticmethod
+    def _mark_problem(label: QLabel, problem: bool) -> None:
+        """The theme's problem colour only on an actual problem ("none" is not one)."""
+        name = "problemLabel" if problem else "server_error"
+        if label.objectName() != name:
+            label.setObjectName(name)
+            label.style().unpolish(label)
+            label.style().polish(label)

@@ -219,7 +219,7 @@ class RemoteEngine(EngineWorker):
                 self._stop_requested.discard(tid)
 
     def _fail(self, turn: Turn, message: str, partial: str = "") -> None:
-        self._set_report(last_error=message)
+        self._set_report(state="failed", last_error=message)  # the report follows the latest request
         self._emit(TurnFailed(turn.turn_id, turn.conversation_id, message, partial))
 
     def _record(self, stats: RemoteTurnStats) -> None:
@@ -228,5 +228,5 @@ class RemoteEngine(EngineWorker):
         self._set_report(
             ttft_s=stats.ttft_s, tokens_per_s=stats.tokens_per_s,
             cached_share=(cached / prompt) if (cached is not None and prompt) else None,
-            prompt_tokens=prompt, turns=self._report.turns + 1, last_error="",
+            prompt_tokens=prompt, turns=self._report.turns + 1, last_error="", state="ready",
         )

@@ -83,6 +83,7 @@ class RemoteEngine(EngineWorker):
         self._client = make_client(config)
         self._submitted: dict[int, float] = {}  # turn id -> when submit() queued it (for queue_s)
         self._report = ServerReport(config.server, config.model, "connecting")
+        self._request = None  # the running turn's request (under _stop_lock), for stop()
 
     # ------------------------------------------------------------ public API (any thread)
 
@@ -96,6 +97,16 @@ class RemoteEngine(EngineWorker):
             turn.turn_id = next(self._ids)
         self._submitted[turn.turn_id] = time.perf_counter()
         return super().submit(turn)
+
+    def stop(self, turn_id: int | None = None) -> None:
+        """Stop between chunks, and close the running turn's stream now: a slow server's next
+        chunk may be seconds away (issue 27: 3-4 s)."""
+        super().stop(turn_id)
+        with self._stop_lock:
+            running = turn_id is None or turn_id == self._current_turn
+            request = self._request if running else None
+        if request is not None:
+            request.abort()
 
     def request_memory_report(self) -> None:
         self._queue.put(("report", None))
@@ -200,6 +211,8 @@ class RemoteEngine(EngineWorker):
 
             request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
                                   lambda: self._should_stop(tid), queued_at=self._submitted.get(tid))
+            with self._stop_lock:
+                self._request = request
             outcome = request.run(chat_messages(turn))
             if outcome.error:
                 self._fail(turn, outcome.error, outcome.reply)
@@ -216,6 +229,7 @@ class RemoteEngine(EngineWorker):
             self._submitted.pop(tid, None)
             with self._stop_lock:
                 self._current_turn = None
+                self._request = None
                 self._stop_requested.discard(tid)
 
     def _fail(self, turn: Turn, message: str, partial: str = "") -> None:

@@ -2,6 +2,7 @@
 chunks (closing the stream ends the request on the server), usage into the turn's stats."""
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -38,6 +39,7 @@ class TurnRequest:
         self.finish: str | None = None
         self.t0 = self.t_first = self.t_end = 0.0
         self.pieces = 0  # text pieces received (token count when the server reports no usage)
+        self._open_stream = None  # the open stream, for abort() from another thread
 
     def run(self, messages: list[dict]) -> Outcome:
         params = dict(model=self.model, messages=messages, **sampling_params(self.turn.sampling))
@@ -64,8 +66,12 @@ class TurnRequest:
 
     def _stream(self, params: dict) -> tuple[str, bool]:
         stream = self.client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **params)
+        self._open_stream = stream
         chunks = 0
         try:
+            if self.should_stop():  # stopped while the request was being sent: abort() found no stream
+                stream.close()
+                return "", True
             with stream:  # leaving closes the response: the server sees its client go
                 for chunk in stream:
                     chunks += 1
@@ -94,6 +100,20 @@ class TurnRequest:
                 return f"The connection to {self.cfg.server} closed mid-reply; the partial reply is kept.", False
             return f"The server at {self.cfg.server} ended its reply without any text or finish reason.", False
         return "", False
+
+    def abort(self) -> None:
+        """Stop now, from another thread: shut the stream's socket down, so the read waiting for
+        the server's next chunk (seconds away on a slow server) returns at once and the reading
+        thread unwinds as after a drop. Shutting the socket down wakes a blocked read; closing the
+        response from this thread would not, and would race the reader inside the HTTP parser."""
+        stream = self._open_stream
+        network = getattr(getattr(stream, "response", None), "extensions", {}).get("network_stream")
+        sock = network.get_extra_info("socket") if network is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed: the turn is ending anyway
+                pass
 
     def _whole(self, params: dict) -> str:
         resp = self.client.chat.completions.create(stream=False, **params)

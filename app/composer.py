@@ -7,17 +7,40 @@ the other attachments stay as they were.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, QUrl, Signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, QSize, QStandardPaths, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QKeyEvent, QPixmap
 from PySide6.QtWidgets import (
     QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QToolButton,
     QVBoxLayout, QWidget,
 )
 
+from engine.pictures.file import PICTURE_TYPES
+
 from .icons import icon
 from .picture_intake import Attachment, PictureIntake, mime_has_pictures
 
-PICTURE_FILTER = "Pictures (*.png *.jpg *.jpeg *.webp *.gif *.bmp *.tif *.tiff);;All files (*)"
+
+def picture_filter() -> str:
+    """The attach dialog's filter: the formats the picture check names, and nothing else."""
+    patterns = " ".join(f"*{ext}" for t in PICTURE_TYPES for ext in t.extensions)
+    return f"Pictures ({patterns});;All files (*)"
+
+
+def pictures_folder() -> str:
+    """Where a person keeps pictures: the system's Pictures folder, else home (never the folder the
+    app was started from)."""
+    folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.PicturesLocation)
+    return folder if folder and Path(folder).is_dir() else str(Path.home())
+
+
+@dataclass
+class Draft:
+    """What a chat's composer held when the person left that chat."""
+    text: str
+    attachments: list[Attachment]
 
 
 class ComposerEdit(QPlainTextEdit):
@@ -106,6 +129,9 @@ class Composer(QFrame):
         self.editing_message_id: int | None = None
         self._generating = False
         self._ready = True
+        self._drafts: dict[str, Draft] = {}  # chat id -> the draft left there
+        self._draft_chat: str | None = None  # the chat the composer's content belongs to
+        self._last_folder: str | None = None  # where the last attached picture came from
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(10, 6, 10, 10)
@@ -234,14 +260,39 @@ class Composer(QFrame):
         self.take_mime(mime, "chosen")
 
     def choose_files(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach pictures", "", PICTURE_FILTER)
+        folder = self._last_folder if self._last_folder and Path(self._last_folder).is_dir() else pictures_folder()
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach pictures", folder, picture_filter())
         if paths:
+            self._last_folder = str(Path(paths[0]).parent)
             self.take_files(paths)
 
     def show_problem(self, message: str) -> None:
         self.problem.setText(message)
         self.problem.show()
         self._problem_timer.start(12000)
+
+    # ------------------------------------------------------------ a draft per chat
+
+    def switch_draft(self, conversation_id: str | None) -> None:
+        """Keep what is typed and attached with the chat being left; bring back the draft of the
+        chat opened. A draft typed while no chat was open belongs to the chat made for it."""
+        left = self._draft_chat
+        if conversation_id == left:
+            return
+        self._draft_chat = conversation_id
+        if left is None:
+            return
+        text, atts = self.text(), self.attachments()
+        if text or atts:
+            self._drafts[left] = Draft(text, atts)
+        else:
+            self._drafts.pop(left, None)
+        draft = self._drafts.pop(conversation_id, None) if conversation_id else None
+        self.edit.setPlainText(draft.text if draft else "")
+        self.edit.moveCursor(self.edit.textCursor().MoveOperation.End)
+        self.clear_attachments()
+        self.add_attachments(draft.attachments if draft else [])
+        self.problem.hide()
 
     # ------------------------------------------------------------ send / edit
 

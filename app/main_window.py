@@ -228,7 +228,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ chat
 
     def new_chat(self) -> None:
-        self.composer.clear()
+        self.composer.cancel_edit()  # the draft stays with the chat being left (Composer.switch_draft)
         self.controller.new_conversation()
         self.composer.edit.setFocus()
 
@@ -297,6 +297,7 @@ class MainWindow(QMainWindow):
         self.composer.edit.setFocus()
 
     def _on_current_changed(self, conversation_id: str) -> None:
+        self.composer.switch_draft(conversation_id or None)
         self.sidebar.select(conversation_id or None)
         conv = self.history.get_conversation(conversation_id) if conversation_id else None
         self.setWindowTitle(f"{conv.title} — Parley" if conv else "Parley")

@@ -127,7 +127,7 @@ class ModelPicker(QDialog):
             self.accept()
 
     def choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Model folder (the one with config.json)")
+        path = QFileDialog.getExistingDirectory(self, "Model folder (the one with config.json)", str(Path.home()))
         if path:
             self.try_folder(path)
 

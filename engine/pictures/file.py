@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -18,6 +19,27 @@ MAX_PIXELS = 64_000_000  # beyond this a "picture" is almost surely a decompress
 # is refused here with one sentence; its warning would only leak past that sentence.
 assert MAX_PIXELS < Image.MAX_IMAGE_PIXELS
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+@dataclass(frozen=True)
+class PictureType:
+    name: str  # as people call it
+    pillow: tuple[str, ...]  # Pillow's format ids for it
+    mime: str
+    extensions: tuple[str, ...]
+
+
+# The one list of picture formats: refusals name them, the window's attach dialog offers them and a
+# remote engine sends them with their MIME type.
+PICTURE_TYPES = (
+    PictureType("PNG", ("PNG",), "image/png", (".png",)),
+    PictureType("JPEG", ("JPEG", "MPO"), "image/jpeg", (".jpg", ".jpeg")),  # MPO: a camera's JPEG with a preview
+    PictureType("WebP", ("WEBP",), "image/webp", (".webp",)),
+    PictureType("GIF", ("GIF",), "image/gif", (".gif",)),
+    PictureType("BMP", ("BMP",), "image/bmp", (".bmp",)),
+    PictureType("TIFF", ("TIFF",), "image/tiff", (".tif", ".tiff")),
+)
+PICTURE_NAMES = ", ".join(t.name for t in PICTURE_TYPES[:-1]) + f" or {PICTURE_TYPES[-1].name}"
 
 
 class PictureError(ValueError):
@@ -66,6 +88,6 @@ def _decode(data: bytes, name: str, rgb: bool) -> Image.Image | None:
     except Image.DecompressionBombError:  # PIL refuses over ~178 MP before we can read the size
         raise _too_large(name, f"over {2 * Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels") from None
     except UnidentifiedImageError:
-        raise PictureError(f"{name} is not a picture (PNG, JPEG, WebP, GIF or BMP)") from None
+        raise PictureError(f"{name} is not a picture ({PICTURE_NAMES})") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise PictureError(f"{name} is a damaged picture ({exc})") from None

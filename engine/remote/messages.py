@@ -12,11 +12,10 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from ..protocol.events import Sampling, Turn
-from ..pictures.file import PictureError
+from ..pictures.file import PICTURE_NAMES, PICTURE_TYPES, PictureError
 from ..pictures.ref import PictureRef
 
-_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp",
-         "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}
+_MIME = {fmt: t.mime for t in PICTURE_TYPES for fmt in t.pillow}
 
 
 def picture_mime(data: bytes, name: str) -> str:
@@ -25,9 +24,9 @@ def picture_mime(data: bytes, name: str) -> str:
         with Image.open(io.BytesIO(data)) as probe:  # reads the header only
             fmt = probe.format or ""
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        raise PictureError(f"{name} is not a picture (PNG, JPEG, WebP, GIF or BMP)") from None
+        raise PictureError(f"{name} is not a picture ({PICTURE_NAMES})") from None
     if fmt not in _MIME:
-        raise PictureError(f"{name} is a {fmt} picture; servers take PNG, JPEG, WebP, GIF or BMP")
+        raise PictureError(f"{name} is a {fmt} picture; servers take {PICTURE_NAMES}")
     return _MIME[fmt]
 
 

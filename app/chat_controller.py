@@ -7,9 +7,8 @@ running; each conversation has at most one.
 """
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
 
@@ -17,6 +16,7 @@ from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 
 from .bridge import EngineBridge
+from .chat_titles import title_from, title_from_reply
 from .message_model import MessageItem, MessageListModel
 from .preferences import Preferences
 
@@ -32,16 +32,10 @@ class ActiveReply:
     last_saved: float = 0.0
     tokens: int = 0
     discarded: bool = False  # its row was dropped (regenerate / edit while it ran)
+    replaced: str | None = None  # a greedy regeneration: the text of the reply it replaced
 
     def text(self) -> str:
         return "".join(self.parts)
-
-
-def title_from(text: str, pictures: int) -> str:
-    line = re.sub(r"\s+", " ", text).strip()
-    if not line:
-        return "Picture" if pictures == 1 else ("Pictures" if pictures else DEFAULT_TITLE)
-    return line if len(line) <= 48 else line[:47].rstrip() + "…"
 
 
 class ChatController(QObject):
@@ -49,6 +43,7 @@ class ChatController(QObject):
     currentChanged = Signal(str)  # conversation id, "" for none
     generatingChanged = Signal(bool)  # whether the open conversation has a reply running
     problem = Signal(str)
+    note = Signal(str)  # a passing remark for the status bar
     turnFailed = Signal(str)  # conversation id whose turn failed (it can be sent again)
     turnFinished = Signal(object)  # TurnDone
 
@@ -148,8 +143,9 @@ class ChatController(QObject):
         if tid is not None:
             self.bridge.stop(tid)
 
-    def regenerate(self, message_id: int | None = None) -> int | None:
-        """Drop the reply (default: the last one) and everything after it; ask again."""
+    def regenerate(self, message_id: int | None = None, varied: bool = False) -> int | None:
+        """Drop the reply (default: the last one) and everything after it; ask again. `varied`:
+        sample this one reply (Settings' temperature and top-p) even when replies are greedy."""
         cid = self.current_id
         if cid is None:
             return None
@@ -157,6 +153,7 @@ class ChatController(QObject):
         if message_id is None:
             replies = [m for m in msgs if m.role == "assistant"]
             message_id = replies[-1].id if replies and replies[-1] is msgs[-1] else None
+        old = self.history.get_message(message_id) if message_id is not None else None
         self._discard_active(cid)
         if message_id is not None:
             self.history.delete_from(message_id)
@@ -164,7 +161,22 @@ class ChatController(QObject):
         rest = self.history.messages(cid)
         if not rest or rest[-1].role != "user":
             return None
-        return self._start_reply(cid)
+        sampling = self.prefs.sampling()
+        if varied:
+            sampling = replace(sampling, greedy=False, seed=None)
+        turn_id = self._start_reply(cid, sampling)
+        if sampling.greedy and old is not None and old.role == "assistant":
+            self._active[turn_id].replaced = old.text
+        return turn_id
+
+    def later_messages(self, message_id: int) -> list[StoredMessage]:
+        """What sending an edit of `message_id` removes besides its own reply."""
+        msgs = [m for m in self.history.messages(self.current_id) if m.role != "system"] if self.current_id else []
+        at = next((i for i, m in enumerate(msgs) if m.id == message_id), None)
+        if at is None:
+            return []
+        after = msgs[at + 1:]
+        return after[1:] if after and after[0].role == "assistant" else after
 
     def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str]) -> int | None:
         cid = self.current_id
@@ -188,10 +200,10 @@ class ChatController(QObject):
                 a.discarded = True
                 self.bridge.stop(a.turn_id)
 
-    def _start_reply(self, cid: str) -> int:
+    def _start_reply(self, cid: str, sampling=None) -> int:
         conv = self.history.get_conversation(cid)
         turn = Turn(cid, self._engine_messages(self.history.messages(cid)),
-                    sampling=self.prefs.sampling(),
+                    sampling=sampling or self.prefs.sampling(),
                     system_prompt=(conv.system_prompt if conv else None) or self.prefs.system_prompt() or None)
         reply = self.history.begin_reply(cid)
         turn_id = self.bridge.submit(turn)
@@ -239,6 +251,10 @@ class ChatController(QObject):
         self.history.finish_reply(a.message_id, text, stopped=ev.stopped)
         self.model.update(a.message_id, text=text, streaming=False,
                           status=INTERRUPTED if ev.stopped else "complete")
+        self._name_from_first_reply(a.conversation_id, text)
+        if a.replaced is not None and text == a.replaced and not ev.stopped:
+            self.note.emit("The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
+                           "most likely words each time. More varied samples a different one.")
         self.turnFinished.emit(ev)
         self.conversationsChanged.emit()
         if a.conversation_id == self.current_id:
@@ -258,6 +274,23 @@ class ChatController(QObject):
         self.turnFailed.emit(a.conversation_id)
         if a.conversation_id == self.current_id:
             self.generatingChanged.emit(self.is_generating())
+
+    def _name_from_first_reply(self, cid: str, reply: str) -> None:
+        """Rename a chat still called after its first question by what its first reply found
+        (chat_titles); a name the person gave is kept. Two chats never share a name this way."""
+        msgs = self.history.messages(cid)
+        users = [m for m in msgs if m.role == "user"]
+        conv = self.history.get_conversation(cid)
+        if len(users) != 1 or conv is None or conv.title != title_from(users[0].text, len(users[0].pictures)):
+            return
+        title = title_from_reply(users[0].text, reply)
+        if title is None:
+            return
+        taken = {c.title for c in self.history.list_conversations() if c.id != cid}
+        n, named = 2, title
+        while named in taken:
+            named, n = f"{title} ({n})", n + 1
+        self.history.rename(cid, named)
 
     # ------------------------------------------------------------ helpers
 

@@ -17,7 +17,7 @@ RELAYOUT_MIN_MS = 80  # a streaming reply that keeps growing re-flows the list a
 
 
 class ChatView(QListView):
-    actionTriggered = Signal(str, int)  # ("copy" | "edit" | "regenerate", message id)
+    actionTriggered = Signal(str, int)  # (a message_delegate.ACTION_LABELS key, message id)
     mimeDropped = Signal(QMimeData)  # pictures dropped on the conversation
 
     def __init__(self, model: MessageListModel, parent=None):
@@ -164,7 +164,16 @@ class ChatView(QListView):
             menu.addAction("Edit and resend", lambda: self.actionTriggered.emit("edit", mid))
         elif index.data(IsLastRole) and not index.data(StreamingRole):
             menu.addAction("Regenerate", lambda: self.actionTriggered.emit("regenerate", mid))
+            if self.delegate.offer_varied:
+                menu.addAction("Regenerate (more varied)", lambda: self.actionTriggered.emit("varied", mid))
         menu.exec(event.globalPos())
+
+    def offer_varied_regenerate(self, offer: bool) -> None:
+        """Show "More varied" beside Regenerate (while replies are greedy, a plain one repeats)."""
+        if offer != self.delegate.offer_varied:
+            self.delegate.offer_varied = offer
+            self.delegate.clear_caches()  # the footer's actions are part of each row's cached layout
+            self._relayout()
 
     def action_point(self, message_id: int, name: str) -> QPoint | None:
         """Viewport point of a message's action link (for tests and accessibility tools)."""

@@ -318,9 +318,13 @@ class Composer(QFrame):
         self.editing_message_id = None
         self.banner.hide()
 
-    def begin_edit(self, message_id: int, text: str, atts: list[Attachment]) -> None:
+    def begin_edit(self, message_id: int, text: str, atts: list[Attachment], later: int = 0) -> None:
+        """Edit a sent message; `later`: how many messages after its reply sending it removes."""
         self.clear()
         self.editing_message_id = message_id
+        self.banner_label.setText("Editing a message — sending it removes the "
+                                  + (f"{later} later message{'s' if later != 1 else ''}" if later else
+                                     "reply to it: its reply is asked again"))
         self.edit.setPlainText(text)
         self.add_attachments(atts)
         self.banner.show()

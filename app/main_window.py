@@ -55,6 +55,7 @@ class MainWindow(QMainWindow):
         self.model_ready = False
         self.model_path: str | None = None
         self.model_name = ""
+        self.edit_confirm: QMessageBox | None = None  # open while an edit waits for its go-ahead
         self._closed = False
         self._turn_t0: dict[int, float] = {}
 
@@ -101,6 +102,7 @@ class MainWindow(QMainWindow):
 
         build_status_bar(self)
         build_menus(self)
+        self.chat.offer_varied_regenerate(prefs.sampling().greedy)
         self._wire()
         self._restore_layout()
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
@@ -146,6 +148,8 @@ class MainWindow(QMainWindow):
         c.currentChanged.connect(self._on_current_changed)
         c.generatingChanged.connect(self.composer.set_generating)
         c.problem.connect(self.show_notice)
+        c.note.connect(lambda text: self.statusBar().showMessage(text, 12000))
+        c.conversationsChanged.connect(self._update_title)  # a chat named after its first reply
         self.retry.clicked.connect(self.notice.hide)
         self.sidebar.conversationActivated.connect(self._open)
         self.sidebar.newRequested.connect(self.new_chat)
@@ -241,10 +245,39 @@ class MainWindow(QMainWindow):
         self.notice.hide()
         editing = self.composer.editing_message_id
         if editing is not None:
+            later = self.controller.later_messages(editing)
+            if later:  # an edit drops the turns after it: say so, and go on only when told to
+                self._confirm_edit(editing, text, refs, later)
+                return
             self.controller.edit_and_resend(editing, text, refs)
         else:
             self.controller.send(text, refs)
         self.composer.clear()
+
+    def _confirm_edit(self, message_id: int, text: str, refs: list, later: list) -> None:
+        n = len(later)
+        box = QMessageBox(QMessageBox.Icon.Question, "Send the edited message?",
+                          f"Sending it removes the {n} later message{'s' if n != 1 else ''} of this chat.",
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, self)
+        first = " ".join(later[0].text.split())
+        first = first if len(first) <= 60 else first[:59] + "…"
+        box.setInformativeText(f"From “{first}” to the end; this cannot be undone." if first else
+                               "This cannot be undone.")
+        box.button(QMessageBox.StandardButton.Yes).setText(f"Send and remove {n}")
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+
+        def answered(button) -> None:
+            if box.standardButton(button) == QMessageBox.StandardButton.Yes and \
+                    self.composer.editing_message_id == message_id:
+                self.controller.edit_and_resend(message_id, text, refs)
+                self.composer.clear()
+
+        box.buttonClicked.connect(answered)
+        box.finished.connect(lambda _r: setattr(self, "edit_confirm", None))
+        box.finished.connect(box.deleteLater)
+        self.edit_confirm = box
+        box.open()
 
     def stop_or_cancel(self) -> None:
         if self.controller.is_generating():
@@ -277,9 +310,11 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Copied", 1500)
         elif name == "edit":
             atts = [self.intake.restore(r) for r in msg.pictures]
-            self.composer.begin_edit(message_id, msg.text, atts)
+            self.composer.begin_edit(message_id, msg.text, atts, len(self.controller.later_messages(message_id)))
         elif name == "regenerate":
             self.controller.regenerate(message_id)
+        elif name == "varied":
+            self.controller.regenerate(message_id, varied=True)
 
     def _open_link(self, href: str) -> None:
         url = QUrl(href)
@@ -299,9 +334,13 @@ class MainWindow(QMainWindow):
     def _on_current_changed(self, conversation_id: str) -> None:
         self.composer.switch_draft(conversation_id or None)
         self.sidebar.select(conversation_id or None)
-        conv = self.history.get_conversation(conversation_id) if conversation_id else None
-        self.setWindowTitle(f"{conv.title} — Parley" if conv else "Parley")
+        self._update_title()
         self._update_hints()
+
+    def _update_title(self) -> None:
+        cid = self.controller.current_id
+        conv = self.history.get_conversation(cid) if cid and not self._closed else None
+        self.setWindowTitle(f"{conv.title} — Parley" if conv else "Parley")
 
     def _on_tokens(self, turn_id: int, _cid: str, _text: str, _n: int) -> None:
         t0 = self._turn_t0.get(turn_id)
@@ -353,6 +392,7 @@ class MainWindow(QMainWindow):
         changes = dlg.save()
         if changes:
             self.bridge.update_settings(**changes)
+        self.chat.offer_varied_regenerate(self.prefs.sampling().greedy)
         apply_theme(QApplication.instance(), self.prefs.theme())
         self.refresh_icons()
         self.apply_api(self.prefs.api_config())  # nothing to do when the dialog already applied it

@@ -46,8 +46,12 @@ def mix(a: QColor, b: QColor, t: float) -> QColor:
                   round(a.blue() * (1 - t) + b.blue() * t))
 
 
+# "varied": regenerate once with sampling, offered while replies are greedy (a greedy repeat is the same text)
+ACTION_LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "varied": "More varied"}
+
+
 class MessageDelegate(QStyledItemDelegate):
-    actionTriggered = Signal(str, int)  # action name ("copy" | "edit" | "regenerate"), message id
+    actionTriggered = Signal(str, int)  # action name (an ACTION_LABELS key), message id
     pictureClicked = Signal(str)  # absolute path
     linkClicked = Signal(str)
 
@@ -64,6 +68,7 @@ class MessageDelegate(QStyledItemDelegate):
         self.last_stream_build_ms = 0.0  # what re-rendering the streaming reply cost last time
         self._reserved: dict[int, int] = {}  # streaming message id -> height reserved for it
         self._font_key = view.font().key()
+        self.offer_varied = False  # set through ChatView.offer_varied_regenerate
 
     def clear_caches(self) -> None:
         self._docs.clear()
@@ -166,7 +171,9 @@ class MessageDelegate(QStyledItemDelegate):
             names.append("edit")
         elif is_last and not it.streaming:
             names.append("regenerate")
-        labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate"}
+            if self.offer_varied:
+                names.append("varied")
+        labels = ACTION_LABELS
         # Actions sit under the bubble, on the side it is aligned to.
         cursor = int(bubble.right()) if user else int(bubble.left())
         spans = []
@@ -262,7 +269,7 @@ class MessageDelegate(QStyledItemDelegate):
             painter.drawText(QRect(left, geo.footer_y, tag_w, fm.height()), Qt.AlignmentFlag.AlignLeft, geo.tags)
         if show_actions:
             link = pal.color(QPalette.ColorRole.Link)
-            labels = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate"}
+            labels = ACTION_LABELS
             for name, rect in geo.actions:
                 hovered = self.hover == (mid, name)
                 f = painter.font()

@@ -62,6 +62,9 @@ def build_menus(window: MainWindow) -> None:
     edit.addSeparator()
     window.act_regen = edit.addAction("Regenerate reply", lambda: window.controller.regenerate())
     window.act_regen.setShortcut(QKeySequence("Ctrl+R"))
+    window.act_regen_varied = edit.addAction("Regenerate reply (more varied)",
+                                             lambda: window.controller.regenerate(varied=True))
+    window.act_regen_varied.setShortcut(QKeySequence("Ctrl+Shift+R"))
     window.act_stop = edit.addAction("Stop reply", window.stop_or_cancel)
     window.act_stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
     window.act_stop.setShortcutContext(Qt.ShortcutContext.WindowShortcut)

@@ -40,8 +40,9 @@ def test_send_streams_a_reply_and_saves_it(make_window, qtbot, tmp_path):
     assert [(m.role, m.status) for m in stored] == [("user", COMPLETE), ("assistant", COMPLETE)]
     assert stored[1].text == reply.text
     assert w.history.picture_path(stored[0].pictures[0]).read_bytes() == pic.read_bytes()
-    # the sidebar shows the conversation, titled after the question
-    assert [r.title for r in w.sidebar.model.rows] == ["What is in this picture?"]
+    # the sidebar shows the conversation, titled after what its first reply found
+    from app.chat_titles import title_from_reply
+    assert [r.title for r in w.sidebar.model.rows] == [title_from_reply("What is in this picture?", reply.text)]
     assert "tok/s" in w.speed_label.text()
 
 
@@ -99,6 +100,8 @@ def test_edit_and_resend_truncates_what_followed(make_window, qtbot):
     w.composer.edit.selectAll()
     qtbot.keyClicks(w.composer.edit, "changed question")
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    from PySide6.QtWidgets import QMessageBox
+    w.edit_confirm.button(QMessageBox.StandardButton.Yes).click()  # "removes the 2 later messages"
     wait_reply(qtbot, w)
     items = w.messages.items()
     assert [(i.role, i.text if i.role == "user" else "") for i in items] == [

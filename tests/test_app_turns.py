@@ -1,0 +1,112 @@
+"""Turn actions and chat names from issue 27: editing an earlier message says what it removes before
+it happens, Regenerate explains a repeat and offers a sampled one, and a chat is named after what
+its first reply found (the window title follows)."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+
+from app.chat_titles import title_from_reply
+from tests.test_app_support import click_action, make_window, send, wait_reply  # noqa: F401
+
+
+def test_editing_an_earlier_message_names_what_goes_and_asks_first(make_window, qtbot):
+    w = make_window(max_new_tokens=6)
+    for q in ("first question", "second question", "third question"):
+        send(qtbot, w, q)
+        wait_reply(qtbot, w)
+    first = w.messages.items()[0]
+    click_action(qtbot, w, first.id, "edit")
+    assert "removes the 4 later messages" in w.composer.banner_label.text()
+    w.composer.edit.selectAll()
+    qtbot.keyClicks(w.composer.edit, "changed question")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    box = w.edit_confirm
+    assert box is not None and box.isVisible()
+    assert "4 later messages" in box.text() and "second question" in box.informativeText()
+    assert len(w.history.messages(w.controller.current_id)) == 6  # nothing removed yet
+
+    box.button(QMessageBox.StandardButton.Cancel).click()
+    assert len(w.history.messages(w.controller.current_id)) == 6 and not w.controller.is_generating()
+    assert w.composer.editing_message_id == first.id and w.composer.text() == "changed question"
+
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    w.edit_confirm.button(QMessageBox.StandardButton.Yes).click()
+    wait_reply(qtbot, w)
+    assert [m.text for m in w.history.messages(w.controller.current_id)][0] == "changed question"
+    assert len(w.history.messages(w.controller.current_id)) == 2
+
+    # the last question: only its own reply is replaced, as the banner says, and nothing is asked
+    last = w.messages.items()[0]
+    click_action(qtbot, w, last.id, "edit")
+    assert w.composer.banner_label.text().endswith("its reply is asked again")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    assert w.edit_confirm is None or not w.edit_confirm.isVisible()
+    wait_reply(qtbot, w)
+    assert len(w.history.messages(w.controller.current_id)) == 2
+
+
+def test_regenerate_more_varied_samples_once_and_a_greedy_repeat_says_why(make_window, qtbot):
+    w = make_window(max_new_tokens=24)
+    sent = []
+    w.bridge.turnStarted.connect(lambda ev: sent.append(ev))
+    send(qtbot, w, "How many people can you see?")
+    wait_reply(qtbot, w)
+    first = w.messages.items()[-1]
+
+    click_action(qtbot, w, first.id, "regenerate")
+    wait_reply(qtbot, w)
+    again = w.messages.items()[-1]
+    assert again.text == first.text  # greedy decoding: the same words
+    assert "greedy" in w.statusBar().currentMessage() and "More varied" in w.statusBar().currentMessage()
+
+    click_action(qtbot, w, again.id, "varied")
+    wait_reply(qtbot, w)
+    varied = w.messages.items()[-1]
+    assert varied.text != first.text
+    assert len(w.messages.items()) == 2
+    assert w.prefs.sampling().greedy  # only that one regeneration sampled
+
+    click_action(qtbot, w, varied.id, "regenerate")  # and the next plain one is greedy again
+    wait_reply(qtbot, w)
+    assert w.messages.items()[-1].text == first.text
+
+
+def test_a_chat_is_named_from_its_first_reply_and_the_window_title_follows(make_window, qtbot):
+    w = make_window(max_new_tokens=12)
+    send(qtbot, w, "What is in this picture?")
+    wait_reply(qtbot, w)
+    conv = w.history.get_conversation(w.controller.current_id)
+    reply = w.messages.items()[-1].text
+    assert conv.title == title_from_reply("What is in this picture?", reply) != "What is in this picture?"
+    assert w.windowTitle() == f"{conv.title} — Parley"
+    first_title = conv.title
+
+    w.new_chat()  # the same question again: the same greedy reply, yet the two chats read apart
+    send(qtbot, w, "What is in this picture?")
+    wait_reply(qtbot, w)
+    second = w.history.get_conversation(w.controller.current_id)
+    assert second.title == f"{first_title} (2)" and w.windowTitle() == f"{second.title} — Parley"
+
+    w.controller.rename(second.id, "Mine")  # a name the person gave stays, and the title follows it
+    assert w.windowTitle() == "Mine — Parley"
+    send(qtbot, w, "And now?")
+    wait_reply(qtbot, w)
+    assert w.history.get_conversation(second.id).title == "Mine"
+
+
+@pytest.mark.parametrize("question, reply, title", [
+    ("What is in this picture?",
+     "A red circle at the top left, a blue square on the right and a green triangle at the bottom.",
+     "Red circle, blue square, green triangle"),
+    ("What is in this picture?", "A yellow star at the top right and a purple heart on the left.",
+     "Yellow star, purple heart"),
+    ("Where is the red circle?", "The red circle is at the top left.", "Where is the red circle? Top left"),
+    ("What shape is on the left?", "A blue square is on the left.", "What shape is on the left? Blue square"),
+    ("How many people can you see?", "There are two people in the picture.", "How many people can you see? Two"),
+    ("", "The image shows a cat sitting on a wooden table next to a laptop.", "Cat sitting, wooden table, laptop"),
+    ("What is in this picture?", "It is.", None),  # nothing to name it by: the question stays
+])
+def test_titles_from_the_first_reply(question, reply, title):
+    assert title_from_reply(question, reply) == title

@@ -11,7 +11,8 @@ import re
 
 from .history import DEFAULT_TITLE
 
-MAX_CHARS = 48
+MAX_CHARS = 48  # a question's own name
+MAX_REPLY_TITLE_CHARS = 40  # about what a 260 px sidebar shows in bold
 MAX_QUESTION_CHARS = 34  # a longer question names its chat well enough alone
 
 # words that say nothing about what a picture holds
@@ -79,7 +80,7 @@ def title_from_reply(question: str, reply: str) -> str | None:
     title = head
     for text in found:
         piece = text if not title else (f"{title} {text}" if title == head else f"{title}, {text}")
-        if len(piece) > MAX_CHARS:
+        if len(piece) > MAX_REPLY_TITLE_CHARS:
             break
         title = piece
     if title == head:  # not even one finding fits beside the question

@@ -25,6 +25,7 @@ def test_editing_an_earlier_message_names_what_goes_and_asks_first(make_window, 
     box = w.edit_confirm
     assert box is not None and box.isVisible()
     assert "4 later messages" in box.text() and "second question" in box.informativeText()
+    assert box.sizeHint().height() < 648  # fits a 1280x720 screen, as every dialog (test_app_layout)
     assert len(w.history.messages(w.controller.current_id)) == 6  # nothing removed yet
 
     box.button(QMessageBox.StandardButton.Cancel).click()

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from engine.events import Message, Sampling, Token, Turn, TurnDone, TurnFailed
+from engine.protocol.events import Message, Sampling, Token, Turn, TurnDone, TurnFailed
 from tests.remote_servers import StubServer, _Base, _chunk, remote
 
 pytest.importorskip("openai")

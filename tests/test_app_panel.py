@@ -25,7 +25,8 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     assert f"({report.components['vision_encoder']:,} B)" in w.memory_dock.component_text("vision_encoder")
     cid = w.controller.current_id
     assert report.sessions_kv[cid] > 0
-    assert f"what is this: " in w.memory_dock.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.memory_dock.kv.text()
+    title = w.history.get_conversation(cid).title  # named from its first reply (app/chat_titles.py)
+    assert f"{title}: " in w.memory_dock.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.memory_dock.kv.text()
     assert report.device_name in w.memory_dock.device.text()
     assert w.memory_dock.bar.total == report.total_bytes
     # last turn timings arrived with TurnDone
@@ -108,7 +109,8 @@ def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path)
     qtbot.mouseClick(w.memory_dock.spill, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: any(s.state == "spilled" for s in states), timeout=30000)
     assert [s.conversation_id for s in states if s.state == "spilled"] == [w.controller.current_id]
-    qtbot.waitUntil(lambda: w.memory_dock.kv.text().startswith("hi: not in memory · spilled — "), timeout=5000)
+    title = w.history.get_conversation(w.controller.current_id).title
+    qtbot.waitUntil(lambda: w.memory_dock.kv.text().startswith(f"{title}: not in memory · spilled — "), timeout=5000)
     assert w.memory_dock.kv.text().count("\n") == 0  # one conversation, one line
     qtbot.waitUntil(lambda: w.memory_dock.store_details.labels.get("store_blocks_written") is not None, timeout=5000)
     assert int(w.memory_dock.store_details.labels["store_blocks_written"].text()) >= 1  # a partial block counts

@@ -47,8 +47,7 @@ class TurnPipeline:
             turn.conversation_id = self.sessions.match_stateless(prompt, self.memory.release_session)
         cid = turn.conversation_id
         session = self.sessions.open(cid)
-        session.last_used = time.monotonic()
-        session.version += 1
+        session.begin_turn()
         self.memory.turn_started(cid)
         try:
             self.spill_scheduler.cancel_for(cid)
@@ -65,7 +64,7 @@ class TurnPipeline:
             )
         finally:
             self.memory.turn_ended()
-        session.last_used = time.monotonic()
+        session.touch()
         stats = self._stats(result, restored, restore_s, gstats, spilled)
         return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped)
 

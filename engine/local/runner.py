@@ -58,12 +58,6 @@ def prefill_chunks(start: int, end: int, pictures, chunk: int) -> list[tuple[int
     return out
 
 
-def _crop_to(cache, n_tokens: int) -> None:
-    extra = cache.get_seq_length() - n_tokens
-    if extra > 0:
-        cache.crop(-extra)  # this transformers takes only "remove N" here
-
-
 def _decode_positions(index: int, n: int, delta: int, mrope: bool, device) -> torch.Tensor:
     pos = torch.arange(index + delta, index + delta + n, device=device).unsqueeze(0)
     return pos.unsqueeze(0).expand(3, 1, n) if mrope else pos
@@ -91,23 +85,19 @@ def run_turn(
 
     # 1. longest reusable prefix; crop the cache back to it
     reuse = session.reusable_prefix(prompt)
-    if session.cache is None or reuse == 0:
-        session.cache = DynamicCache(config=model.config)
-        reuse = 0
-    elif session.cached_tokens > reuse:
-        session.cache.crop(reuse - session.cached_tokens)
+    full_pos, delta = position_ids(loaded, prompt, entries)
+    if reuse == 0:
+        session.reset_to(prompt, 0, DynamicCache(config=model.config), rope_delta=delta)
+    else:
+        session.reset_to(prompt, reuse, rope_delta=delta)
 
     # 2. only pictures whose tokens lie in the suffix need features
     suffix_entries = [e for e, p in zip(entries, prompt.pictures) if p.start >= reuse]
     ensure_features(suffix_entries)
 
     # 3. prefill the suffix in chunks (bounded attention memory on long conversations);
-    #    the cache always holds exactly session.tags, so a failure or stop leaves it consistent
-    full_pos, delta = position_ids(loaded, prompt, entries)
+    #    the session grows with each chunk, so a failure or stop leaves it consistent
     t0 = time.perf_counter()
-    session.tags = list(prompt.tags[:reuse])
-    session.pictures = [p for p in prompt.pictures if p.end <= reuse]
-    session.rope_delta = delta
     out = None
     for a, b in prefill_chunks(reuse, L, prompt.pictures, chunk_tokens):
         kwargs = {}
@@ -124,11 +114,10 @@ def run_turn(
         except Exception:
             session.drop_kv()  # a half-written cache must never be reused
             raise
-        session.tags.extend(prompt.tags[a:b])
-        session.pictures = [p for p in prompt.pictures if p.end <= b]
+        session.grow_to(prompt, b)
     prefill_s = time.perf_counter() - t0
 
-    # 4. decode; the cache always holds exactly `session.tags`
+    # 4. decode; the session takes each token the cache was given
     detok = IncrementalDetokenizer(loaded.tokenizer)
     generated: list[int] = []
     text_parts: list[str] = []
@@ -145,8 +134,7 @@ def run_turn(
         if should_stop():
             stopped = True
             if verified:  # the cache ran ahead of what was sent: crop it back
-                del session.tags[len(session.tags) - len(verified):]
-                _crop_to(session.cache, len(session.tags))
+                session.crop(session.cached_tokens - len(verified))
             break
         in_cache = bool(verified)
         tok = verified.pop(0) if in_cache else sampler(logits)
@@ -168,7 +156,7 @@ def run_turn(
             drafter.append(tok)
             # room is left for the model's own last token, as plain decoding never feeds it
             draft = drafter.draft(sampling.max_new_tokens - len(generated) - 1)
-        index = len(session.tags)
+        index = session.cached_tokens
         ids = [tok] + draft
         try:
             out = model(
@@ -179,15 +167,14 @@ def run_turn(
         except Exception:
             session.drop_kv()
             raise
-        session.tags.append(tok)
         if not draft:
+            session.append([tok])
             logits = out.logits[0, -1]
             continue
         choices = out.logits[0].argmax(-1).tolist()  # choices[i]: greedy token after ids[:i + 1]
         n_ok = accepted_prefix(draft, choices)
-        _crop_to(session.cache, index + 1 + n_ok)  # drop the KV of the rejected draft tokens
+        session.append([tok] + draft[:n_ok])  # the KV of the rejected draft tokens is dropped
         for t in draft[:n_ok]:
-            session.tags.append(t)
             drafter.append(t)
         verified = draft[:n_ok]
         logits = out.logits[0, n_ok]

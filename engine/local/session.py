@@ -1,35 +1,78 @@
-"""A conversation's hot state: the tokens its KV cache holds and the cache itself."""
+"""A conversation's hot state: the tokens its KV cache holds and the cache itself.
+
+Session is the only owner of that state. Its invariant: `cache` holds the KV of exactly
+`tags` (None: nothing is held). Every change goes through a method here, each of which keeps
+the two together; the fields are read-only properties to everyone else.
+"""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from .prompt import PicturePlacement, Prompt
 
 
-@dataclass
 class Session:
-    conversation_id: str
-    tags: list = field(default_factory=list)  # one per cached position (see prompt.Prompt.tags)
-    cache: object | None = None  # transformers DynamicCache
-    rope_delta: int = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
-    pictures: list[PicturePlacement] = field(default_factory=list)
-    last_used: float = field(default_factory=time.monotonic)
-    version: int = 0  # bumped by every turn: a spill finishing later must not free newer KV
-    spilled: bool = False  # its KV lives in the SSD store (restored on the next turn)
+    def __init__(self, conversation_id: str):
+        self._conversation_id = conversation_id
+        self._tags: list = []  # one per cached position (see prompt.Prompt.tags)
+        self._cache: object | None = None  # transformers DynamicCache
+        self._rope_delta = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
+        self._pictures: list[PicturePlacement] = []
+        self._last_used = time.monotonic()
+        self._version = 0  # bumped by every turn: a spill finishing later must not free newer KV
+
+    # ------------------------------------------------------------ read-only state
+
+    @property
+    def conversation_id(self) -> str:
+        return self._conversation_id
+
+    @property
+    def tags(self) -> tuple:
+        return tuple(self._tags)
+
+    @property
+    def cache(self):
+        return self._cache
+
+    @property
+    def rope_delta(self) -> int:
+        return self._rope_delta
+
+    @property
+    def pictures(self) -> tuple[PicturePlacement, ...]:
+        return tuple(self._pictures)
+
+    @property
+    def last_used(self) -> float:
+        return self._last_used
+
+    @property
+    def version(self) -> int:
+        return self._version
 
     @property
     def cached_tokens(self) -> int:
-        return len(self.tags) if self.cache is not None else 0
+        return len(self._tags) if self._cache is not None else 0
+
+    def kv_bytes(self) -> int:
+        if self._cache is None:
+            return 0
+        total = 0
+        for layer in getattr(self._cache, "layers", []):
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if t is not None and hasattr(t, "numel"):
+                    total += t.numel() * t.element_size()
+        return total
 
     def reusable_prefix(self, prompt: Prompt) -> int:
         """Longest prefix of `prompt` whose KV this session holds, never the whole prompt (the
         last token must be run to get logits) and never cutting through a picture."""
-        if self.cache is None:
+        if self._cache is None:
             return 0
-        limit = min(len(self.tags), len(prompt.tags) - 1)
+        limit = min(len(self._tags), len(prompt.tags) - 1)
         n = 0
-        old, new = self.tags, prompt.tags
+        old, new = self._tags, prompt.tags
         while n < limit and old[n] == new[n]:
             n += 1
         for p in prompt.pictures:
@@ -37,18 +80,55 @@ class Session:
                 n = p.start
         return n
 
-    def kv_bytes(self) -> int:
-        if self.cache is None:
-            return 0
-        total = 0
-        for layer in getattr(self.cache, "layers", []):
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if t is not None and hasattr(t, "numel"):
-                    total += t.numel() * t.element_size()
-        return total
+    # ------------------------------------------------------------ changes
+
+    def touch(self) -> None:
+        self._last_used = time.monotonic()
+
+    def begin_turn(self) -> None:
+        """A turn of this conversation starts: a spill begun before it must not free its KV."""
+        self.touch()
+        self._version += 1
+
+    def reset_to(self, prompt: Prompt, n: int, cache=None, rope_delta: int = 0) -> None:
+        """Hold the first `n` tokens of `prompt`: in `cache` when given (it holds exactly them:
+        a fresh cache for n = 0, or one restored from the store), else in this session's own
+        cache cropped to them (they must be a reusable prefix)."""
+        if cache is not None:
+            self._cache = cache
+        elif self._cache is None or n > len(self._tags):
+            raise ValueError(f"the session holds {self.cached_tokens} tokens, not {n}")
+        elif len(self._tags) > n:
+            self._cache.crop(n - len(self._tags))
+        self._tags = list(prompt.tags[:n])
+        self._pictures = [p for p in prompt.pictures if p.end <= n]
+        self._rope_delta = rope_delta
+
+    def grow_to(self, prompt: Prompt, end: int) -> None:
+        """The cache was given `prompt`'s tokens up to `end` (the session held a prefix of it)."""
+        self._tags.extend(prompt.tags[len(self._tags):end])
+        self._pictures = [p for p in prompt.pictures if p.end <= end]
+
+    def append(self, tokens: list[int]) -> None:
+        """The cache was given `tokens` (decoded text), perhaps followed by draft tokens that were
+        rejected: those are cropped off."""
+        self._tags.extend(tokens)
+        self._crop_cache(len(self._tags))
+
+    def crop(self, n: int) -> None:
+        """Keep only the first `n` tokens (a reply stopped after its cache ran ahead)."""
+        del self._tags[n:]
+        self._pictures = [p for p in self._pictures if p.end <= n]
+        self._crop_cache(n)
 
     def drop_kv(self) -> None:
-        self.cache = None
-        self.tags = []
-        self.pictures = []
-        self.rope_delta = 0
+        """Hold nothing (freed, or a half-written cache that must never be reused)."""
+        self._cache = None
+        self._tags = []
+        self._pictures = []
+        self._rope_delta = 0
+
+    def _crop_cache(self, n: int) -> None:
+        extra = self._cache.get_seq_length() - n
+        if extra > 0:
+            self._cache.crop(-extra)  # this transformers takes only "remove N" here

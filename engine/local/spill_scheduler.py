@@ -157,7 +157,6 @@ class SpillScheduler:
         self.last_spill[cid] = CommittedSpill(result.blocks_written + result.tail_written, result.reused_blobs)
         if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
             r.session.drop_kv()
-            r.session.spilled = True
         self.emit(SpillState(cid, "spilled", f"{result.blocks_written + result.tail_written} written, "
                                              f"{result.reused_blobs} reused"))
 
@@ -201,13 +200,8 @@ class SpillScheduler:
             return 0
         if res.cache is None or res.n_tokens <= 0:
             return 0
-        n = res.n_tokens
-        session.cache = res.cache
-        session.tags = list(prompt.tags[:n])
-        session.pictures = [p for p in prompt.pictures if p.end <= n]
-        session.rope_delta = int((res.state or {}).get("rope_delta", 0))
-        session.spilled = False
-        return n
+        session.reset_to(prompt, res.n_tokens, res.cache, rope_delta=int((res.state or {}).get("rope_delta", 0)))
+        return res.n_tokens
 
     def take_committed(self, conversation_id: str) -> CommittedSpill:
         """The spill committed since the conversation's previous turn (none: all zero)."""

@@ -72,7 +72,11 @@ def test_prompt_ids_equal_the_processor(family, tiny_model, tmp_path, pictures):
     prompt = build_prompt(ref.loaded, render(ref.loaded.processor, messages, None), entries)
     expected, _ = ref.prompt_ids(messages)
     assert prompt.ids == expected
-    assert [p.n_tokens for p in prompt.pictures] == [e.n_tokens for e in entries]
+    assert [c.n_tokens for c in prompt.picture_chunks] == [e.n_tokens for e in entries]
+    # the chunks tile the prompt in order: text, picture, ..., each picture whole and with its key
+    assert [t for c in prompt.chunks for t in c.ids] == expected
+    assert all(a.end == b.start for a, b in zip(prompt.chunks, prompt.chunks[1:]))
+    assert [c.key for c in prompt.picture_chunks] == [e.key for e in entries]
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
@@ -121,9 +125,9 @@ def test_same_tokens_for_a_different_picture_are_not_reused(tiny_model, tmp_path
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "idefics3"])
 def test_chunked_prefill_is_exact_and_never_splits_a_picture(family, tiny_model, tmp_path, pictures):
     from engine.local.runner import prefill_chunks
-    from engine.local.prompt import PicturePlacement
+    from engine.pictures.span import PictureKey, PictureSpan
 
-    spans = [PicturePlacement(b"k", 10, 30, 20)]
+    spans = (PictureSpan(10, 30, PictureKey(b"k")),)
     chunks = prefill_chunks(0, 50, spans, 7)
     assert chunks[0] == (0, 7) and (7, 10) in chunks and (10, 30) in chunks
     assert sum(b - a for a, b in chunks) == 50

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from engine.kvstore import KVStore, UnsupportedCache
+from engine.pictures.span import PictureKey, PictureSpan
 from engine.kvstore.blob import blob_path
 from tests.kv_helpers import (  # noqa: F401 (store: the fixture)
     NS, assert_prefix, blob_files, cache_of, grow, make_kv, store, tokens,
@@ -70,11 +71,11 @@ def test_restore_prefix_when_prompt_extends_or_diverges(store):
 def test_pictures_are_part_of_the_key(store):
     n = 64
     kv, toks = make_kv(n), tokens(n)
-    pics = [(20, 30, b"picture-A")]
+    pics = [PictureSpan(20, 30, PictureKey(b"picture-A"))]
     assert store.spill("a", toks, pics, cache_of(kv)).ok
     assert_prefix(store.restore("a", toks, pics), kv, n)
     # same token ids, another picture: only the blocks before the picture are valid
-    out = store.restore("a", toks, [(20, 30, b"picture-B")])
+    out = store.restore("a", toks, [PictureSpan(20, 30, PictureKey(b"picture-B"))])
     assert_prefix(out, kv, 16)
     # a restore never ends inside a picture
     assert_prefix(store.restore("a", toks, pics, max_tokens=25), kv, 20)
@@ -83,9 +84,9 @@ def test_pictures_are_part_of_the_key(store):
 def test_picture_difference_inside_the_tail(store):
     n = 40  # 2 blocks + tail of 8 (positions 32..39)
     kv, toks = make_kv(n), tokens(n)
-    assert store.spill("a", toks, [(34, 37, b"P")], cache_of(kv)).ok
-    assert_prefix(store.restore("a", toks, [(34, 37, b"Q")]), kv, 34)
-    assert_prefix(store.restore("a", toks, [(34, 37, b"P")]), kv, 40)
+    assert store.spill("a", toks, [PictureSpan(34, 37, PictureKey(b"P"))], cache_of(kv)).ok
+    assert_prefix(store.restore("a", toks, [PictureSpan(34, 37, PictureKey(b"Q"))]), kv, 34)
+    assert_prefix(store.restore("a", toks, [PictureSpan(34, 37, PictureKey(b"P"))]), kv, 40)
 
 
 # ---------------------------------------------------------------------- incremental spill

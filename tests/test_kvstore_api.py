@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from engine.kvstore import KVStore, KVStoreError
+from engine.pictures.span import PictureKey, PictureSpan
 from engine.kvstore.layout import build_cache
 
 NS = b"api-model"
@@ -134,7 +135,7 @@ def test_refuses_cache_without_layers_and_bad_arguments(store):
     with pytest.raises(ValueError):
         store.begin_spill("a", list(range(11)), [], build_cache(kv))   # more ids than cached tokens
     with pytest.raises(ValueError):
-        store.begin_spill("a", list(range(10)), [(5, 12, b"p")], build_cache(kv))
+        store.begin_spill("a", list(range(10)), [PictureSpan(5, 12, PictureKey(b"p"))], build_cache(kv))
     with pytest.raises(TypeError):
         store.begin_spill("a", list(range(10)), [], build_cache(kv), {"x": object()})
     assert store.sessions() == []

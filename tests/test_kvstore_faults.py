@@ -26,6 +26,7 @@ NS = b"crash-model"
 HELPERS = r'''
 import torch
 from transformers import DynamicCache
+from engine.pictures.span import PictureKey, PictureSpan
 
 def crash_tokens(sid, n):
     group = int(sid[1:]) % 2          # s0/s2 and s1/s3 share their first 40 tokens
@@ -38,7 +39,7 @@ def crash_tokens(sid, n):
     return out
 
 def crash_pictures(n):
-    return [(20, 30, b"picture-1")] if n >= 30 else []
+    return [PictureSpan(20, 30, PictureKey(b"picture-1"))] if n >= 30 else []
 
 def crash_kv(toks, layers=3, heads=2, dim=8):
     t = torch.tensor(toks, dtype=torch.float32)[None, :, None]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.kvstore import KVStore
+from engine.pictures.span import PictureKey, PictureSpan
 from engine.kvstore.blob import blob_path
 from tests.kv_helpers import NS, assert_prefix, cache_of, grow, make_kv, store, tokens  # noqa: F401 (fixture)
 
@@ -90,18 +91,18 @@ def test_persistence_across_restart(tmp_path):
     root = str(tmp_path / "kv")
     kv, toks = make_kv(100, dtype=torch.bfloat16), tokens(100)
     s = KVStore(root, NS, block_tokens=16, min_free_bytes=0)
-    assert s.spill("a", toks[:70], [(3, 9, b"img")], cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
+    assert s.spill("a", toks[:70], [PictureSpan(3, 9, PictureKey(b"img"))], cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
                    {"rope_deltas": torch.tensor([[2]]), "note": "x"}).ok
     with pytest.raises(Exception):
         KVStore(root, NS)  # one process at a time
     s.close()
     s = KVStore(root, NS, block_tokens=16, min_free_bytes=0)
     assert s.sweep_report["orphans_removed"] == 0
-    out = s.restore("a", toks[:70], [(3, 9, b"img")])
+    out = s.restore("a", toks[:70], [PictureSpan(3, 9, PictureKey(b"img"))])
     assert_prefix(out, kv, 70)
     assert out.state["note"] == "x" and torch.equal(out.state["rope_deltas"], torch.tensor([[2]]))
     # the memo survived: the follow-up spill after the restart writes only the new blocks
-    r = s.spill("a", toks, [(3, 9, b"img")], cache_of(kv))
+    r = s.spill("a", toks, [PictureSpan(3, 9, PictureKey(b"img"))], cache_of(kv))
     assert r.reused_blobs == 4 and r.blocks_written == 6 - 4 and r.tail_written == 1
     s.close()
 

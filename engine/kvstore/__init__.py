@@ -10,11 +10,12 @@ One-way chain, each module using only the ones before it:
   store                                              KVStore: the thin facade the engine uses
 """
 from .errors import KVStoreError, StoreUnavailable, UnsupportedCache
-from .keys import PictureSpan, block_keys, namespace_digest
+from ..pictures.span import PictureSpan
+from .keys import BlockKey, block_keys, namespace_digest
 from .layout import KVLayout, model_refusal
 from .restore import RestoreResult
 from .spill_job import SpillJob, SpillResult
 from .store import KVStore
 
 __all__ = ["KVStore", "SpillJob", "SpillResult", "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache",
-           "PictureSpan", "KVLayout", "block_keys", "namespace_digest", "model_refusal"]
+           "PictureSpan", "BlockKey", "KVLayout", "block_keys", "namespace_digest", "model_refusal"]

@@ -8,37 +8,23 @@ salted per process and far too short.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NewType, Sequence
 
 import blake3
 import numpy as np
 
+from ..pictures.span import PictureSpan
+
+# A block's (or tail's) content key: names the KV of its whole prefix, tokens and pictures.
+BlockKey = NewType("BlockKey", bytes)
+
 KEY_BYTES = 32
-ZERO_KEY = bytes(KEY_BYTES)  # parent of the first block
+ZERO_KEY = BlockKey(bytes(KEY_BYTES))  # parent of the first block
 FORMAT_VERSION = 1  # bump when the key derivation or the blob layout changes
 
 _NS_TAG = b"parley.kvstore.namespace\x00"
 _BLOCK_TAG = b"parley.kvstore.block\x00"
 _TAIL_TAG = b"parley.kvstore.tail\x00"
-
-
-@dataclass(frozen=True, order=True)
-class PictureSpan:
-    """A picture's tokens occupy positions [start, end) of the sequence."""
-    start: int
-    end: int
-    key: bytes
-
-    def overlaps(self, a: int, b: int) -> bool:
-        return self.start < b and self.end > a
-
-    def to_json(self) -> list:
-        return [self.start, self.end, self.key.hex()]
-
-    @staticmethod
-    def from_json(item: Sequence[Any]) -> "PictureSpan":
-        return PictureSpan(int(item[0]), int(item[1]), bytes.fromhex(item[2]))
 
 
 def normalize_tokens(token_ids: Any) -> np.ndarray:
@@ -53,17 +39,12 @@ def normalize_tokens(token_ids: Any) -> np.ndarray:
     return arr
 
 
-def normalize_pictures(spans: Iterable[Any] | None) -> tuple[PictureSpan, ...]:
-    """Picture spans as sorted PictureSpan tuples; accepts (start, end, key) triples."""
+def normalize_pictures(spans: Iterable[PictureSpan] | None) -> tuple[PictureSpan, ...]:
+    """Picture spans checked and sorted (the order their keys are hashed in)."""
     out = []
-    for s in spans or ():
-        if isinstance(s, PictureSpan):
-            span = s
-        else:
-            start, end, key = s
-            if isinstance(key, str):
-                key = key.encode("utf-8")
-            span = PictureSpan(int(start), int(end), bytes(key))
+    for span in spans or ():
+        if not isinstance(span, PictureSpan):
+            raise TypeError(f"picture spans are PictureSpan, not {type(span).__name__}")
         if not (0 <= span.start < span.end):
             raise ValueError(f"bad picture span {span.start}..{span.end}")
         if not span.key or len(span.key) > 0xFFFF:
@@ -90,24 +71,24 @@ def _pictures_bytes(pictures: Sequence[PictureSpan], a: int, b: int) -> bytes:
     return struct.pack("<I", len(parts)) + b"".join(parts)
 
 
-def _chunk_key(tag: bytes, ns: bytes, parent: bytes, tokens: np.ndarray, a: int, b: int,
-               pictures: Sequence[PictureSpan]) -> bytes:
+def _chunk_key(tag: bytes, ns: bytes, parent: BlockKey, tokens: np.ndarray, a: int, b: int,
+               pictures: Sequence[PictureSpan]) -> BlockKey:
     h = blake3.blake3(tag)
     h.update(ns)
     h.update(parent)
     h.update(struct.pack("<qI", a, b - a))
     h.update(memoryview(tokens[a:b]).cast("B"))  # fixed-width little-endian int64
     h.update(_pictures_bytes(pictures, a, b))
-    return h.digest()
+    return BlockKey(h.digest())
 
 
 def block_keys(ns: bytes, tokens: np.ndarray, pictures: Sequence[PictureSpan],
-               block_tokens: int, limit_blocks: int | None = None) -> list[bytes]:
+               block_tokens: int, limit_blocks: int | None = None) -> list[BlockKey]:
     """Chained keys of the full blocks of `tokens` (a trailing partial block gets none)."""
     n_blocks = len(tokens) // block_tokens
     if limit_blocks is not None:
         n_blocks = min(n_blocks, limit_blocks)
-    keys: list[bytes] = []
+    keys: list[BlockKey] = []
     parent = ZERO_KEY
     for i in range(n_blocks):
         a = i * block_tokens
@@ -116,7 +97,7 @@ def block_keys(ns: bytes, tokens: np.ndarray, pictures: Sequence[PictureSpan],
     return keys
 
 
-def tail_key(ns: bytes, parent: bytes, tokens: np.ndarray, start: int,
-             pictures: Sequence[PictureSpan]) -> bytes:
+def tail_key(ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int,
+             pictures: Sequence[PictureSpan]) -> BlockKey:
     """Key of the tokens past the last full block (its own domain: never equal to a block key)."""
     return _chunk_key(_TAIL_TAG, ns, parent, tokens, start, len(tokens), pictures)

@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..pictures.span import PictureKey, PictureSpan
 from ..platform.files import sqlite_durable
-from .keys import KEY_BYTES, PictureSpan
+from .keys import KEY_BYTES, BlockKey
 from .layout import KVLayout
 
 SCHEMA_VERSION = 1
@@ -90,8 +91,8 @@ class SessionRow:
     id: str
     namespace: bytes
     block_tokens: int
-    block_keys: list[bytes]
-    tail_key: bytes | None
+    block_keys: list[BlockKey]
+    tail_key: BlockKey | None
     tail_tokens: int
     n_tokens: int
     pictures: tuple[PictureSpan, ...]
@@ -100,7 +101,7 @@ class SessionRow:
     bytes: int = 0
     last_used: float = field(default_factory=time.time)
 
-    def keys(self) -> list[bytes]:
+    def keys(self) -> list[BlockKey]:
         return self.block_keys + ([self.tail_key] if self.tail_key else [])
 
     @property
@@ -108,15 +109,23 @@ class SessionRow:
         return decode_state(self.state_json)
 
 
-def _split_keys(blob: bytes) -> list[bytes]:
-    return [bytes(blob[i:i + KEY_BYTES]) for i in range(0, len(blob), KEY_BYTES)]
+def _split_keys(blob: bytes) -> list[BlockKey]:
+    return [BlockKey(bytes(blob[i:i + KEY_BYTES])) for i in range(0, len(blob), KEY_BYTES)]
+
+
+def _span_json(p: PictureSpan) -> list:
+    return [p.start, p.end, p.key.hex()]
+
+
+def _span_from_json(item: list) -> PictureSpan:
+    return PictureSpan(int(item[0]), int(item[1]), PictureKey(bytes.fromhex(item[2])))
 
 
 def _row(r: tuple) -> SessionRow:
     return SessionRow(
         id=r[0], namespace=bytes(r[1]), block_tokens=r[2], block_keys=_split_keys(r[3]),
-        tail_key=bytes(r[4]) if r[4] is not None else None, tail_tokens=r[5], n_tokens=r[6],
-        pictures=tuple(PictureSpan.from_json(p) for p in json.loads(r[7])),
+        tail_key=BlockKey(bytes(r[4])) if r[4] is not None else None, tail_tokens=r[5], n_tokens=r[6],
+        pictures=tuple(_span_from_json(p) for p in json.loads(r[7])),
         layout=KVLayout.from_json(json.loads(r[8])), state_json=r[9], bytes=r[10], last_used=r[11])
 
 
@@ -207,7 +216,7 @@ class Manifest:
             self.db.execute(
                 f"INSERT OR REPLACE INTO sessions({_SESSION_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
                 (row.id, row.namespace, row.block_tokens, b"".join(row.block_keys), row.tail_key,
-                 row.tail_tokens, row.n_tokens, json.dumps([p.to_json() for p in row.pictures]),
+                 row.tail_tokens, row.n_tokens, json.dumps([_span_json(p) for p in row.pictures]),
                  json.dumps(row.layout.to_json()), row.state_json, row.bytes, row.last_used))
         return freed
 

@@ -24,7 +24,8 @@ from ..platform.files import open_read, pread, read_into
 from .blob import blob_size, header_len, parse_fixed, parse_header
 from .errors import BadBlob, MissingBlob
 from .layout import KVLayout
-from .restore import ReadItem, ReadPlan, cut_at_pictures
+from ..pictures.span import cut_before
+from .restore import ReadItem, ReadPlan
 
 
 @dataclass
@@ -47,7 +48,7 @@ def read_prefix(plan: ReadPlan, layout: KVLayout, device: str | torch.device, dt
              torch.empty((1, vh, plan.n_tokens, vd), dtype=out_dtype, device=dev))
             for kh, kd, vh, vd in layout.shapes]
     reader = BlobReader(layout, dest, executor)
-    n = cut_at_pictures(reader.run(plan.items, on_fail), plan.keep_whole)
+    n = cut_before(reader.run(plan.items, on_fail), plan.keep_whole)
     if n == 0:
         return ReadOutcome(None, 0, reader.blobs_read, reader.bytes_read)
     if n < plan.n_tokens:

@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..pictures.span import PictureSpan, cut_before, pictures_agree
 from .blob import KIND_BLOCK, KIND_TAIL, BlobHeader
-from .keys import PictureSpan
+from .keys import BlockKey
 from .manifest import SessionRow
 
 
@@ -43,12 +44,12 @@ class RestoreResult:
 class RestoreChoice:
     """Which keys a restore reads: the block chain, then the session's tail when usable."""
     row: SessionRow | None     # the session's own row, when it matches the namespace and block size
-    chain: list[bytes]         # block keys, in order, each from the row or from any session
+    chain: list[BlockKey]      # block keys, in order, each from the row or from any session
     from_own: int              # how many of them the row itself names
     use_tail: bool
 
     @property
-    def pins(self) -> list[bytes]:
+    def pins(self) -> list[BlockKey]:
         return self.chain + ([self.row.tail_key] if self.use_tail else [])
 
     @property
@@ -59,7 +60,7 @@ class RestoreChoice:
 
 @dataclass
 class ReadItem:
-    key: bytes
+    key: BlockKey
     path: str
     kind: int
     start: int                 # sequence position of the blob's first token
@@ -76,13 +77,13 @@ class ReadPlan:
     keep_whole: tuple[PictureSpan, ...] = ()  # pictures a shorter result must not cut
 
 
-def choose_blobs(keys: list[bytes], row: SessionRow | None, present: dict[bytes, int], ns: bytes,
+def choose_blobs(keys: list[BlockKey], row: SessionRow | None, present: dict[bytes, int], ns: bytes,
                  block_tokens: int, limit: int) -> RestoreChoice:
     """keys: the prompt's block keys; row: the session's stored row (or None); present: which of
     the keys any session holds (empty when sharing is off); limit: the most tokens wanted."""
     usable = row is not None and row.namespace == ns and row.block_tokens == block_tokens
     own = row.block_keys if usable else []
-    chain: list[bytes] = []
+    chain: list[BlockKey] = []
     from_own = 0
     for i, k in enumerate(keys):
         if i < len(own) and own[i] == k:
@@ -103,7 +104,7 @@ def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[Pictur
     row = choice.row
     n_plan = min(limit, len(choice.chain) * B + (row.tail_tokens if choice.use_tail else 0))
     keep_whole = pictures if cut_pictures else ()
-    n_plan = cut_at_pictures(n_plan, keep_whole)
+    n_plan = cut_before(n_plan, keep_whole)
     items = []
     for i, k in enumerate(choice.chain):
         if i * B >= n_plan:
@@ -117,18 +118,6 @@ def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[Pictur
     return ReadPlan(items, n_plan, keep_whole)
 
 
-def cut_at_pictures(n: int, pictures: tuple[PictureSpan, ...]) -> int:
-    """Move n back so it does not split a picture (its features are injected whole)."""
-    changed = True
-    while changed:
-        changed = False
-        for p in pictures:
-            if p.start < n < p.end:
-                n = p.start
-                changed = True
-    return n
-
-
 def tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):
     """How many of a stored tail's tokens the new prompt shares: equal token ids, and the same
     pictures (same span, same key) over that range."""
@@ -139,10 +128,5 @@ def tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: Se
         diff = np.nonzero(stored[:m] != given[:m])[0]
         if len(diff):
             m = int(diff[0])
-        end = base + m
-        mine = {p for p in row.pictures if p.overlaps(base, end)}
-        theirs = {p for p in pictures if p.overlaps(base, end)}
-        for p in mine ^ theirs:
-            end = min(end, max(base, p.start))
-        return end - base
+        return pictures_agree(base, base + m, row.pictures, pictures) - base
     return accept

@@ -24,7 +24,7 @@ import torch
 from ..platform.files import AtomicFile, sync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, encode_header, header_len
 from .index import StoreIndex
-from .keys import PictureSpan
+from ..pictures.span import PictureSpan
 from .layout import KVLayout
 from .manifest import SessionRow
 from .writer import BufferPool, WriterThread

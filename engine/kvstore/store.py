@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..pictures.span import PictureSpan
 from ..platform.files import FolderBusy, FolderLock
 from ..platform.files import sync_dir as fsync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, blob_size
@@ -192,7 +193,7 @@ class KVStore:
         return {"n_tokens": row.n_tokens, "blocks": len(row.block_keys), "tail_tokens": row.tail_tokens,
                 "bytes": row.bytes, "last_used": row.last_used, "state": row.state,
                 "block_keys": list(row.block_keys), "tail_key": row.tail_key,
-                "pictures": [(p.start, p.end, p.key) for p in row.pictures], "layout": row.layout}
+                "pictures": list(row.pictures), "layout": row.layout}
 
     def drop_session(self, session_id: str) -> bool:
         """Forget a session (e.g. the conversation was deleted); its unshared blobs are removed."""
@@ -208,7 +209,7 @@ class KVStore:
         return verify(rows, blobs, self.index.path)
 
     # ------------------------------------------------------------------ spill
-    def begin_spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[Any] = (),
+    def begin_spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
                     cache: Any = None, state: dict | None = None, *,
                     namespace: bytes | str | None = None) -> SpillJob:
         """Plan a spill of `cache` (whose first len(token_ids) tokens are these ids).
@@ -247,7 +248,7 @@ class KVStore:
             job.step()  # hands the failed job to the writer, which reports it
         return job
 
-    def spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[Any] = (),
+    def spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
               cache: Any = None, state: dict | None = None, *,
               namespace: bytes | str | None = None) -> SpillResult:
         """begin_spill + all copies + wait."""
@@ -256,7 +257,7 @@ class KVStore:
         return job.result()
 
     # ------------------------------------------------------------------ restore
-    def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[Any] = (),
+    def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *,
                 namespace: bytes | str | None = None, max_tokens: int | None = None,
                 shared: bool = True, cut_pictures: bool = True) -> RestoreResult:

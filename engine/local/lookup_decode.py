@@ -10,6 +10,9 @@ step costs one ordinary decode pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
+
+from ..pictures.span import PictureSpan
 
 PICTURE = -1  # picture positions never match text (the same placeholder id repeats in every picture)
 
@@ -46,6 +49,14 @@ class NgramDrafter:
         self.follow: dict[tuple[int, ...], int] = {}
         for t in ids:
             self.append(t)
+
+    @classmethod
+    def over(cls, ids: Iterable[int], pictures: Iterable[PictureSpan], **kwargs) -> "NgramDrafter":
+        """A drafter over a sequence whose picture positions never match text."""
+        seq = list(ids)
+        for p in pictures:
+            seq[p.start:p.end] = [PICTURE] * (p.end - p.start)
+        return cls(seq, **kwargs)
 
     def append(self, tok: int) -> None:
         seq, end = self.seq, len(self.seq)

@@ -56,7 +56,7 @@ class TurnPipeline:
             restore_s = time.perf_counter() - t0 if restored else 0.0
             spilled = self.spill_scheduler.take_committed(cid)
             result = run_turn(
-                loaded, session, prompt, entries, sampling,
+                loaded, session, prompt, sampling,
                 ensure_features=lambda es: gate.ensure_features(es, gstats),
                 on_text=lambda text, tok: emit(Token(tid, cid, text, tok)),
                 should_stop=should_stop,

@@ -6,26 +6,83 @@ a fresh `processor(text=..., images=...)` while a cached picture needs no decode
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from ..pictures.span import PictureKey, PictureSpan
 from ..protocol.events import Message
+from ..vision.entry import PictureEntry
 
 
-@dataclass
-class PicturePlacement:
-    key: bytes
-    start: int  # first token of the picture's span (inclusive)
-    end: int  # last token + 1
-    n_tokens: int  # image feature tokens inside the span
+@dataclass(frozen=True)
+class TextChunk:
+    """Text tokens of the prompt: the template, the messages, the markers around pictures."""
+    start: int  # position of its first token in the prompt
+    ids: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.ids)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
+class PictureChunk:
+    """One picture's tokens: its feature tokens and the layout markers between them, which go into
+    the model together. The entry (from the gate, whatever the picture came from: a file, and
+    later a document page or a video frame) carries its key, token count and features."""
+    span: PictureSpan  # where it sits in the prompt, and its key
+    entry: PictureEntry
+    ids: tuple[int, ...]
+
+    @property
+    def start(self) -> int:
+        return self.span.start
+
+    @property
+    def end(self) -> int:
+        return self.span.end
+
+    @property
+    def key(self) -> PictureKey:
+        return self.span.key
+
+    @property
+    def n_tokens(self) -> int:
+        """Feature rows: the picture's image tokens (its span may also hold markers)."""
+        return self.entry.n_tokens
+
+
+Chunk = TextChunk | PictureChunk
+
+
+@dataclass(frozen=True, eq=False)
 class Prompt:
-    ids: list[int]
-    tags: list  # per position: token id, or (token id, picture key) inside a picture span
-    pictures: list[PicturePlacement] = field(default_factory=list)
+    """A turn's prompt as an ordered list of chunks (text, picture, text, ...), like llama.cpp's
+    mtmd_tokenize output, with the positions the model runs it at."""
+    chunks: tuple[Chunk, ...]
+    positions: torch.Tensor | None = None  # None: plain 0..L-1; Qwen2-VL family: 3-D positions
+    rope_delta: int = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
+
+    @cached_property
+    def ids(self) -> list[int]:
+        return [t for c in self.chunks for t in c.ids]
+
+    @cached_property
+    def picture_chunks(self) -> tuple[PictureChunk, ...]:
+        return tuple(c for c in self.chunks if isinstance(c, PictureChunk))
+
+    @cached_property
+    def pictures(self) -> tuple[PictureSpan, ...]:
+        return tuple(c.span for c in self.picture_chunks)
+
+    def pictures_from(self, start: int) -> list[PictureEntry]:
+        """The pictures whose tokens lie at or after `start` (a reused prefix needs none)."""
+        return [c.entry for c in self.picture_chunks if c.start >= start]
+
+    def pictures_starting_in(self, a: int, b: int) -> list[PictureEntry]:
+        return [c.entry for c in self.picture_chunks if a <= c.start < b]
 
 
 def to_hf_messages(messages: list[Message], system_prompt: str | None) -> list[dict]:
@@ -48,8 +105,8 @@ def render(processor, messages: list[Message], system_prompt: str | None) -> str
     )
 
 
-def build_prompt(loaded, text: str, entries: list) -> Prompt:
-    """`entries` are the pictures in order of appearance (each has .key, .replacement, .n_tokens)."""
+def build_prompt(loaded, text: str, entries: list[PictureEntry]) -> Prompt:
+    """`entries` are the pictures in order of appearance."""
     processor = loaded.processor
     n_placeholders = text.count(processor.image_token)
     if n_placeholders != len(entries):
@@ -62,38 +119,42 @@ def build_prompt(loaded, text: str, entries: list) -> Prompt:
     ids = list(processor.tokenizer(text, **loaded.merged_kwargs["text_kwargs"])["input_ids"])
     if ids and isinstance(ids[0], list):  # some tokenizers return a batch for one string
         ids = ids[0]
-    tags: list = list(ids)
-    placements: list[PicturePlacement] = []
     image_id = loaded.image_token_id
     positions = [i for i, t in enumerate(ids) if t == image_id]
-    cursor = 0
+    chunks: list[Chunk] = []
+    cursor = done = 0
     for e in entries:
         span = positions[cursor: cursor + e.n_tokens]
         if len(span) != e.n_tokens:
             raise ValueError("picture tokens in the prompt do not match the pictures' token counts")
         cursor += e.n_tokens
         start, end = span[0], span[-1] + 1
-        for i in range(start, end):
-            tags[i] = (ids[i], e.key)
-        placements.append(PicturePlacement(e.key, start, end, e.n_tokens))
+        if start > done:
+            chunks.append(TextChunk(done, tuple(ids[done:start])))
+        chunks.append(PictureChunk(PictureSpan(start, end, e.key), e, tuple(ids[start:end])))
+        done = end
     if cursor != len(positions):
         raise ValueError("the prompt holds picture tokens that belong to no picture (is '<image>' typed in the text?)")
-    return Prompt(ids=ids, tags=tags, pictures=placements)
+    if done < len(ids):
+        chunks.append(TextChunk(done, tuple(ids[done:])))
+    prompt = Prompt(tuple(chunks))
+    pos, delta = _positions(loaded, prompt)
+    return Prompt(prompt.chunks, pos, delta)
 
 
-def position_ids(loaded, prompt: Prompt, entries: list) -> tuple[torch.Tensor | None, int]:
+def _positions(loaded, prompt: Prompt) -> tuple[torch.Tensor | None, int]:
     """Positions for the whole prompt and the rope delta for tokens after it.
 
     None means plain 0..L-1 positions. Qwen2-VL family: 3-D positions from the model's own
     get_rope_index; the delta (max position + 1 - length) continues positions while decoding.
     """
-    if not loaded.adapter.mrope or not entries:
+    if not loaded.adapter.mrope or not prompt.picture_chunks:
         return None, 0
     ids = torch.tensor([prompt.ids], dtype=torch.long)
     types = torch.zeros_like(ids, dtype=torch.int32)
     for p in prompt.pictures:
         seg = ids[0, p.start:p.end] == loaded.image_token_id
         types[0, p.start:p.end] = seg.to(torch.int32)
-    grids = torch.tensor([e.grid_thw for e in entries], dtype=torch.long)
+    grids = torch.tensor([c.entry.grid_thw for c in prompt.picture_chunks], dtype=torch.long)
     pos, delta = loaded.model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grids)
     return pos, int(delta.reshape(-1)[0])

@@ -16,8 +16,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .detok import IncrementalDetokenizer
 from ..protocol.events import Sampling
-from .lookup_decode import PICTURE, DraftStats, NgramDrafter, accepted_prefix
-from .prompt import Prompt, position_ids
+from ..pictures.span import PictureSpan, cut_after, cut_before
+from .lookup_decode import DraftStats, NgramDrafter, accepted_prefix
+from .prompt import Prompt
 from .sampling import Sampler
 from .session import Session
 
@@ -42,17 +43,16 @@ def _suffix_positions(full_pos: torch.Tensor | None, start: int, end: int, devic
     return full_pos[:, :, start:end].to(device)
 
 
-def prefill_chunks(start: int, end: int, pictures, chunk: int) -> list[tuple[int, int]]:
+def prefill_chunks(start: int, end: int, pictures: tuple[PictureSpan, ...], chunk: int) -> list[tuple[int, int]]:
     """Split [start, end) into pieces of about `chunk` tokens, never cutting through a picture
-    (its features must go in with all of its tokens)."""
+    (a picture longer than `chunk` is one piece)."""
     chunk = max(1, chunk)
     out = []
     a = start
     while a < end:
-        b = min(end, a + chunk)
-        for p in pictures:
-            if p.start < b < p.end:
-                b = p.start if p.start > a else p.end
+        b = cut_before(min(end, a + chunk), pictures)
+        if b <= a:
+            b = cut_after(min(end, a + chunk), pictures)
         out.append((a, b))
         a = b
     return out
@@ -68,7 +68,6 @@ def run_turn(
     loaded,
     session: Session,
     prompt: Prompt,
-    entries: list,
     sampling: Sampling,
     ensure_features: Callable[[list], None],
     on_text: Callable[[str, int], None],
@@ -77,7 +76,8 @@ def run_turn(
     lookup_decoding: bool = True,
 ) -> TurnResult:
     model, device = loaded.model, loaded.device
-    mrope = loaded.adapter.mrope and bool(entries)
+    full_pos = prompt.positions
+    mrope = full_pos is not None
     L = len(prompt.ids)
     if L == 0:
         raise ValueError("empty prompt")
@@ -85,15 +85,13 @@ def run_turn(
 
     # 1. longest reusable prefix; crop the cache back to it
     reuse = session.reusable_prefix(prompt)
-    full_pos, delta = position_ids(loaded, prompt, entries)
     if reuse == 0:
-        session.reset_to(prompt, 0, DynamicCache(config=model.config), rope_delta=delta)
+        session.reset_to(prompt, 0, DynamicCache(config=model.config), rope_delta=prompt.rope_delta)
     else:
-        session.reset_to(prompt, reuse, rope_delta=delta)
+        session.reset_to(prompt, reuse, rope_delta=prompt.rope_delta)
 
     # 2. only pictures whose tokens lie in the suffix need features
-    suffix_entries = [e for e, p in zip(entries, prompt.pictures) if p.start >= reuse]
-    ensure_features(suffix_entries)
+    ensure_features(prompt.pictures_from(reuse))
 
     # 3. prefill the suffix in chunks (bounded attention memory on long conversations);
     #    the session grows with each chunk, so a failure or stop leaves it consistent
@@ -101,7 +99,7 @@ def run_turn(
     out = None
     for a, b in prefill_chunks(reuse, L, prompt.pictures, chunk_tokens):
         kwargs = {}
-        chunk_entries = [e for e, p in zip(entries, prompt.pictures) if a <= p.start < b]
+        chunk_entries = prompt.pictures_starting_in(a, b)
         if chunk_entries:
             feats = [e.features.to(device=device, dtype=loaded.dtype) for e in chunk_entries]
             kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=feats)}
@@ -127,7 +125,7 @@ def run_turn(
     first_token_s = None
     drafter = None
     if lookup_decoding and sampling.greedy and all(type(x) is DynamicLayer for x in session.cache.layers):
-        drafter = NgramDrafter([PICTURE if isinstance(t, tuple) else t for t in session.tags], eos=loaded.eos_ids)
+        drafter = NgramDrafter.over(session.ids, session.pictures, eos=loaded.eos_ids)
     drafts = DraftStats()
     verified: list[int] = []  # accepted draft tokens: already in the cache, not yet sent out
     while len(generated) < sampling.max_new_tokens:
@@ -161,7 +159,7 @@ def run_turn(
         try:
             out = model(
                 input_ids=torch.tensor([ids], device=device), cache=session.cache,
-                position_ids=_decode_positions(index, len(ids), delta if mrope else 0, mrope, device),
+                position_ids=_decode_positions(index, len(ids), session.rope_delta, mrope, device),
                 use_cache=True, logits_to_keep=len(ids),
             )
         except Exception:

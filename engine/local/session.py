@@ -1,23 +1,24 @@
 """A conversation's hot state: the tokens its KV cache holds and the cache itself.
 
-Session is the only owner of that state. Its invariant: `cache` holds the KV of exactly
-`tags` (None: nothing is held). Every change goes through a method here, each of which keeps
+Session is the only owner of that state. Its invariant: `cache` holds the KV of exactly `ids`
+with `pictures` at their places (cache None: nothing is held). Every change goes through a method here, each of which keeps
 the two together; the fields are read-only properties to everyone else.
 """
 from __future__ import annotations
 
 import time
 
-from .prompt import PicturePlacement, Prompt
+from ..pictures.span import PictureSpan, cut_before, pictures_agree
+from .prompt import Prompt
 
 
 class Session:
     def __init__(self, conversation_id: str):
         self._conversation_id = conversation_id
-        self._tags: list = []  # one per cached position (see prompt.Prompt.tags)
+        self._ids: list[int] = []
         self._cache: object | None = None  # transformers DynamicCache
         self._rope_delta = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
-        self._pictures: list[PicturePlacement] = []
+        self._pictures: tuple[PictureSpan, ...] = ()
         self._last_used = time.monotonic()
         self._version = 0  # bumped by every turn: a spill finishing later must not free newer KV
 
@@ -28,8 +29,8 @@ class Session:
         return self._conversation_id
 
     @property
-    def tags(self) -> tuple:
-        return tuple(self._tags)
+    def ids(self) -> tuple[int, ...]:
+        return tuple(self._ids)
 
     @property
     def cache(self):
@@ -40,8 +41,8 @@ class Session:
         return self._rope_delta
 
     @property
-    def pictures(self) -> tuple[PicturePlacement, ...]:
-        return tuple(self._pictures)
+    def pictures(self) -> tuple[PictureSpan, ...]:
+        return self._pictures
 
     @property
     def last_used(self) -> float:
@@ -53,7 +54,7 @@ class Session:
 
     @property
     def cached_tokens(self) -> int:
-        return len(self._tags) if self._cache is not None else 0
+        return len(self._ids) if self._cache is not None else 0
 
     def kv_bytes(self) -> int:
         if self._cache is None:
@@ -70,15 +71,12 @@ class Session:
         last token must be run to get logits) and never cutting through a picture."""
         if self._cache is None:
             return 0
-        limit = min(len(self._tags), len(prompt.tags) - 1)
+        limit = min(len(self._ids), len(prompt.ids) - 1)
         n = 0
-        old, new = self._tags, prompt.tags
+        old, new = self._ids, prompt.ids
         while n < limit and old[n] == new[n]:
             n += 1
-        for p in prompt.pictures:
-            if p.start < n < p.end:
-                n = p.start
-        return n
+        return cut_before(pictures_agree(0, n, self._pictures, prompt.pictures), prompt.pictures)
 
     # ------------------------------------------------------------ changes
 
@@ -96,36 +94,36 @@ class Session:
         cache cropped to them (they must be a reusable prefix)."""
         if cache is not None:
             self._cache = cache
-        elif self._cache is None or n > len(self._tags):
+        elif self._cache is None or n > len(self._ids):
             raise ValueError(f"the session holds {self.cached_tokens} tokens, not {n}")
-        elif len(self._tags) > n:
-            self._cache.crop(n - len(self._tags))
-        self._tags = list(prompt.tags[:n])
-        self._pictures = [p for p in prompt.pictures if p.end <= n]
+        elif len(self._ids) > n:
+            self._cache.crop(n - len(self._ids))
+        self._ids = prompt.ids[:n]
+        self._pictures = tuple(p for p in prompt.pictures if p.end <= n)
         self._rope_delta = rope_delta
 
     def grow_to(self, prompt: Prompt, end: int) -> None:
         """The cache was given `prompt`'s tokens up to `end` (the session held a prefix of it)."""
-        self._tags.extend(prompt.tags[len(self._tags):end])
-        self._pictures = [p for p in prompt.pictures if p.end <= end]
+        self._ids.extend(prompt.ids[len(self._ids):end])
+        self._pictures = tuple(p for p in prompt.pictures if p.end <= end)
 
     def append(self, tokens: list[int]) -> None:
         """The cache was given `tokens` (decoded text), perhaps followed by draft tokens that were
         rejected: those are cropped off."""
-        self._tags.extend(tokens)
-        self._crop_cache(len(self._tags))
+        self._ids.extend(tokens)
+        self._crop_cache(len(self._ids))
 
     def crop(self, n: int) -> None:
         """Keep only the first `n` tokens (a reply stopped after its cache ran ahead)."""
-        del self._tags[n:]
-        self._pictures = [p for p in self._pictures if p.end <= n]
+        del self._ids[n:]
+        self._pictures = tuple(p for p in self._pictures if p.end <= n)
         self._crop_cache(n)
 
     def drop_kv(self) -> None:
         """Hold nothing (freed, or a half-written cache that must never be reused)."""
         self._cache = None
-        self._tags = []
-        self._pictures = []
+        self._ids = []
+        self._pictures = ()
         self._rope_delta = 0
 
     def _crop_cache(self, n: int) -> None:

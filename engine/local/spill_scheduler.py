@@ -107,11 +107,8 @@ class SpillScheduler:
     def begin(self, session: Session, blocking: bool = False) -> bool:
         if self.store is None or session.cache is None or self.running is not None:
             return False
-        ids = [t if isinstance(t, int) else t[0] for t in session.tags]
-        n = len(ids)
-        spans = [(p.start, p.end, p.key) for p in session.pictures if p.end <= n]
         try:
-            job = self.store.begin_spill(session.conversation_id, ids, spans, session.cache,
+            job = self.store.begin_spill(session.conversation_id, session.ids, session.pictures, session.cache,
                                          {"rope_delta": session.rope_delta})
         except UnsupportedCache as exc:
             self.emit(SpillState(session.conversation_id, "refused", str(exc)))
@@ -191,9 +188,8 @@ class SpillScheduler:
         opening); returns the tokens restored. Bad blobs end the prefix; the rest is prefilled."""
         if self.store is None or session.cache is not None or len(prompt.ids) < 2:
             return 0
-        spans = [(p.start, p.end, p.key) for p in prompt.pictures]
         try:
-            res = self.store.restore(session.conversation_id, prompt.ids, spans, device=self.loaded.device,
+            res = self.store.restore(session.conversation_id, prompt.ids, prompt.pictures, device=self.loaded.device,
                                      dtype=self.loaded.dtype, max_tokens=len(prompt.ids) - 1)
         except KVStoreError as exc:
             log.warning("restore failed: %s", exc)

@@ -14,6 +14,7 @@ import diskcache
 import torch
 from safetensors.torch import load as st_load, save as st_save
 
+from ..pictures.span import PictureKey
 from .entry import PictureEntry
 from ..platform.paths import private_dir
 
@@ -27,7 +28,7 @@ def pack(entry: PictureEntry) -> bytes:
     return MAGIC + blake3.blake3(payload).digest() + payload
 
 
-def unpack(key: bytes, blob: bytes) -> PictureEntry | None:
+def unpack(key: PictureKey, blob: bytes) -> PictureEntry | None:
     if not isinstance(blob, (bytes, bytearray)) or len(blob) < 40 or blob[:8] != MAGIC:
         return None
     digest, payload = blob[8:40], bytes(blob[40:])
@@ -71,7 +72,7 @@ class DiskImageCache:
     def available(self) -> bool:
         return self._cache is not None
 
-    def get(self, key: bytes) -> PictureEntry | None:
+    def get(self, key: PictureKey) -> PictureEntry | None:
         if self._cache is None:
             return None
         try:
@@ -100,7 +101,7 @@ class DiskImageCache:
             log.warning("image disk cache write failed: %s", exc)
             return False
 
-    def contains(self, key: bytes) -> bool:
+    def contains(self, key: PictureKey) -> bool:
         return self._cache is not None and key in self._cache
 
     @property

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import blake3
 import torch
 
+from ..pictures.span import PictureKey
+
 # v2: keyed by the content digest carried in the PictureRef (v1 hashed the file's bytes each
 # turn); the new tag keeps v1 entries on disk from ever being read under a v2 key.
 KEY_DOMAIN = b"parley.picture.v2\0"
@@ -14,7 +16,7 @@ KEY_DOMAIN = b"parley.picture.v2\0"
 
 @dataclass
 class PictureEntry:
-    key: bytes
+    key: PictureKey
     replacement: str  # the placeholder's expansion text (what the processor would insert)
     n_tokens: int  # feature rows = image tokens in the expansion
     grid_thw: list[int] | None = None  # Qwen2-VL family: needed for 3-D positions
@@ -44,10 +46,10 @@ def encoder_identity(loaded) -> bytes:
     return h.digest()
 
 
-def picture_key(digest: str, identity: bytes) -> bytes:
+def picture_key(digest: str, identity: bytes) -> PictureKey:
     """BLAKE3 over domain tag, the picture's content digest (hex of its original bytes) and the
     encoder identity: no file read, no decode."""
     h = blake3.blake3(KEY_DOMAIN)
     h.update(bytes.fromhex(digest))
     h.update(identity)
-    return h.digest()
+    return PictureKey(h.digest())

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from ..pictures.file import decode
+from ..pictures.span import PictureKey
 from .entry import PictureEntry
 
 
-def prepare_entry(loaded, key: bytes, data: bytes, name: str) -> PictureEntry:
+def prepare_entry(loaded, key: PictureKey, data: bytes, name: str) -> PictureEntry:
     """Decode + preprocess one picture into an entry that still needs encoding."""
     image = decode(data, name)
     processed, replacement = loaded.adapter.preprocess(

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from ..pictures.span import PictureKey
 from .entry import PictureEntry
 
 
@@ -16,7 +17,7 @@ class RamImageCache:
         self._lock = threading.Lock()  # the gate reads from turns; the panel reads sizes
         self.evictions = 0
 
-    def get(self, key: bytes) -> PictureEntry | None:
+    def get(self, key: PictureKey) -> PictureEntry | None:
         with self._lock:
             entry = self._items.get(key)
             if entry is not None:
@@ -41,7 +42,7 @@ class RamImageCache:
                 evicted.append(gone)
         return evicted
 
-    def __contains__(self, key: bytes) -> bool:
+    def __contains__(self, key: PictureKey) -> bool:
         with self._lock:
             return key in self._items
 

@@ -1,0 +1,69 @@
+"""Where a picture sits in a token sequence, and the one rule about it: never cut through a picture.
+
+A picture's features go into the model with all of its tokens at once, and a KV prefix that
+ended inside a picture would hold half of one. So every boundary drawn in a token sequence (the
+prefix a session reuses, a prefill piece, a prefix restored from the KV store, the part of a
+stored tail a new prompt shares) is moved out of pictures by `cut_before` / `cut_after`, here and
+nowhere else. The same PictureSpan goes from the prompt (engine/local/prompt.py) to the KV store's
+block keys and manifest (engine/kvstore/). Torch-free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, NewType
+
+# The picture cache's content key (engine/vision/entry.py: BLAKE3 over the picture's digest and the
+# encoder's identity). Whatever a picture came from, this names its features.
+PictureKey = NewType("PictureKey", bytes)
+
+
+@dataclass(frozen=True, order=True)
+class PictureSpan:
+    """A picture's tokens occupy positions [start, end) of the sequence (its feature tokens and
+    any layout markers between them)."""
+    start: int
+    end: int
+    key: PictureKey
+
+    def overlaps(self, a: int, b: int) -> bool:
+        return self.start < b and self.end > a
+
+    def splits_at(self, n: int) -> bool:
+        """A boundary at `n` would cut through this picture."""
+        return self.start < n < self.end
+
+
+def cut_before(n: int, pictures: Iterable[PictureSpan]) -> int:
+    """The last boundary at or before `n` that cuts through no picture."""
+    pictures = tuple(pictures)
+    changed = True
+    while changed:
+        changed = False
+        for p in pictures:
+            if p.splits_at(n):
+                n = p.start
+                changed = True
+    return n
+
+
+def cut_after(n: int, pictures: Iterable[PictureSpan]) -> int:
+    """The first boundary at or after `n` that cuts through no picture."""
+    pictures = tuple(pictures)
+    changed = True
+    while changed:
+        changed = False
+        for p in pictures:
+            if p.splits_at(n):
+                n = p.end
+                changed = True
+    return n
+
+
+def pictures_agree(start: int, end: int, mine: Iterable[PictureSpan], theirs: Iterable[PictureSpan]) -> int:
+    """Two sequences hold the same token ids over [start, end): where the part on which they also
+    hold the same pictures (same span, same key) ends. Picture tokens are one id repeated, so
+    equal ids alone say nothing about which picture is there."""
+    for p in set(mine) ^ set(theirs):
+        if p.overlaps(start, end):
+            end = min(end, max(start, p.start))
+    return end

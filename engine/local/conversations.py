@@ -2,7 +2,7 @@
 stateless client (the API) continues."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..protocol.events import STATELESS_PREFIX
 
@@ -35,11 +35,11 @@ class Conversations(dict):
     def kv_bytes(self) -> int:
         return sum(s.kv_bytes() for s in self.values())
 
-    def match_stateless(self, prompt, retire: Callable[[Session], None]) -> str:
+    def match_stateless(self, prompt) -> tuple[str, list[Session]]:
         """The stateless session sharing the longest prefix with `prompt` (clients re-send the
         whole conversation each request), or a new one; beyond the limit the least recently
-        used is retired. Window conversations are never borrowed: cropping them would throw
-        away their own reuse."""
+        used are retired: returned for the caller to release, and forgotten here. Window
+        conversations are never borrowed: cropping them would throw away their own reuse."""
         best, best_len = None, 0
         stateless = [s for c, s in self.items() if c.startswith(STATELESS_PREFIX)]
         for s in stateless:
@@ -49,10 +49,10 @@ class Conversations(dict):
             if n > best_len and n * 2 >= s.cached_tokens:
                 best, best_len = s.conversation_id, n
         if best is not None:
-            return best
+            return best, []
         stateless.sort(key=lambda s: s.last_used)
-        for s in stateless[: max(0, len(stateless) - MAX_STATELESS_SESSIONS + 1)]:
-            retire(s)
+        retired = stateless[: max(0, len(stateless) - MAX_STATELESS_SESSIONS + 1)]
+        for s in retired:
             self.pop(s.conversation_id, None)
         self._stateless_seq += 1
-        return f"{STATELESS_PREFIX}{self._stateless_seq}"
+        return f"{STATELESS_PREFIX}{self._stateless_seq}", retired

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..protocol.events import (
-    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
+    Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
     TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
@@ -147,9 +147,9 @@ class Engine(EngineWorker):
 
     def _release_model(self) -> None:
         """Let go of the model and all built on it (processor, gate and its cached features,
-        encoder residency, spill scheduler, sessions' KV) and return the device memory now. The gate
-        and the spill scheduler call back into the engine; dropping them here breaks the only cycles, so
-        the model is freed by reference counting at once, not whenever the collector runs."""
+        encoder residency, spill scheduler, sessions' KV) and return the device memory now. Its
+        parts only call downwards (tests/test_engine_release.py), so dropping them here frees the
+        model by reference counting at once, not whenever the collector runs."""
         from ..model.load import free_device_cache
 
         if self.memory is not None:
@@ -160,10 +160,6 @@ class Engine(EngineWorker):
         device = self.loaded.device if self.loaded is not None else None
         self.loaded = self.gate = self.spill_scheduler = self.memory = self.pipeline = None
         free_device_cache(device)
-
-    def _emit_encoder_state(self, state: str) -> None:
-        left = self.gate.encoder_idle_left() if self.gate is not None else None
-        self._emit(EncoderState(state, left))
 
     def _do_load(self, path: str) -> None:
         try:
@@ -202,10 +198,8 @@ class Engine(EngineWorker):
         elif self.spill_scheduler.error:
             self._emit(Notice("warning", f"The KV store is unavailable ({self.spill_scheduler.error}); "
                                          "idle conversations stay in memory."))
-        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.settings, self._emit)
-        self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache",
-                                make_room=self.memory.make_room, on_state=self._emit_encoder_state)
-        self.memory.attach_gate(self.gate)
+        self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache", emit=self._emit)
+        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.gate, self.settings, self._emit)
         self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spill_scheduler, self.memory)
         # said before ModelReady, so whoever waits for "ready" has heard how the model was placed
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
@@ -221,7 +215,7 @@ class Engine(EngineWorker):
             self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
         # elastic: the encoder's memory is only taken while pictures need encoding
         if not self.gate.unload():
-            self._emit_encoder_state(self.gate.encoder_state)
+            self.gate.emit_state()
         self._emit(self._report())
 
     def _do_memory(self, _arg) -> None:

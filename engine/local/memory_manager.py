@@ -2,7 +2,8 @@
 conversations on their timers, release a conversation's hot KV, and the memory report.
 
 The engine owns one per loaded model and calls it between requests; the turn pipeline tells it
-which conversation is running, so that one is never spilled or released under its turn.
+which conversation is running, so that one is never spilled or released under its turn, and asks
+it to make room before the encoder loads. It calls only downwards (the spill scheduler, the gate).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Callable
 
 from .conversations import Conversations
 from ..protocol.events import MemoryReport, SpillState
+from ..vision.gate import PictureGate
 from ..device.heap_trim import return_freed_heap
 from ..device.ledger import build_report, free_for_model
 from .session import Session
@@ -45,18 +47,15 @@ def memory_report(loaded, sessions: Conversations, gate=None,
 
 
 class MemoryManager:
-    def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, settings,
-                 emit: Callable):
+    def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, gate: PictureGate,
+                 settings, emit: Callable):
         self.loaded = loaded
         self.sessions = sessions
         self.spill_scheduler = spill_scheduler
+        self.gate = gate
         self.settings = settings
         self.emit = emit
-        self.gate = None  # attached once built: the gate is given make_room, so it comes second
         self.active_cid: str | None = None  # the conversation whose turn is running
-
-    def attach_gate(self, gate) -> None:
-        self.gate = gate
 
     def apply_settings(self, settings) -> None:
         self.settings = settings
@@ -115,7 +114,7 @@ class MemoryManager:
         """Encoder unload and session spill, between requests; True when memory changed.
         `more()` says no request is waiting: a turn is never held up for more than one unit's
         copy."""
-        changed = self.gate is not None and self.gate.unload_if_idle()
+        changed = self.gate.unload_if_idle()
         sp = self.spill_scheduler
         if sp.available or sp.unavailable:  # due() retries an unavailable store
             if sp.running is None:
@@ -127,11 +126,9 @@ class MemoryManager:
         return changed
 
     def close(self) -> None:
-        """Exit or model switch: spill what is hot, so nothing is lost. The gate is let go: it
-        holds make_room, so keeping it would be a cycle and the model would wait for the collector."""
+        """Exit or model switch: spill what is hot, so nothing is lost."""
         self.spill_scheduler.close(self.sessions)
         self.active_cid = None
-        self.gate = None
 
     def report(self) -> MemoryReport:
         return memory_report(self.loaded, self.sessions, self.gate, self.spill_scheduler)

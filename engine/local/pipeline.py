@@ -1,6 +1,12 @@
-"""One turn, in order: pictures through the gate, the prompt, the cut to the model's context,
-which conversation a stateless client continues, its prefix restored from the SSD store, the
-run (engine/local/runner.py), and the turn's stats.
+"""One turn, in order, each step calling only downwards: pictures looked up in the gate, the
+prompt, the cut to the model's context, which conversation a stateless client continues, its
+prefix restored from the SSD store, then
+
+  reuse -> make room -> features -> run
+
+(the session keeps its reusable prefix; memory is freed if the encoder must load; the pictures
+after the prefix get their features; the runner prefills the rest and decodes), and the turn's
+stats.
 
 Runs on the engine's owner thread; the engine owns one per loaded model and handles the queue,
 stop requests and failures around it.
@@ -15,9 +21,10 @@ from .conversations import Conversations
 from ..protocol.events import Token, Turn, TurnDone
 from ..device.ledger import model_bytes
 from .memory_manager import MemoryManager
-from .prompt import build_prompt, render
+from .prompt import Prompt, build_prompt, render
+from .session import Session
 from .spill_scheduler import CommittedSpill, SpillScheduler
-from .runner import TurnResult, run_turn
+from .runner import TurnResult, reuse_prefix, run_turn
 from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
 
@@ -35,42 +42,51 @@ class TurnPipeline:
         """Run `turn`, emitting its tokens; returns its TurnDone for the engine to send. A bad turn
         (too long, no user message, an unreadable picture) raises ValueError before any KV is
         touched."""
-        tid = turn.turn_id
         if not turn.messages or turn.messages[-1].role != "user":
             raise ValueError("A turn must end with a user message.")
-        loaded, gate = self.loaded, self.gate
         gstats = GateTurnStats()
-        entries = [gate.lookup(p, gstats) for m in turn.messages for p in m.images]
-        prompt = build_prompt(loaded, render(loaded.processor, turn.messages, turn.system_prompt), entries)
+        entries = [self.gate.lookup(p, gstats) for m in turn.messages for p in m.images]
+        prompt = build_prompt(self.loaded, render(self.loaded.processor, turn.messages, turn.system_prompt), entries)
         sampling = self._fit_to_context(len(prompt.ids), turn.sampling)
-        if not turn.conversation_id:  # a stateless client (the API): continue whichever of its sessions fits best
-            turn.conversation_id = self.sessions.match_stateless(prompt, self.memory.release_session)
-        cid = turn.conversation_id
+        cid = turn.conversation_id or self._stateless_conversation(prompt)
         session = self.sessions.open(cid)
         session.begin_turn()
         self.memory.turn_started(cid)
         try:
             self.spill_scheduler.cancel_for(cid)
-            t0 = time.perf_counter()
-            restored = self.spill_scheduler.restore(session, prompt)
-            restore_s = time.perf_counter() - t0 if restored else 0.0
+            restored, restore_s = self._restore(session, prompt)
             spilled = self.spill_scheduler.take_committed(cid)
-            result = run_turn(
-                loaded, session, prompt, sampling,
-                ensure_features=lambda es: gate.ensure_features(es, gstats),
-                on_text=lambda text, tok: emit(Token(tid, cid, text, tok)),
-                should_stop=should_stop,
-                chunk_tokens=settings.prefill_chunk_tokens, lookup_decoding=settings.lookup_decoding,
-            )
+            reuse = reuse_prefix(self.loaded, session, prompt)
+            todo = prompt.pictures_from(reuse)
+            needed = self.gate.load_bytes(todo)
+            if needed:  # the encoder must load: idle conversations' KV may have to make way
+                self.memory.make_room(needed)
+            self.gate.ensure_features(todo, gstats)
+            tid = turn.turn_id
+            result = run_turn(self.loaded, session, prompt, sampling, settings,
+                              on_text=lambda text, tok: emit(Token(tid, cid, text, tok)), should_stop=should_stop)
         finally:
             self.memory.turn_ended()
         session.touch()
         stats = self._stats(result, restored, restore_s, gstats, spilled)
         return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped)
 
+    def _stateless_conversation(self, prompt: Prompt) -> str:
+        """A stateless client (the API): continue whichever of its sessions fits best; the ones
+        retired to make place are released (spilled first when the store can take them)."""
+        cid, retired = self.sessions.match_stateless(prompt)
+        for s in retired:
+            self.memory.release_session(s)
+        return cid
+
+    def _restore(self, session: Session, prompt: Prompt) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        restored = self.spill_scheduler.restore(session, prompt)
+        return restored, time.perf_counter() - t0 if restored else 0.0
+
     def _fit_to_context(self, n_prompt: int, sampling):
-        """Refuse a prompt the model's context cannot hold; shorten the reply to what fits.
-        The caller's Turn is left as it was sent."""
+        """Refuse a prompt the model's context cannot hold; shorten the reply to what fits
+        (a copy: the caller's Turn is left as it was sent)."""
         limit = self.loaded.context_tokens
         if limit and n_prompt >= limit:
             raise ValueError(f"This conversation is {n_prompt} tokens long, more than the model's context of "

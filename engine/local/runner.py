@@ -1,7 +1,9 @@
-"""One turn on the model-owner thread: reuse the KV prefix, prefill the suffix, decode.
+"""One turn's model work on the owner thread: keep the reusable KV prefix (`reuse_prefix`), then
+prefill the rest and decode (`run_turn`). The pipeline runs them in order with the picture
+features between them (engine/local/pipeline.py).
 
-Kept free of threads and queues: the engine calls `run_turn` and passes callbacks for tokens
-and for the stop check, so the same code serves the window, `ask` and `replay`.
+Kept free of threads and queues: tokens and the stop check are callbacks, so the same code
+serves the window, `ask`, `replay` and the API.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .detok import IncrementalDetokenizer
 from ..protocol.events import Sampling
+from ..protocol.settings import EngineSettings
 from ..pictures.span import PictureSpan, cut_after, cut_before
 from .lookup_decode import DraftStats, NgramDrafter, accepted_prefix
 from .prompt import Prompt
@@ -63,41 +66,52 @@ def _decode_positions(index: int, n: int, delta: int, mrope: bool, device) -> to
     return pos.unsqueeze(0).expand(3, 1, n) if mrope else pos
 
 
-@torch.inference_mode()
-def run_turn(
-    loaded,
-    session: Session,
-    prompt: Prompt,
-    sampling: Sampling,
-    ensure_features: Callable[[list], None],
-    on_text: Callable[[str, int], None],
-    should_stop: Callable[[], bool],
-    chunk_tokens: int = 2048,
-    lookup_decoding: bool = True,
-) -> TurnResult:
-    model, device = loaded.model, loaded.device
-    full_pos = prompt.positions
-    mrope = full_pos is not None
-    L = len(prompt.ids)
-    if L == 0:
+def reuse_prefix(loaded, session: Session, prompt: Prompt) -> int:
+    """The session keeps the longest prefix of `prompt` it holds (its cache cropped to it) or
+    starts an empty cache; returns the tokens kept, which are not prefilled."""
+    if not prompt.ids:
         raise ValueError("empty prompt")
-    sampler = Sampler(sampling, device)
-
-    # 1. longest reusable prefix; crop the cache back to it
     reuse = session.reusable_prefix(prompt)
     if reuse == 0:
-        session.reset_to(prompt, 0, DynamicCache(config=model.config), rope_delta=prompt.rope_delta)
+        session.reset_to(prompt, 0, DynamicCache(config=loaded.model.config), rope_delta=prompt.rope_delta)
     else:
         session.reset_to(prompt, reuse, rope_delta=prompt.rope_delta)
+    return reuse
 
-    # 2. only pictures whose tokens lie in the suffix need features
-    ensure_features(prompt.pictures_from(reuse))
 
-    # 3. prefill the suffix in chunks (bounded attention memory on long conversations);
-    #    the session grows with each chunk, so a failure or stop leaves it consistent
+@dataclass
+class _Decoded:
+    token_ids: list[int]
+    text: str
+    stopped: bool
+    first_token_s: float  # from the start of the prefill
+    drafts: DraftStats
+
+
+@torch.inference_mode()
+def run_turn(loaded, session: Session, prompt: Prompt, sampling: Sampling, settings: EngineSettings,
+             on_text: Callable[[str, int], None], should_stop: Callable[[], bool]) -> TurnResult:
+    """Prefill what the session does not hold yet (its pictures' features are ready), then decode."""
+    reuse = session.cached_tokens
     t0 = time.perf_counter()
+    logits = _prefill(loaded, session, prompt, settings.prefill_chunk_tokens)
+    prefill_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    out = _decode(loaded, session, logits, sampling, prompt.positions is not None,
+                  settings.lookup_decoding and sampling.greedy, on_text, should_stop, t0)
+    decode_s = time.perf_counter() - t1
+    return TurnResult(reply=out.text, token_ids=out.token_ids, stopped=out.stopped, prompt_tokens=len(prompt.ids),
+                      prefix_tokens=reuse, max_new_tokens=sampling.max_new_tokens, prefill_s=prefill_s,
+                      first_token_s=out.first_token_s, decode_s=decode_s, drafts=out.drafts)
+
+
+def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> torch.Tensor:
+    """Run the prompt past the session's prefix in pieces (bounded attention memory on long
+    conversations); the session grows with each piece, so a failure leaves it consistent.
+    Returns the logits after the prompt's last token."""
+    model, device = loaded.model, loaded.device
     out = None
-    for a, b in prefill_chunks(reuse, L, prompt.pictures, chunk_tokens):
+    for a, b in prefill_chunks(session.cached_tokens, len(prompt.ids), prompt.pictures, chunk_tokens):
         kwargs = {}
         chunk_entries = prompt.pictures_starting_in(a, b)
         if chunk_entries:
@@ -106,25 +120,30 @@ def run_turn(
         try:
             out = model(
                 input_ids=torch.tensor([prompt.ids[a:b]], device=device), cache=session.cache,
-                position_ids=_suffix_positions(full_pos, a, b, device), use_cache=True, logits_to_keep=1,
+                position_ids=_suffix_positions(prompt.positions, a, b, device), use_cache=True, logits_to_keep=1,
                 **kwargs,
             )
         except Exception:
             session.drop_kv()  # a half-written cache must never be reused
             raise
         session.grow_to(prompt, b)
-    prefill_s = time.perf_counter() - t0
+    return out.logits[0, -1]
 
-    # 4. decode; the session takes each token the cache was given
+
+def _decode(loaded, session: Session, logits: torch.Tensor, sampling: Sampling, mrope: bool, lookup: bool,
+            on_text: Callable[[str, int], None], should_stop: Callable[[], bool], t0: float) -> _Decoded:
+    """Sample until the reply ends, is stopped or reaches max_new_tokens; the session takes each
+    token the cache was given. With `lookup` (greedy only), prompt-lookup drafts are verified in
+    the same pass and kept only where they equal the greedy choice. `mrope`: 3-D positions."""
+    model, device = loaded.model, loaded.device
+    sampler = Sampler(sampling, device)
     detok = IncrementalDetokenizer(loaded.tokenizer)
     generated: list[int] = []
     text_parts: list[str] = []
     stopped = False
-    logits = out.logits[0, -1]
-    t1 = time.perf_counter()
     first_token_s = None
     drafter = None
-    if lookup_decoding and sampling.greedy and all(type(x) is DynamicLayer for x in session.cache.layers):
+    if lookup and all(type(x) is DynamicLayer for x in session.cache.layers):
         drafter = NgramDrafter.over(session.ids, session.pictures, eos=loaded.eos_ids)
     drafts = DraftStats()
     verified: list[int] = []  # accepted draft tokens: already in the cache, not yet sent out
@@ -184,7 +203,4 @@ def run_turn(
     if tail:
         text_parts.append(tail)
         on_text(tail, -1)
-    decode_s = time.perf_counter() - t1
-    return TurnResult(reply="".join(text_parts), token_ids=generated, stopped=stopped, prompt_tokens=L,
-                      prefix_tokens=reuse, max_new_tokens=sampling.max_new_tokens, prefill_s=prefill_s,
-                      first_token_s=first_token_s or 0.0, decode_s=decode_s, drafts=drafts)
+    return _Decoded(generated, "".join(text_parts), stopped, first_token_s or 0.0, drafts)

@@ -4,6 +4,8 @@
 file is not opened — or a miss that reads the file, checks it still matches the digest and
 decodes it); `ensure_features` encodes only the entries that still lack features, and only that path
 loads the encoder or restarts its idle clock. An all-hit turn never touches the residency.
+Before `ensure_features`, the turn asks `load_bytes` what loading the encoder would take and makes
+room for it itself (engine/local/pipeline.py): the gate calls nothing outside this room but `emit`.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..protocol.events import EncoderState, Event
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
@@ -39,15 +42,13 @@ class GateTurnStats:
 
 class PictureGate:
     def __init__(self, loaded, settings, cache_dir: Path | None = None,
-                 make_room: Callable[[int], None] | None = None,
-                 on_state: Callable[[str], None] | None = None):
+                 emit: Callable[[Event], None] | None = None):
         self.loaded = loaded
         self.identity = encoder_identity(loaded)
         self.ram = RamImageCache(settings.image_cache_entries, settings.image_cache_ram_bytes)
         self.disk = DiskImageCache(cache_dir, settings.image_cache_disk_bytes) if cache_dir else None
         self.residency = EncoderResidency(loaded, settings.elastic, settings.elastic_idle_s)
-        self.make_room = make_room or (lambda needed: None)
-        self.on_state = on_state or (lambda state: None)
+        self.emit = emit or (lambda event: None)
         # disk writes leave the owner thread so a slow disk never stalls a turn
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parley-image-cache")
         self.counters = {"hits": 0, "ram_hits": 0, "disk_hits": 0, "misses": 0, "encodes": 0}
@@ -70,9 +71,6 @@ class PictureGate:
     def encoder_idle_left(self) -> float | None:
         return self.residency.idle_left()
 
-    def encoder_weight_bytes(self) -> int:
-        return self.residency.weight_bytes()
-
     def cache_bytes(self) -> tuple[int, int]:
         """Bytes of cached features (RAM, disk)."""
         return self.ram.nbytes, self.disk.nbytes if self.disk is not None else 0
@@ -87,11 +85,7 @@ class PictureGate:
         if r.set_elastic(settings.elastic) or r.disabled_reason is not None:
             return
         if r.state != "resident":
-            self.on_state("loading")
-            try:
-                r.ensure_loaded()
-            finally:
-                self.on_state(r.state)
+            self._load_encoder()
 
     def why_not_unloaded(self) -> str:
         r = self.residency
@@ -117,18 +111,19 @@ class PictureGate:
         data = ref.read_checked()  # a file changed since it was attached fails this turn alone
         return prepare_entry(self.loaded, key, data, Path(ref.path).name)
 
+    def load_bytes(self, entries: list[PictureEntry]) -> int:
+        """Device bytes encoding `entries` would load (the encoder's weights), 0 when it need not load."""
+        if self.residency.state == "resident" or all(e.features is not None for e in entries):
+            return 0
+        return self.residency.weight_bytes()
+
     def ensure_features(self, entries: list[PictureEntry], stats: GateTurnStats) -> None:
         """Encode the entries lacking features; others never touch the encoder or its clock."""
         todo = [e for e in entries if e.features is None]
         if not todo:
             return
         if self.residency.state != "resident":
-            self.make_room(self.residency.weight_bytes())
-            self.on_state("loading")
-            try:
-                self.residency.ensure_loaded()
-            finally:
-                self.on_state(self.residency.state)
+            self._load_encoder()
             stats.encoder_loads += 1
             stats.load_s += self.residency.last_load_s
         for e in todo:
@@ -140,6 +135,17 @@ class PictureGate:
             e.encoder_inputs = None  # pixels are not kept: the features are what is reused
             self._store(e)
         self.residency.touch()
+
+    def _load_encoder(self) -> None:
+        self.emit_state("loading")
+        try:
+            self.residency.ensure_loaded()
+        finally:
+            self.emit_state(self.residency.state)
+
+    def emit_state(self, state: str | None = None) -> None:
+        """Say the encoder's state (now, unless a state about to be entered is named)."""
+        self.emit(EncoderState(state or self.residency.state, self.encoder_idle_left()))
 
     def _store(self, entry: PictureEntry) -> None:
         if self.ram.max_entries > 0:
@@ -155,7 +161,7 @@ class PictureGate:
     def unload(self) -> bool:
         done = self.residency.unload()
         if done:
-            self.on_state("unloaded")
+            self.emit_state("unloaded")
         return done
 
     def stats_counters(self) -> dict:

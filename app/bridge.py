@@ -19,6 +19,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from engine.local.engine import Engine
+from engine.protocol.engine_like import EngineLike
 from engine.protocol.events import (
     EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, ServerReport,
     SpillState, Token, Turn, TurnDone, TurnFailed, TurnStarted,
@@ -55,10 +56,10 @@ class EngineBridge(QObject):
     def __init__(self, engine: Engine, flush_ms: int = FLUSH_MS, parent: QObject | None = None):
         super().__init__(parent)
         self.builtin = engine  # loads model folders; the API server shares it
-        self.engine = engine  # the engine turns go to (the built-in one or a remote one)
+        self.engine: EngineLike = engine  # the engine turns go to (the built-in one or a remote one)
         self._model_events: dict[int, Event] = {}  # id(engine) -> its last ModelReady / ModelFailed
         self._listeners: dict[int, object] = {}
-        self._turn_engines: dict[int, object] = {}  # turn id -> the engine running it, until it ends
+        self._turn_engines: dict[int, EngineLike] = {}  # turn id -> the engine running it, until it ends
         self._lock = threading.Lock()
         self._pending: list[object] = []
         self._wake_posted = False
@@ -87,7 +88,7 @@ class EngineBridge(QObject):
 
     # ------------------------------------------------------------ calls into the engine
 
-    def _listen(self, engine) -> None:
+    def _listen(self, engine: EngineLike) -> None:
         def fn(ev, src=engine):
             self._on_engine_event(ev, src)
 
@@ -95,7 +96,7 @@ class EngineBridge(QObject):
             self._listeners[id(engine)] = fn
         engine.add_listener(fn)
 
-    def use_engine(self, engine) -> None:
+    def use_engine(self, engine: EngineLike) -> None:
         """Send turns to `engine` from now on (the built-in one or a started RemoteEngine).
         The window hears the new engine's model state at once: its last ModelReady/ModelFailed
         if it had one, else the engine is asked to connect."""
@@ -115,7 +116,7 @@ class EngineBridge(QObject):
             engine.load_model("")
         self.engine.request_memory_report()
 
-    def drop_engine(self, engine, timeout: float = 30.0, wait: bool = True) -> None:
+    def drop_engine(self, engine: EngineLike, timeout: float = 30.0, wait: bool = True) -> None:
         """Shut down a remote engine no longer in use (never the built-in one); `wait=False`
         does it on a helper thread, so a hung server never freezes the window."""
         if engine is self.builtin or engine is self.engine:
@@ -174,7 +175,7 @@ class EngineBridge(QObject):
         return self.builtin.settings
 
     @property
-    def remote(self):
+    def remote(self) -> EngineLike | None:
         """The remote engine in use, or None with the built-in one."""
         return None if self.engine is self.builtin else self.engine
 
@@ -210,7 +211,7 @@ class EngineBridge(QObject):
 
     # ------------------------------------------------------------ engine threads
 
-    def _on_engine_event(self, event: Event, source=None) -> None:
+    def _on_engine_event(self, event: Event, source: EngineLike | None = None) -> None:
         with self._lock:
             if self._closed:
                 return

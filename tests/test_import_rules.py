@@ -43,11 +43,7 @@ ROOMS = {
     "headless": BELOW_VISION | {"vision", "kvstore", "local", "api", "remote", "library"},
 }
 # (importer, imported): why this arrow may run against the table, until it is gone
-ROOM_EXCEPTIONS = {
-    ("engine.protocol.client", "engine.local.engine"):
-        "annotation only (TYPE_CHECKING): load_blocking/run_blocking take either engine; issue 29's "
-        "declared engine protocol replaces it",
-}
+ROOM_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 # what app/ may import from engine/: whole rooms, and single modules of the others
 APP_ROOMS = {

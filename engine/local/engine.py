@@ -10,21 +10,21 @@ a window can show before they are loaded.
 from __future__ import annotations
 
 import logging
-import queue
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ..protocol.events import (
     Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
-    TurnFailed, TurnStarted,
 )
 from .conversations import Conversations
 from ..device.heap_trim import keep_one_heap
 from ..model.heavy_imports import heavy
 from ..platform.paths import create_data_dir, default_data_dir
 from ..protocol.settings import EngineSettings
-from ..protocol.turn_stats import LocalTurnStats, TurnStats
-from ..protocol.worker import EngineWorker
+from ..protocol.worker import (
+    EngineWorker, Listeners, LoadModel, ReportState, Request, RunTurn, Shutdown, TurnFailure,
+)
 
 if TYPE_CHECKING:
     from .memory_manager import MemoryManager
@@ -34,14 +34,50 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+
+@dataclass(frozen=True)
+class UnloadEncoder(Request):
+    name: ClassVar[str] = "unload_encoder"
+
+
+@dataclass(frozen=True)
+class SpillNow(Request):
+    name: ClassVar[str] = "spill"
+    conversation_id: str
+
+
+@dataclass(frozen=True)
+class Forget(Request):
+    name: ClassVar[str] = "forget"
+    conversation_id: str
+
+
+@dataclass(frozen=True)
+class ChangeSettings(Request):
+    name: ClassVar[str] = "settings"
+    changes: dict
+
+
+class LoggedListeners(Listeners):
+    """Notices reach the log too, each distinct one once: headless commands have no window to
+    show them in, and a store failing every spill would otherwise flood the log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logged: set[str] = set()
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, Notice) and event.message not in self._logged:
+            self._logged.add(event.message)
+            log.log(logging.INFO if event.level == "info" else logging.WARNING, "%s", event.message)
+        super().emit(event)
 
 
 class Engine(EngineWorker):
     thread_name = "parley-model-owner"
 
     def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
-        super().__init__()
+        super().__init__(LoggedListeners())
         keep_one_heap()  # before the owner thread exists: its freed memory must be trimmable
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
@@ -52,52 +88,26 @@ class Engine(EngineWorker):
         self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions
         self.pipeline: TurnPipeline | None = None     # one turn, from pictures to stats
         self.sessions = Conversations()
-        self.last_turn_stats: LocalTurnStats | None = None  # the latest finished turn's stats
-        self._logged_notices: set[str] = set()
 
     # ------------------------------------------------------------ public API (any thread)
 
     def load_model(self, path: str) -> None:
-        self._queue.put(("load", str(path)))
-
-    def request_memory_report(self) -> None:
-        self._queue.put(("memory", None))
+        self._put(LoadModel(str(path)))
 
     def unload_encoder(self) -> None:
-        self._queue.put(("unload_encoder", None))
+        self._put(UnloadEncoder())
 
     def spill_now(self, conversation_id: str) -> None:
-        self._queue.put(("spill", conversation_id))
+        self._put(SpillNow(conversation_id))
 
     def forget(self, conversation_id: str) -> None:
-        self._queue.put(("forget", conversation_id))
+        self._put(Forget(conversation_id))
 
     def update_settings(self, **changes) -> None:
         self.settings.with_changes(changes)  # validate now, in the caller's thread
-        self._queue.put(("settings", changes))
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        if self._thread is None:
-            return
-        self.stop()
-        self._queue.put(("shutdown", None))
-        self._thread.join(timeout)
-        self._thread = None
+        self._put(ChangeSettings(changes))
 
     # ------------------------------------------------------------ owner thread
-
-    def _emit(self, event: Event) -> None:
-        if isinstance(event, Notice):
-            self._log_notice(event)
-        super()._emit(event)
-
-    def _log_notice(self, notice: Notice) -> None:
-        """Notices reach the log too, each distinct one once: headless commands have no window
-        to show them in, and a store failing every spill would otherwise flood the log."""
-        if notice.message in self._logged_notices:
-            return
-        self._logged_notices.add(notice.message)
-        log.log(logging.INFO if notice.level == "info" else logging.WARNING, "%s", notice.message)
 
     def _loop(self) -> None:
         # torch and transformers load here, first thing on this thread (see the module docstring),
@@ -109,28 +119,46 @@ class Engine(EngineWorker):
             self._emit(Notice("error", f"The engine cannot start: {type(exc).__name__}: {exc}"))
 
         while True:
-            try:
-                kind, arg = self._queue.get(timeout=self._idle_tick_s())
-            except queue.Empty:
+            request = self._next_request(timeout=self._idle_tick_s())
+            if request is None:
                 try:
                     self._on_idle()
                 except Exception as exc:  # idle work failing must not end the owner thread
                     log.exception("idle work failed")
                     self._emit(Notice("error", f"background work failed: {exc}"))
                 continue
-            if kind == "shutdown":
+            if isinstance(request, Shutdown):
                 self._on_shutdown()
                 return
             try:
-                handler = getattr(self, f"_do_{kind}")
-                handler(arg)
+                self._handle(request)
             except Exception as exc:  # the loop survives anything a request does
-                log.exception("engine request %s failed", kind)
-                self._emit(Notice("error", f"{kind} failed: {exc}"))
+                log.exception("engine request %s failed", request.name)
+                self._emit(Notice("error", f"{request.name} failed: {exc}"))
             try:
                 self._on_idle()  # timers are due even while requests keep coming
             except Exception:
                 log.exception("idle work failed")
+
+    def _handle(self, request: Request) -> None:
+        match request:
+            case RunTurn():
+                self._do_turn(request)
+            case LoadModel(path=path):
+                self._do_load(path)
+            case ReportState():
+                self._emit(self._report())
+            case UnloadEncoder():
+                self._do_unload_encoder()
+            case SpillNow(conversation_id=cid):
+                self._do_spill(cid)
+            case Forget(conversation_id=cid):
+                self.sessions.pop(cid, None)
+                self._emit(self._report())
+            case ChangeSettings(changes=changes):
+                self._do_settings(changes)
+            case _:
+                raise TypeError(f"the engine takes no {type(request).__name__}")
 
     def _idle_tick_s(self) -> float:
         from .memory_manager import idle_tick_s
@@ -139,7 +167,7 @@ class Engine(EngineWorker):
 
     def _on_idle(self) -> None:
         """Timers that run between requests (encoder unload, session spill)."""
-        if self.memory is not None and self.memory.on_idle(more=self._queue.empty):
+        if self.memory is not None and self.memory.on_idle(more=self._nothing_waiting):
             self._emit(self._report())
 
     def _on_shutdown(self) -> None:
@@ -192,14 +220,15 @@ class Engine(EngineWorker):
             self._emit(ModelFailed(path, f"Cannot load {path}: {type(exc).__name__}: {exc}"))
             return
         self.loaded = loaded
-        self.spill_scheduler = SpillScheduler(loaded, self.settings, self.data_dir, self._emit)
+        emit = self.events.emit  # the parts emit events; none of them holds the engine
+        self.spill_scheduler = SpillScheduler(loaded, self.settings, self.data_dir, emit)
         if self.spill_scheduler.refusal:
             self._emit(Notice("warning", "Conversations will not be spilled to disk: " + self.spill_scheduler.refusal))
         elif self.spill_scheduler.error:
             self._emit(Notice("warning", f"The KV store is unavailable ({self.spill_scheduler.error}); "
                                          "idle conversations stay in memory."))
-        self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache", emit=self._emit)
-        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.gate, self.settings, self._emit)
+        self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache", emit=emit)
+        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.gate, self.settings, emit)
         self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spill_scheduler, self.memory)
         # said before ModelReady, so whoever waits for "ready" has heard how the model was placed
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
@@ -218,13 +247,6 @@ class Engine(EngineWorker):
             self.gate.emit_state()
         self._emit(self._report())
 
-    def _do_memory(self, _arg) -> None:
-        self._emit(self._report())
-
-    def _do_forget(self, conversation_id: str) -> None:
-        self.sessions.pop(conversation_id, None)
-        self._emit(self._report())
-
     def _do_settings(self, changes: dict) -> None:
         reload = self.loaded is not None and changes.get("weights", self.settings.weights) != self.settings.weights
         self.settings = self.settings.with_changes(changes)
@@ -238,7 +260,7 @@ class Engine(EngineWorker):
             if changes.get("elastic") and self.gate.elastic_refused:
                 self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
 
-    def _do_unload_encoder(self, _arg) -> None:
+    def _do_unload_encoder(self) -> None:
         if self.gate is None:
             return
         if not self.gate.unload():
@@ -259,31 +281,14 @@ class Engine(EngineWorker):
             return memory_report(self.loaded, self.sessions)
         return self.memory.report()
 
-    def _should_stop(self, turn_id: int) -> bool:
-        return turn_id in self._stop_requested
+    def _run_turn(self, turn: Turn, queued_at: float) -> TurnDone:
+        if self.loaded is None:
+            raise TurnFailure("No model is loaded. Choose a model folder first.")
+        tid = turn.turn_id
+        return self.pipeline.run(turn, self.settings, self._emit, lambda: self._should_stop(tid))
 
-    def _do_turn(self, turn: Turn) -> None:
-        tid, cid = turn.turn_id, turn.conversation_id
-        with self._stop_lock:
-            self._current_turn = tid
-        self._emit(TurnStarted(tid, cid))
-        try:
-            if self._should_stop(tid):
-                self._emit(TurnDone(tid, cid, "", [], TurnStats(), stopped=True))
-                return
-            if self.loaded is None:
-                self._emit(TurnFailed(tid, cid, "No model is loaded. Choose a model folder first."))
-                return
-            done = self.pipeline.run(turn, self.settings, self._emit, lambda: self._should_stop(tid))
-            self.last_turn_stats = done.stats  # set before TurnDone goes out: waiters read it next
-            self._emit(done)
-            self._emit(self._report())
-        except ValueError as exc:  # PictureError included: a bad turn fails alone
-            self._emit(TurnFailed(tid, cid, str(exc)))
-        except Exception as exc:
-            log.exception("turn %s failed", tid)
-            self._emit(TurnFailed(tid, cid, f"The model failed on this turn ({type(exc).__name__}: {exc})"))
-        finally:
-            with self._stop_lock:
-                self._current_turn = None
-                self._stop_requested.discard(tid)
+    def _failure_line(self, exc: Exception) -> str:
+        return f"The model failed on this turn ({type(exc).__name__}: {exc})"
+
+    def _turn_done(self, done: TurnDone) -> None:
+        self._emit(self._report())

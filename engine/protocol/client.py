@@ -1,21 +1,18 @@
-"""Blocking helpers over the Engine's events, for headless commands and tests."""
+"""Blocking helpers over an engine's events (either engine: EngineLike), for headless commands
+and tests."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
+from .engine_like import EngineLike
 from .events import ModelFailed, ModelReady, Token, Turn, TurnDone, TurnFailed
-
-
-if TYPE_CHECKING:  # the built-in engine imports torch; a remote engine's client must not need it
-    from ..local.engine import Engine
 
 
 class EngineError(RuntimeError):
     pass
 
 
-def load_blocking(engine: Engine, path: str, timeout: float = 600.0) -> ModelReady:
+def load_blocking(engine: EngineLike, path: str, timeout: float = 600.0) -> ModelReady:
     done = threading.Event()
     box: dict = {}
 
@@ -36,7 +33,7 @@ def load_blocking(engine: Engine, path: str, timeout: float = 600.0) -> ModelRea
     return box["ev"]
 
 
-def run_blocking(engine: Engine, turn: Turn, on_token=None, timeout: float = 3600.0) -> TurnDone | TurnFailed:
+def run_blocking(engine: EngineLike, turn: Turn, on_token=None, timeout: float = 3600.0) -> TurnDone | TurnFailed:
     """Submit a turn and wait for its TurnDone / TurnFailed."""
     done = threading.Event()
     box: dict = {}

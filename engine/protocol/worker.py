@@ -1,37 +1,104 @@
 """The half of the engine protocol both engines share: listeners, one worker thread fed by a
-request queue, turn ids and stop requests. `Engine` (the built-in model owner) and
-`RemoteEngine` (an OpenAI-compatible server) add their requests and their `_loop`."""
+queue of typed requests, turn ids, stop requests and the bookkeeping around one turn.
+`Engine` (the built-in model owner) and `RemoteEngine` (an OpenAI-compatible server) add their
+requests, their `_loop` and `_run_turn`; both satisfy `EngineLike` (engine/protocol/engine_like.py)."""
 from __future__ import annotations
 
 import itertools
 import logging
 import queue
 import threading
-from typing import Callable
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
-from .events import Event, Turn
+from .events import Event, Turn, TurnDone, TurnFailed, TurnStarted
+from .turn_stats import TurnStats
 
 log = logging.getLogger(__name__)
+
+
+class Listeners:
+    """Who hears an engine's events. The engine's parts are given this object's `emit`, not the
+    engine's, so none of them holds a reference back to the engine."""
+
+    def __init__(self) -> None:
+        self._fns: list[Callable[[Event], None]] = []
+
+    def add(self, fn: Callable[[Event], None]) -> None:
+        self._fns.append(fn)
+
+    def remove(self, fn: Callable[[Event], None]) -> None:
+        if fn in self._fns:
+            self._fns.remove(fn)
+
+    def emit(self, event: Event) -> None:
+        for fn in list(self._fns):
+            try:
+                fn(event)
+            except Exception:  # a broken listener must not take the engine down
+                log.exception("engine listener failed on %s", type(event).__name__)
+
+
+# ------------------------------------------------------------ requests both engines take
+
+@dataclass(frozen=True)
+class Request:
+    name: ClassVar[str] = "request"  # what a failure notice calls it ("load failed: ...")
+
+
+@dataclass(frozen=True)
+class RunTurn(Request):
+    name: ClassVar[str] = "turn"
+    turn: Turn
+    queued_at: float  # perf_counter when submit() queued it
+
+
+@dataclass(frozen=True)
+class LoadModel(Request):
+    name: ClassVar[str] = "load"
+    path: str  # a model folder (built-in engine) or a model name on the server ("" = its default)
+
+
+@dataclass(frozen=True)
+class ReportState(Request):
+    name: ClassVar[str] = "memory"
+
+
+@dataclass(frozen=True)
+class Shutdown(Request):
+    name: ClassVar[str] = "shutdown"
+
+
+class TurnFailure(Exception):
+    """A turn that cannot finish: its one line, and the reply streamed before it failed."""
+
+    def __init__(self, message: str, partial: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.partial = partial
 
 
 class EngineWorker:
     thread_name = "parley-engine"
 
-    def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._listeners: list[Callable[[Event], None]] = []
+    def __init__(self, events: Listeners | None = None) -> None:
+        self.events = events or Listeners()
+        self.last_turn_stats: TurnStats | None = None  # the latest finished turn's stats
+        self._queue: queue.Queue[Request] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._stop_lock = threading.Lock()
         self._stop_requested: set[int] = set()
         self._current_turn: int | None = None
 
+    # ------------------------------------------------------------ public API (any thread)
+
     def add_listener(self, fn: Callable[[Event], None]) -> None:
-        self._listeners.append(fn)
+        self.events.add(fn)
 
     def remove_listener(self, fn: Callable[[Event], None]) -> None:
-        if fn in self._listeners:
-            self._listeners.remove(fn)
+        self.events.remove(fn)
 
     def start(self):
         if self._thread is None:
@@ -46,7 +113,7 @@ class EngineWorker:
         """Queue a turn; a turn_id already taken from new_turn_id() is kept."""
         if not turn.turn_id:
             turn.turn_id = next(self._ids)
-        self._queue.put(("turn", turn))
+        self._put(RunTurn(turn, time.perf_counter()))
         return turn.turn_id
 
     def stop(self, turn_id: int | None = None) -> None:
@@ -55,17 +122,98 @@ class EngineWorker:
             target = turn_id if turn_id is not None else self._current_turn
             if target is not None:
                 self._stop_requested.add(target)
+            running = target is not None and target == self._current_turn
+        if running:
+            self._stop_running()
+
+    def request_memory_report(self) -> None:
+        self._put(ReportState())
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the running turn, let the worker finish what is queued, and wait for it."""
+        if self._thread is None:
+            return
+        self.stop()
+        self._put(Shutdown())
+        self._thread.join(timeout)
+        self._shut_down(finished=not self._thread.is_alive())
+        self._thread = None
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    # ------------------------------------------------------------ for the engines
+
+    def _put(self, request: Request) -> None:
+        self._queue.put(request)
+
+    def _next_request(self, timeout: float | None = None) -> Request | None:
+        """The next request, or None when `timeout` passed without one."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _nothing_waiting(self) -> bool:
+        return self._queue.empty()
+
     def _emit(self, event: Event) -> None:
-        for fn in list(self._listeners):
-            try:
-                fn(event)
-            except Exception:  # a broken listener must not take the engine down
-                log.exception("engine listener failed on %s", type(event).__name__)
+        self.events.emit(event)
+
+    def _should_stop(self, turn_id: int) -> bool:
+        return turn_id in self._stop_requested
+
+    def _do_turn(self, request: RunTurn) -> None:
+        """One turn's bookkeeping, the same in both engines: TurnStarted, a turn stopped while
+        queued ends at once, then `_run_turn`'s TurnDone, or TurnFailed with one line."""
+        turn = request.turn
+        tid, cid = turn.turn_id, turn.conversation_id
+        with self._stop_lock:
+            self._current_turn = tid
+        self._emit(TurnStarted(tid, cid))
+        try:
+            if self._should_stop(tid):
+                self._emit(TurnDone(tid, cid, "", [], TurnStats(), stopped=True))
+                return
+            done = self._run_turn(turn, request.queued_at)
+            self.last_turn_stats = done.stats  # set before TurnDone goes out: waiters read it next
+            self._emit(done)
+            self._turn_done(done)
+        except TurnFailure as exc:
+            self._turn_failed(turn, exc.message, exc.partial)
+        except ValueError as exc:  # PictureError included: a bad turn fails alone
+            self._turn_failed(turn, str(exc))
+        except Exception as exc:
+            log.exception("turn %s failed", tid)
+            self._turn_failed(turn, self._failure_line(exc))
+        finally:
+            with self._stop_lock:
+                self._current_turn = None
+                self._stop_requested.discard(tid)
+
+    def _turn_failed(self, turn: Turn, message: str, partial: str = "") -> None:
+        self._emit(TurnFailed(turn.turn_id, turn.conversation_id, message, partial))
+
+    # ------------------------------------------------------------ what each engine adds
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+    def _run_turn(self, turn: Turn, queued_at: float) -> TurnDone:
+        """Run one turn (on the worker thread), emitting its tokens; raise TurnFailure (or
+        ValueError for a bad turn) when it cannot finish."""
+        raise NotImplementedError
+
+    def _failure_line(self, exc: Exception) -> str:
+        """The line a turn that failed unexpectedly ends with."""
+        return f"The turn failed ({type(exc).__name__}: {exc})"
+
+    def _turn_done(self, done: TurnDone) -> None:
+        """After TurnDone went out."""
+
+    def _stop_running(self) -> None:
+        """A stop for the running turn was asked (any thread): end a wait it is in now, if it can."""
+
+    def _shut_down(self, finished: bool) -> None:
+        """After shutdown waited for the worker (`finished`: it ended within the timeout)."""

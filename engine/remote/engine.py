@@ -8,18 +8,17 @@ server owns the model, its memory and its caches (prefix caching is the server's
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..protocol.events import (
-    ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone,
-    TurnFailed, TurnStarted,
+    ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone, TurnFailed,
 )
 from ..protocol.settings import EngineSettings
-from ..protocol.turn_stats import RemoteTurnStats, TurnStats
-from ..protocol.worker import EngineWorker
+from ..protocol.turn_stats import RemoteTurnStats
+from ..protocol.worker import EngineWorker, LoadModel, ReportState, Request, RunTurn, Shutdown, TurnFailure
 from .config import RemoteConfig
 from .failures import describe
 from .messages import chat_messages
@@ -79,37 +78,26 @@ class RemoteEngine(EngineWorker):
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else None
         self.model_name: str | None = None  # set once the server confirmed the model
-        self.last_turn_stats: RemoteTurnStats | None = None  # the latest finished turn's stats
         self._client = make_client(config)
-        self._submitted: dict[int, float] = {}  # turn id -> when submit() queued it (for queue_s)
         self._report = ServerReport(config.server, config.model, "connecting")
-        self._request = None  # the running turn's request (under _stop_lock), for stop()
+        self._request = None  # the running turn's request (under _request_lock), for stop()
+        self._request_lock = threading.Lock()
 
     # ------------------------------------------------------------ public API (any thread)
 
-    def load_model(self, name: str = "") -> None:
-        """Check the server and choose its model: `name`, else the configured one, else the
-        first the server lists. Answers ModelReady or ModelFailed, as a local load does."""
-        self._queue.put(("load", name))
+    def load_model(self, path: str = "") -> None:
+        """Check the server and choose its model: `path` (a model name on the server; the
+        protocol's word, where the built-in engine takes a folder), else the configured one, else
+        the first the server lists. Answers ModelReady or ModelFailed, as a local load does."""
+        self._put(LoadModel(path))
 
-    def submit(self, turn: Turn) -> int:
-        if not turn.turn_id:
-            turn.turn_id = next(self._ids)
-        self._submitted[turn.turn_id] = time.perf_counter()
-        return super().submit(turn)
-
-    def stop(self, turn_id: int | None = None) -> None:
-        """Stop between chunks, and close the running turn's stream now: a slow server's next
+    def _stop_running(self) -> None:
+        """Close the running turn's stream now, not at its next chunk: a slow server's next
         chunk may be seconds away (issue 27: 3-4 s)."""
-        super().stop(turn_id)
-        with self._stop_lock:
-            running = turn_id is None or turn_id == self._current_turn
-            request = self._request if running else None
+        with self._request_lock:
+            request = self._request
         if request is not None:
             request.abort()
-
-    def request_memory_report(self) -> None:
-        self._queue.put(("report", None))
 
     def unload_encoder(self) -> None:
         self._emit(Notice("info", "The server manages its own vision encoder."))
@@ -123,15 +111,9 @@ class RemoteEngine(EngineWorker):
     def update_settings(self, **changes) -> None:
         self.settings = self.settings.with_changes(changes)
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        if self._thread is None:
-            return
-        self.stop()
-        self._queue.put(("shutdown", None))
-        self._thread.join(timeout)
-        if not self._thread.is_alive():  # else the worker still reads with it; it is a daemon
+    def _shut_down(self, finished: bool) -> None:
+        if finished:  # else the worker still reads with it; it is a daemon
             self._client.close()
-        self._thread = None
 
     @property
     def report(self) -> ServerReport:
@@ -141,17 +123,25 @@ class RemoteEngine(EngineWorker):
 
     def _loop(self) -> None:
         while True:
-            kind, arg = self._queue.get()
-            if kind == "shutdown":
+            request = self._next_request()
+            if isinstance(request, Shutdown):
                 return
             try:
-                getattr(self, f"_do_{kind}")(arg)
+                self._handle(request)
             except Exception as exc:  # the loop survives anything a request does
-                log.exception("remote engine request %s failed", kind)
-                self._emit(Notice("error", f"{kind} failed: {exc}"))
+                log.exception("remote engine request %s failed", request.name)
+                self._emit(Notice("error", f"{request.name} failed: {exc}"))
 
-    def _do_report(self, _arg) -> None:
-        self._emit(self._report)
+    def _handle(self, request: Request) -> None:
+        match request:
+            case RunTurn():
+                self._do_turn(request)
+            case LoadModel(path=name):
+                self._do_load(name)
+            case ReportState():
+                self._emit(self._report)
+            case _:
+                raise TypeError(f"the remote engine takes no {type(request).__name__}")
 
     def _set_report(self, **changes) -> None:
         self._report = replace(self._report, **changes)
@@ -188,51 +178,34 @@ class RemoteEngine(EngineWorker):
         self._set_report(state="failed", last_error=error)
         return error
 
-    def _should_stop(self, turn_id: int) -> bool:
-        return turn_id in self._stop_requested
+    def _run_turn(self, turn: Turn, queued_at: float) -> TurnDone:
+        if not turn.messages or turn.messages[-1].role != "user":
+            raise ValueError("A turn must end with a user message.")
+        if self.model_name is None:  # not connected yet, or the server was away: try now
+            error = self._connect("")
+            if error:
+                raise TurnFailure(error)
+        from .request import TurnRequest  # openai: see make_client
 
-    def _do_turn(self, turn: Turn) -> None:
-        tid, cid = turn.turn_id, turn.conversation_id
-        with self._stop_lock:
-            self._current_turn = tid
-        self._emit(TurnStarted(tid, cid))
+        tid = turn.turn_id
+        request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
+                              lambda: self._should_stop(tid), queued_at=queued_at)
+        with self._request_lock:
+            self._request = request
         try:
-            if self._should_stop(tid):
-                self._emit(TurnDone(tid, cid, "", [], TurnStats(), stopped=True))
-                return
-            if not turn.messages or turn.messages[-1].role != "user":
-                raise ValueError("A turn must end with a user message.")
-            if self.model_name is None:  # not connected yet, or the server was away: try now
-                error = self._connect("")
-                if error:
-                    self._fail(turn, error)
-                    return
-            from .request import TurnRequest  # openai: see make_client
-
-            request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
-                                  lambda: self._should_stop(tid), queued_at=self._submitted.get(tid))
-            with self._stop_lock:
-                self._request = request
             outcome = request.run(chat_messages(turn))
-            if outcome.error:
-                self._fail(turn, outcome.error, outcome.reply)
-                return
-            self.last_turn_stats = outcome.stats
-            self._record(outcome.stats)
-            self._emit(TurnDone(tid, cid, outcome.reply, [], outcome.stats, stopped=outcome.stopped))
-        except ValueError as exc:  # PictureError included: a bad turn fails alone
-            self._fail(turn, str(exc))
-        except Exception as exc:
-            log.exception("remote turn %s failed", tid)
-            self._fail(turn, f"The request to {self.config.server} failed ({type(exc).__name__}: {exc})")
         finally:
-            self._submitted.pop(tid, None)
-            with self._stop_lock:
-                self._current_turn = None
+            with self._request_lock:
                 self._request = None
-                self._stop_requested.discard(tid)
+        if outcome.error:
+            raise TurnFailure(outcome.error, outcome.reply)
+        self._record(outcome.stats)
+        return TurnDone(tid, turn.conversation_id, outcome.reply, [], outcome.stats, stopped=outcome.stopped)
 
-    def _fail(self, turn: Turn, message: str, partial: str = "") -> None:
+    def _failure_line(self, exc: Exception) -> str:
+        return f"The request to {self.config.server} failed ({type(exc).__name__}: {exc})"
+
+    def _turn_failed(self, turn: Turn, message: str, partial: str = "") -> None:
         self._set_report(state="failed", last_error=message)  # the report follows the latest request
         self._emit(TurnFailed(turn.turn_id, turn.conversation_id, message, partial))
 

@@ -181,11 +181,10 @@ class EngineBridge(QObject):
 
     @staticmethod
     def check_model_folder(path: str | Path) -> str | None:
-        """Why a folder cannot be loaded (the engine's own sentence), or None if it looks fine."""
-        from engine.model.heavy_imports import heavy
+        """Why a folder cannot be loaded (the engine's own sentence), or None if it looks fine.
+        Torch-free: it never waits for the engine thread's import of torch."""
+        from engine.model.folder_check import ModelLoadError, check_folder
 
-        heavy()  # at launch the engine thread may be importing torch: wait for it, never race it
-        from engine.model.load import ModelLoadError, check_folder
         try:
             check_folder(Path(path).expanduser())
         except ModelLoadError as exc:

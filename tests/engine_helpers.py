@@ -40,7 +40,7 @@ class Reference:
         processor = self.loaded.processor
         text = render(processor, messages, system)
         images = [Image.open(p.path).convert("RGB") for m in messages for p in m.images]
-        if self.loaded.adapter.nested_images and images:
+        if self.loaded.family.nested_images and images:
             images = [images]
         inputs = processor(text=text, images=images or None, return_tensors="pt")
         return inputs["input_ids"][0].tolist(), inputs

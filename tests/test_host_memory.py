@@ -62,12 +62,12 @@ def test_freed_heap_goes_back_to_the_system():
 def test_an_elastic_load_does_not_copy_the_encoder_weights_it_is_about_to_release(tiny_model):
     # the engine releases an elastic encoder right after the load; copying its weights out of
     # the file first would only double the load's memory for a moment (1.3 GB at Qwen2-VL-2B)
-    from engine.model.load import ADAPTERS
+    from engine.model.families import FAMILIES
 
     folder = tiny_model("llava").resolve()
     loaded = load_model(folder, "cpu", "float32", elastic=True)
     spans = file_mappings(folder)
-    vision = tuple(m + "." for m in ADAPTERS["llava"].vision_modules)
+    vision = tuple(m + "." for m in FAMILIES["llava"].vision_modules)
     mapped = {n for n, t in loaded.model.named_parameters() if any(a <= t.data_ptr() < b for a, b in spans)}
     assert mapped and all(n.startswith(vision) for n in mapped)
     assert {n for n, _ in loaded.model.named_parameters() if n.startswith(vision)} == mapped

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # the built-in engine)
 TORCH_FREE = ["engine.platform", "engine.pictures", "engine.protocol", "engine.remote", "engine.library",
               "engine.headless"]
+# single torch-free modules of rooms that are not: the model family table, the folder check the window
+# runs before torch is in, and the import lock itself
+TORCH_FREE_MODULES = ["engine.model.families", "engine.model.folder_check", "engine.model.heavy_imports"]
 HEAVY = ["torch", "PySide6"]
 QT = ("PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "shiboken2", "qtpy")
 
@@ -39,7 +42,7 @@ ROOMS = {
     "local": BELOW_VISION | {"vision", "kvstore"},
     "api": BELOW_VISION | {"vision", "kvstore", "local"},
     "remote": {"protocol", "pictures", "platform"},  # the engine protocol over HTTP: no model, no torch
-    "library": {"model", "platform"},  # model only through its torch-free heavy_imports lock
+    "library": {"model", "platform"},  # model only through its torch-free family table and import lock
     "headless": BELOW_VISION | {"vision", "kvstore", "local", "api", "remote", "library"},
 }
 # (importer, imported): why this arrow may run against the table, until it is gone
@@ -56,8 +59,7 @@ APP_ROOMS = {
 }
 APP_MODULES = {
     "engine.local.engine": "the Engine class the bridge starts; nothing else of local/",
-    "engine.model.heavy_imports": "the bridge waits on the one torch import lock before checking a folder",
-    "engine.model.load": "check_folder for the window's folder check (issue 29 makes it torch-free)",
+    "engine.model.folder_check": "the window's model-folder check, torch-free",
 }
 
 
@@ -120,6 +122,14 @@ def test_torch_free_rooms_import_neither_torch_nor_qt(package):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "", f"{package} is torch-free, but importing {json.loads(out.stdout)}"
+
+
+@pytest.mark.parametrize("module", TORCH_FREE_MODULES)
+def test_torch_free_modules_import_neither_torch_nor_qt(module):
+    code = f"import importlib, sys; importlib.import_module({module!r}); print(sorted(set({HEAVY!r}) & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"{module} is torch-free, but importing it imported {out.stdout.strip()}"
 
 
 def test_engine_never_imports_qt():

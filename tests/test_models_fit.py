@@ -6,7 +6,7 @@ import math
 import pytest
 
 from engine.library.fit import count_params, estimate_fit, kv_bytes_per_token, memory_need, verdict
-from engine.library.repo_check import SUPPORTED_MODEL_TYPES, needed_files, problem
+from engine.library.repo_check import needed_files, problem
 
 # Qwen/Qwen2-VL-2B-Instruct config.json (the numbers that matter), as published
 QWEN2_VL_2B = {
@@ -86,12 +86,6 @@ def test_verdict_bands_and_the_line():
     assert estimate_fit(SMOLVLM_256M, "bfloat16", 4096, device=("cpu (RAM)", 8 << 30)).verdict == "fits"
     with pytest.raises(ValueError, match="unknown precision"):
         memory_need(SMOLVLM_256M, "int3")
-
-
-def test_supported_types_match_the_engine():
-    from engine.model.load import ADAPTERS
-
-    assert set(SUPPORTED_MODEL_TYPES) == set(ADAPTERS)
 
 
 def test_folder_check_before_download():

@@ -49,7 +49,7 @@ def test_full_pull_then_load_with_parleys_loader(hub, tiny_model, tmp_path):
     [listed] = installed_models()
     assert listed.repo_id == "acme/tiny-smolvlm" and listed.complete
     loaded = load_model(resolve_model("acme/tiny-smolvlm"), device="cpu")
-    assert loaded.adapter.name == "smolvlm"  # its own adapter, not the Idefics3 one it derives from
+    assert loaded.family.name == "smolvlm"  # its own family, not the Idefics3 one it derives from
 
 
 def test_dropped_connection_resumes_with_range(hub):

@@ -25,7 +25,7 @@ B = 16  # small KV blocks so a tiny conversation spans several
 
 def _vision_tensors(loaded) -> dict[str, torch.Tensor]:
     out = {}
-    for prefix in loaded.adapter.vision_modules:
+    for prefix in loaded.family.vision_modules:
         for name, p in loaded.module(prefix).named_parameters():
             out[f"{prefix}.{name}"] = p.detach()
     return out
@@ -111,7 +111,7 @@ def test_vision_stays_full_precision_and_still_unloads_and_reloads(family, fmt, 
     assert vision_q == vision_full
     assert lm_q < lm_full * (0.5 if fmt == "int8" else 0.75)
     # every language-model matrix that the format covers is quantized (the skip list is right)
-    in_lm = lambda n: not n.startswith(tuple(p + "." for p in quant.adapter.vision_modules))  # noqa: E731
+    in_lm = lambda n: not n.startswith(tuple(p + "." for p in quant.family.vision_modules))  # noqa: E731
     if fmt == "int8":  # all of them, token embedding and output head included
         assert not [n for n, m in quant.model.named_modules() if type(m) is torch.nn.Linear and in_lm(n)]
         assert all(is_quantized(p) for n, p in quant.model.named_parameters() if in_lm(n) and p.dim() == 2)

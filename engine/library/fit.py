@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model.families import FAMILIES, QKV_BIAS_TEXT_TYPES
+
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "4bit": 0.5}
 TIGHT_FROM = 0.8  # need above this share of free memory is "tight"
 
@@ -84,7 +86,7 @@ def _language_params(t, tied: bool) -> int:
     kv = getattr(t, "num_key_value_heads", None) or heads
     hd = getattr(t, "head_dim", None) or h // heads
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-    if t.model_type in ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text"):  # q/k/v carry biases
+    if t.model_type in QKV_BIAS_TEXT_TYPES:
         attn += heads * hd + 2 * kv * hd
     mlp = 3 * h * inter  # gate, up, down (every supported text family is a gated MLP)
     per_layer = attn + mlp + 2 * h  # two RMSNorms
@@ -94,6 +96,7 @@ def _language_params(t, tied: bool) -> int:
 
 
 def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
+    family = FAMILIES[model_type]
     if getattr(v, "depth", None) is None and getattr(v, "num_hidden_layers", None) is None:
         # not a plain ViT (the built-in demo model's LeViT: convolutions and stages): count the
         # tower as built on the meta device (no memory), plus LLaVA's projector
@@ -104,20 +107,22 @@ def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
     channels = getattr(v, "in_chans", None) or getattr(v, "num_channels", 3)
     patch = v.patch_size
     attn = 4 * d * d + 4 * d
-    if model_type == "qwen2_5_vl":  # gated MLP with biases, RMSNorm
+    if family.vision_mlp == "gated":  # with biases, RMSNorm
         mlp, norms = 3 * d * inter + 2 * inter + d, 2 * d
     else:
         mlp, norms = 2 * d * inter + inter + d, 4 * d
     tower = layers * (attn + mlp + norms)
-    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+    if family.vision_patch == "conv3d":
         tower += channels * v.temporal_patch_size * patch * patch * d  # Conv3d, no bias
+    else:
+        positions = (v.image_size // patch) ** 2
+        tower += channels * patch * patch * d + d + positions * d + 2 * d  # patch conv, positions, post-norm
+    if family.connector == "merger":
         merged = d * v.spatial_merge_size ** 2
         out = getattr(v, "out_hidden_size", None) or v.hidden_size
-        return tower + d + merged * merged + merged + merged * out + out  # merger: norm + 2 linears
-    positions = (v.image_size // patch) ** 2
-    tower += channels * patch * patch * d + d + positions * d + 2 * d  # patch conv, positions, post-norm
-    if model_type in ("idefics3", "smolvlm"):
-        return tower + d * config.scale_factor ** 2 * text_hidden  # connector: one linear, no bias
+        return tower + d + merged * merged + merged + merged * out + out  # norm + 2 linears
+    if family.connector == "pixel_shuffle":
+        return tower + d * config.scale_factor ** 2 * text_hidden  # one linear, no bias
     return tower + _llava_projector(d, text_hidden)
 
 

@@ -7,10 +7,7 @@ from __future__ import annotations
 import json
 from fnmatch import fnmatch
 
-# engine/model/load.py's ADAPTERS keys (tests/test_models_fit.py keeps the two equal); kept here so the
-# window can run this check without importing torch.
-SUPPORTED_MODEL_TYPES = {"llava": "LLaVA", "qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL",
-                         "idefics3": "Idefics3", "smolvlm": "SmolVLM"}
+from ..model.families import unsupported
 
 # Top-level files a VLM needs: weights, configs, tokenizer, processor, chat template.
 NEEDED = ("*.safetensors", "*.safetensors.index.json", "*.json", "*.jinja", "tokenizer.model", "*.txt",
@@ -50,11 +47,9 @@ def problem(config: dict | None, names: list[str], carrier_json: dict | None = N
     `carrier_json` is the content of `template_source(names)` when that is a JSON file."""
     if config is None:
         return "no config.json, so it is not a transformers model"
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        archs = ", ".join(config.get("architectures") or []) or "unknown"
-        return (f"unsupported architecture {model_type!r} ({archs}); Parley loads "
-                f"{', '.join(SUPPORTED_MODEL_TYPES.values())}")
+    why = unsupported(config)
+    if why:
+        return why
     if not any(n.endswith(".safetensors") and "/" not in n for n in names):
         return "no .safetensors weights (Parley loads safetensors only)"
     source = template_source(names)

@@ -19,7 +19,7 @@ from ..protocol.events import (
 )
 from .conversations import Conversations
 from ..device.heap_trim import keep_one_heap
-from ..model.heavy_imports import heavy
+from ..model.heavy_imports import heavy, import_with_torch
 from ..platform.paths import create_data_dir, default_data_dir
 from ..protocol.settings import EngineSettings
 from ..protocol.worker import (
@@ -33,6 +33,14 @@ if TYPE_CHECKING:
     from ..vision.gate import PictureGate
 
 log = logging.getLogger(__name__)
+
+
+@import_with_torch
+def _torch_parts() -> None:
+    """The engine's torch-backed modules, imported with torch under heavy_imports' lock."""
+    from ..model import load  # noqa: F401
+    from ..vision import gate  # noqa: F401
+    from . import memory_manager, pipeline, spill_scheduler  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -235,7 +243,7 @@ class Engine(EngineWorker):
             self._emit(Notice("warning", note))
         if loaded.weights_note:  # `auto` weights chose a smaller format: say which and why
             self._emit(Notice("info", loaded.weights_note))
-        self._emit(ModelReady(str(loaded.path), loaded.adapter.name, str(loaded.device),
+        self._emit(ModelReady(str(loaded.path), loaded.family.name, str(loaded.device),
                               str(loaded.dtype).replace("torch.", ""), loaded.name))
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "

@@ -148,7 +148,7 @@ def _positions(loaded, prompt: Prompt) -> tuple[torch.Tensor | None, int]:
     None means plain 0..L-1 positions. Qwen2-VL family: 3-D positions from the model's own
     get_rope_index; the delta (max position + 1 - length) continues positions while decoding.
     """
-    if not loaded.adapter.mrope or not prompt.picture_chunks:
+    if not loaded.family.mrope or not prompt.picture_chunks:
         return None, 0
     ids = torch.tensor([prompt.ids], dtype=torch.long)
     types = torch.zeros_like(ids, dtype=torch.int32)

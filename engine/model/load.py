@@ -1,14 +1,14 @@
-"""Load a vision-language model folder and describe its family.
+"""Load a vision-language model folder.
 
-A `LoadedModel` holds the transformers model + processor and a `FamilyAdapter` that knows the
-few things that differ between families: which modules form the vision encoder, how a single
-picture is preprocessed, and how positions are computed (Qwen2-VL's 3-D rope).
+A `LoadedModel` holds the transformers model + processor and its `Family` (engine/model/families.py:
+the few things that differ between families, such as which modules form the vision encoder and
+whether positions are Qwen2-VL's 3-D rope). Whether a folder can be loaded at all is answered
+torch-free by engine/model/folder_check.py; the weight format by engine/model/weights.py.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -27,50 +27,13 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from ..device import choice as devices
 from ..device.heap_trim import return_freed_heap
 from ..device.process_memory import growth_during
+from .families import FAMILIES, Family
+from .folder_check import ModelLoadError, check_folder
+from .weights import finish_load, load_kwargs, plan_weights
+
+__all__ = ["LoadedModel", "ModelLoadError", "check_folder", "check_load", "load_model", "free_device_cache"]
 
 log = logging.getLogger(__name__)
-
-
-class ModelLoadError(Exception):
-    """A folder that cannot be used as a model; the message is meant for the user."""
-
-
-@dataclass(frozen=True)
-class FamilyAdapter:
-    name: str
-    # attribute paths (under the top-level model) of the modules that form the vision encoder
-    vision_modules: tuple[str, ...]
-    nested_images: bool = False  # the image processor wants [[img]] (one list per sample)
-    mrope: bool = False  # Qwen2-VL style 3-D positions from get_rope_index
-
-    def preprocess(self, processor, merged_image_kwargs: dict, image) -> tuple[dict, str]:
-        """One picture -> (model inputs for the encoder, placeholder replacement text).
-
-        Uses the processor's own per-picture step so the expansion equals what the processor
-        produces for the whole prompt.
-        """
-        images = [[image]] if self.nested_images else [image]
-        # transformers' private per-picture step: no public call gives one picture's expansion
-        processed, replacements = processor._process_images(images, **merged_image_kwargs)
-        return dict(processed), replacements[0]
-
-    def encoder_inputs(self, model, processed: dict) -> dict[str, Any]:
-        """Keep only the arguments `get_image_features` accepts (rows/cols etc. are prompt-only)."""
-        params = inspect.signature(model.model.get_image_features).parameters
-        out = {}
-        for k, v in processed.items():
-            if k in params and v is not None:
-                out[k] = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
-        return out
-
-
-ADAPTERS: dict[str, FamilyAdapter] = {
-    "llava": FamilyAdapter("llava", ("model.vision_tower", "model.multi_modal_projector")),
-    "qwen2_vl": FamilyAdapter("qwen2_vl", ("model.visual",), mrope=True),
-    "qwen2_5_vl": FamilyAdapter("qwen2_5_vl", ("model.visual",), mrope=True),
-    "idefics3": FamilyAdapter("idefics3", ("model.vision_model", "model.connector"), nested_images=True),
-    "smolvlm": FamilyAdapter("smolvlm", ("model.vision_model", "model.connector"), nested_images=True),
-}
 
 
 @dataclass
@@ -79,7 +42,7 @@ class LoadedModel:
     name: str
     model: Any
     processor: Any
-    adapter: FamilyAdapter
+    family: Family
     device: torch.device
     dtype: torch.dtype
     eos_ids: set[int]
@@ -109,35 +72,10 @@ class LoadedModel:
         return obj
 
     def vision_parameters(self):
-        for name in self.adapter.vision_modules:
+        for name in self.family.vision_modules:
             mod = self.module(name)
             if mod is not None:
                 yield from mod.parameters()
-
-
-def check_folder(path: Path) -> dict:
-    """Fail early, with a sentence a user understands, on folders that are not a supported VLM."""
-    if not path.exists():
-        raise ModelLoadError(f"Model folder not found: {path}")
-    if not path.is_dir():
-        raise ModelLoadError(f"Not a folder: {path} (choose the folder that holds config.json)")
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise ModelLoadError(f"{path} has no config.json, so it is not a transformers model folder")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{cfg_path} cannot be read as JSON: {exc}") from None
-    model_type = config.get("model_type")
-    if model_type not in ADAPTERS:
-        archs = ", ".join(config.get("architectures") or []) or "unknown"
-        raise ModelLoadError(
-            f"Unsupported architecture {model_type!r} ({archs}). Parley supports: "
-            "LLaVA, Qwen2-VL, Qwen2.5-VL, Idefics3 and SmolVLM."
-        )
-    if not any(path.glob("*.safetensors")):
-        raise ModelLoadError(f"{path} has no .safetensors weights (Parley loads safetensors only)")
-    return config
 
 
 def weights_identity(path: Path) -> bytes:
@@ -184,8 +122,6 @@ def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     """Refuse, before anything is released or read, what load_model would refuse whatever memory
     is free: a folder that is no model, an unknown device, a weights/dtype/device combination
     that cannot run (ModelLoadError with one sentence)."""
-    from .weights import plan_weights
-
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
     try:
@@ -198,7 +134,6 @@ def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
                budget_bytes: int | None = None, elastic: bool = False) -> LoadedModel:
     from ..device.ledger import device_totals
-    from .weights import finish_load, load_kwargs, plan_weights
 
     folder = Path(path).expanduser().resolve()
     config = check_folder(folder)
@@ -280,7 +215,7 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     name = folder.name
     log.info("loaded %s (%s) on %s as %s, weights %s", name, family, dev, dt, fmt)
     return LoadedModel(
-        path=folder, name=name, model=model, processor=processor, adapter=ADAPTERS[config["model_type"]],
+        path=folder, name=name, model=model, processor=processor, family=FAMILIES[config["model_type"]],
         device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
         fingerprint=fp.digest(), notes=tuple(notes), weights=fmt, weights_note=plan.note,
         processor_bytes=processor_bytes,

@@ -2,7 +2,7 @@
 (quantized by torchao, run by engine/model/int8_layers.py) and 4-bit NF4 (bitsandbytes); `auto` picks
 the largest that fits free memory.
 
-Only the language model is quantized. The vision tower and projector (the family adapter's
+Only the language model is quantized. The vision tower and projector (the family's
 `vision_modules`) stay in full precision, so the elastic encoder still reloads them from the
 folder's safetensors and picture features do not depend on the weight format.
 """
@@ -18,7 +18,8 @@ from safetensors import safe_open
 
 from ..device import choice as devices
 from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
-from .load import ADAPTERS, ModelLoadError
+from .families import FAMILIES
+from .folder_check import ModelLoadError
 from ..protocol.settings import WEIGHT_FORMATS
 
 
@@ -90,7 +91,7 @@ def refusal(fmt: str, device: torch.device) -> str | None:
 
 def skip_modules(family: str) -> list[str]:
     """Modules never quantized: the family's vision encoder and projector."""
-    return list(ADAPTERS[family].vision_modules)
+    return list(FAMILIES[family].vision_modules)
 
 
 # ------------------------------------------------------------------ size estimate (no weights read)
@@ -98,7 +99,7 @@ def skip_modules(family: str) -> list[str]:
 def _is_vision_key(key: str, family: str) -> bool:
     bare = key.removeprefix("model.")
     return any(bare == m.removeprefix("model.") or bare.startswith(m.removeprefix("model.") + ".")
-               for m in ADAPTERS[family].vision_modules)
+               for m in FAMILIES[family].vision_modules)
 
 
 def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> int:
@@ -192,10 +193,10 @@ def finish_load(model, plan: WeightPlan, family: str, device: torch.device, elas
     if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
         model.to(device)
     if plan.format == "int8":
-        pack_int8(model, ADAPTERS[family].vision_modules, plan.dtype)
+        pack_int8(model, FAMILIES[family].vision_modules, plan.dtype)
     model.eval()
     if device.type == "cpu" and not plan.quantized:
-        own_weights(model, skip=tuple(m + "." for m in ADAPTERS[family].vision_modules) if elastic else ())
+        own_weights(model, skip=tuple(m + "." for m in FAMILIES[family].vision_modules) if elastic else ())
     if plan.quantized:
         check_quantized(model, family, plan.format)
 
@@ -222,7 +223,7 @@ def is_quantized(p: torch.Tensor) -> bool:
 def check_quantized(model, family: str, fmt: str) -> None:
     """A wrong skip list quantizes the vision tower (garbage features) or nothing at all (no
     saving): either is refused here rather than served."""
-    vision = tuple(m + "." for m in ADAPTERS[family].vision_modules)
+    vision = tuple(m + "." for m in FAMILIES[family].vision_modules)
     quantized = [n for n, p in model.named_parameters() if is_quantized(p)]
     bad = [n for n in quantized if n.startswith(vision)]
     if bad:

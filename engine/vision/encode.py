@@ -1,15 +1,28 @@
 """Running the vision encoder + projector on one picture."""
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 
 from .entry import PictureEntry
 
 
+def encoder_inputs(model, processed: dict) -> dict[str, Any]:
+    """Keep only the arguments `get_image_features` accepts (rows/cols etc. are prompt-only)."""
+    params = inspect.signature(model.model.get_image_features).parameters
+    out = {}
+    for k, v in processed.items():
+        if k in params and v is not None:
+            out[k] = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+    return out
+
+
 @torch.inference_mode()
 def encode_entry(loaded, entry: PictureEntry) -> torch.Tensor:
     """Post-projector features [n_tokens, hidden] for one prepared picture, kept on CPU."""
-    inputs = loaded.adapter.encoder_inputs(loaded.model, entry.encoder_inputs or {})
+    inputs = encoder_inputs(loaded.model, entry.encoder_inputs or {})
     for k, v in inputs.items():
         v = v.to(loaded.device)
         if v.is_floating_point():

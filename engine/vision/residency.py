@@ -61,7 +61,7 @@ class EncoderResidency:
 
     def _param_names(self) -> list[str]:
         names = []
-        for prefix in self.loaded.adapter.vision_modules:
+        for prefix in self.loaded.family.vision_modules:
             mod = self.loaded.module(prefix)
             if mod is None:
                 continue
@@ -96,7 +96,7 @@ class EncoderResidency:
     # -------------------------------------------------------------- state changes
 
     def _params(self):
-        for prefix in self.loaded.adapter.vision_modules:
+        for prefix in self.loaded.family.vision_modules:
             mod = self.loaded.module(prefix)
             if mod is None:
                 continue

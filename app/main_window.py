@@ -34,7 +34,7 @@ from .preferences import ApiConfig, Preferences
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
-from .window_chrome import build_menus, build_status_bar, show_api_state
+from .window_chrome import StatusLine, WindowMenus
 
 HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
                  "with File ▸ Models….")
@@ -100,8 +100,8 @@ class MainWindow(QMainWindow):
         self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
         self.resizeDocks([self.memory_dock], [380], Qt.Orientation.Horizontal)
 
-        build_status_bar(self)
-        build_menus(self)
+        self.status = StatusLine(self.statusBar(), self.engines.label)
+        self.menus = WindowMenus(self.menuBar(), self)
         self.chat.offer_varied_regenerate(prefs.sampling().greedy)
         self._wire()
         self._restore_layout()
@@ -131,8 +131,8 @@ class MainWindow(QMainWindow):
         b.turnStarted.connect(lambda ev: self._turn_t0.__setitem__(ev.turn_id, time.monotonic()))
         b.tokens.connect(self._on_tokens)
         b.turnDone.connect(self._on_turn_done)
-        b.turnFailed.connect(lambda _ev: self.speed_label.clear())  # the last speed is no longer the latest
-        b.engineChanged.connect(lambda _engine: self.speed_label.clear())
+        b.turnFailed.connect(lambda _ev: self.status.speed_label.clear())  # the last speed is no longer the latest
+        b.engineChanged.connect(lambda _engine: self.status.speed_label.clear())
         b.memoryReport.connect(self.memory_dock.on_memory_report)
         b.encoderState.connect(self.memory_dock.on_encoder_state)
         b.spillState.connect(self.memory_dock.on_spill_state)
@@ -140,7 +140,7 @@ class MainWindow(QMainWindow):
         self.memory_dock.reportWanted.connect(b.request_memory_report)
         self.memory_dock.unloadEncoderRequested.connect(b.unload_encoder)
         self.memory_dock.spillRequested.connect(self._spill_current)
-        self.api.stateChanged.connect(lambda state, detail: show_api_state(self, state, detail))
+        self.api.stateChanged.connect(self.status.show_api_state)
         self.api.stateChanged.connect(self.memory_dock.on_api_state)
         self.api.activityChanged.connect(self.memory_dock.on_api_activity)
 
@@ -199,19 +199,19 @@ class MainWindow(QMainWindow):
 
     def _on_model_loading(self, ev: ModelLoading) -> None:
         self.model_ready = False
-        self.progress.show()
-        self.model_label.setText(f"Loading {Path(ev.path).name}…")
+        self.status.progress.show()
+        self.status.model_label.setText(f"Loading {Path(ev.path).name}…")
         self.composer.set_ready(False, "The model is loading")
         self._update_hints(f"Loading {Path(ev.path).name}…")
 
     def _on_model_ready(self, ev: ModelReady) -> None:
         self.model_ready = True
         self.model_path, self.model_name = ev.path, ev.name
-        self.progress.hide()
-        self.model_label.setText(f"{ev.name} ({ev.family})")
+        self.status.progress.hide()
+        self.status.model_label.setText(f"{ev.name} ({ev.family})")
         # a server's "device" is its address, which the engine label already shows
-        self.device_label.setText("" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
-        self.device_label.setVisible(bool(self.device_label.text()))
+        self.status.device_label.setText("" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
+        self.status.device_label.setVisible(bool(self.status.device_label.text()))
         self.composer.set_ready(True)
         self.memory_dock.on_model(ev.device, ev.name)
         if ev.family != "remote":  # a server's address is not a model folder
@@ -222,8 +222,8 @@ class MainWindow(QMainWindow):
 
     def _on_model_failed(self, ev: ModelFailed) -> None:
         self.model_ready = False
-        self.progress.hide()
-        self.model_label.setText("No model")
+        self.status.progress.hide()
+        self.status.model_label.setText("No model")
         self.composer.set_ready(False, "No model is loaded")
         self.show_notice(ev.message)
         self._update_hints(f"The model could not be loaded.\n{ev.message}\n\n"
@@ -346,12 +346,12 @@ class MainWindow(QMainWindow):
         t0 = self._turn_t0.get(turn_id)
         if t0 and time.monotonic() - t0 > 0.2:
             n = self.controller.tokens_so_far(turn_id)
-            self.speed_label.setText(f"{n / (time.monotonic() - t0):.1f} tok/s")
+            self.status.speed_label.setText(f"{n / (time.monotonic() - t0):.1f} tok/s")
 
     def _on_turn_done(self, ev: TurnDone) -> None:
         self._turn_t0.pop(ev.turn_id, None)
         if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
-            self.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
+            self.status.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
         self.memory_dock.on_turn_stats(ev.stats)
 
     def _on_notice(self, ev: Notice) -> None:

@@ -1,97 +1,115 @@
-"""The main window's menus and status bar, built onto the window (its actions and labels are
-the window's attributes: shortcuts, tests and handlers reach them there)."""
+"""The main window's status line and menus, as two components the window holds (`status`,
+`menus`); their labels and actions are theirs. The menus call the window back through the
+`MenuHost` protocol below, so this module never imports main_window."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import QLabel, QProgressBar
+from PySide6.QtWidgets import QDockWidget, QLabel, QMenuBar, QProgressBar, QStatusBar, QWidget
 
 from .api_control import FAILED, LISTENING, OFF
 from .icons import icon
 
-if TYPE_CHECKING:
-    from .main_window import MainWindow
+
+class StatusLine:
+    """Busy bar, API address, engine, model, device and speed, right-aligned in the status bar."""
+
+    def __init__(self, bar: QStatusBar, engine_label: QLabel):
+        self.bar = bar
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)  # busy: loading reports no fraction
+        self.progress.setMaximumWidth(140)
+        self.progress.hide()
+        self.model_label = QLabel("No model")
+        self.device_label = QLabel("")
+        self.speed_label = QLabel("")
+        self.api_label = QLabel("")
+        self.api_label.setObjectName("apiStatus")
+        self.api_label.hide()
+        for w in (self.progress, self.api_label, engine_label, self.model_label, self.device_label, self.speed_label):
+            bar.addPermanentWidget(w)
+
+    def show_api_state(self, state: str, detail: str) -> None:
+        """The API label and a passing message for each server state."""
+        if state == LISTENING:
+            self.api_label.setText(f"API {detail.removeprefix('http://').removesuffix('/v1')}")
+            self.api_label.setToolTip(f"OpenAI-compatible API listening on {detail}")
+            self.bar.showMessage(f"API server listening on {detail}", 6000)
+        elif state == FAILED:
+            self.api_label.setText('<span style="color:#d0473f">API not running</span>')
+            self.api_label.setToolTip(detail)
+        elif state == OFF:
+            self.bar.showMessage("API server off", 4000)
+        self.api_label.setVisible(state != OFF)
 
 
-def build_status_bar(window: MainWindow) -> None:
-    """Busy bar, API address, engine, model, device and speed, right-aligned."""
-    sb = window.statusBar()
-    window.progress = QProgressBar()
-    window.progress.setRange(0, 0)  # busy: loading reports no fraction
-    window.progress.setMaximumWidth(140)
-    window.progress.hide()
-    window.model_label = QLabel("No model")
-    window.device_label = QLabel("")
-    window.speed_label = QLabel("")
-    window.api_label = QLabel("")
-    window.api_label.setObjectName("apiStatus")
-    window.api_label.hide()
-    for w in (window.progress, window.api_label, window.engines.label, window.model_label, window.device_label,
-              window.speed_label):
-        sb.addPermanentWidget(w)
+class MenuHost(Protocol):
+    """What the menus call on the window."""
+    sidebar: QWidget  # with undo_delete, rename_current and its search field
+    controller: object  # with regenerate()
+    memory_dock: QDockWidget
+    chat: QWidget
+
+    def new_chat(self) -> None: ...
+    def choose_model(self) -> None: ...
+    def open_models(self) -> None: ...
+    def open_settings(self) -> None: ...
+    def close(self) -> bool: ...
+    def delete_current(self) -> None: ...
+    def edit_chat_prompt(self) -> None: ...
+    def stop_or_cancel(self) -> None: ...
+    def show_about(self) -> None: ...
+    def paste_into_composer(self) -> None: ...
 
 
-def build_menus(window: MainWindow) -> None:
-    """File, Edit, View and Help; the actions tests and shortcuts use stay on the window."""
-    mb = window.menuBar()
-    file = mb.addMenu("&File")
-    window.act_new = file.addAction(icon("new-chat"), "New chat", window.new_chat)
-    window.act_new.setShortcut(QKeySequence.StandardKey.New)
-    window.act_open = file.addAction(icon("model"), "Open model…", window.choose_model)
-    window.act_open.setShortcut(QKeySequence.StandardKey.Open)
-    window.act_models = file.addAction("Models…", window.open_models)
-    file.addSeparator()
-    window.act_settings = file.addAction("Settings…", window.open_settings)
-    window.act_settings.setShortcut(QKeySequence.StandardKey.Preferences)
-    window.act_settings.setMenuRole(QAction.MenuRole.PreferencesRole)
-    file.addSeparator()
-    act_quit = file.addAction("Quit", window.close)
-    act_quit.setShortcut(QKeySequence.StandardKey.Quit)
-    act_quit.setMenuRole(QAction.MenuRole.QuitRole)
+class WindowMenus:
+    """File, Edit, View and Help; the actions shortcuts and tests use are attributes here."""
 
-    edit = mb.addMenu("&Edit")
-    window.act_undo = edit.addAction("Undo delete", window.sidebar.undo_delete)
-    window.act_undo.setShortcut(QKeySequence.StandardKey.Undo)
-    window.act_undo.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-    window.sidebar.addAction(window.act_undo)
-    edit.addAction("Rename chat", window.sidebar.rename_current, QKeySequence(Qt.Key.Key_F2))
-    edit.addAction("Delete chat", window.delete_current)
-    edit.addAction("Chat instructions…", window.edit_chat_prompt)
-    edit.addSeparator()
-    window.act_regen = edit.addAction("Regenerate reply", lambda: window.controller.regenerate())
-    window.act_regen.setShortcut(QKeySequence("Ctrl+R"))
-    window.act_regen_varied = edit.addAction("Regenerate reply (more varied)",
-                                             lambda: window.controller.regenerate(varied=True))
-    window.act_regen_varied.setShortcut(QKeySequence("Ctrl+Shift+R"))
-    window.act_stop = edit.addAction("Stop reply", window.stop_or_cancel)
-    window.act_stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
-    window.act_stop.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-    edit.addAction("Find chat", lambda: window.sidebar.search.setFocus(), QKeySequence.StandardKey.Find)
+    def __init__(self, mb: QMenuBar, window: MenuHost):
+        file = mb.addMenu("&File")
+        self.act_new = file.addAction(icon("new-chat"), "New chat", window.new_chat)
+        self.act_new.setShortcut(QKeySequence.StandardKey.New)
+        self.act_open = file.addAction(icon("model"), "Open model…", window.choose_model)
+        self.act_open.setShortcut(QKeySequence.StandardKey.Open)
+        self.act_models = file.addAction("Models…", window.open_models)
+        file.addSeparator()
+        self.act_settings = file.addAction("Settings…", window.open_settings)
+        self.act_settings.setShortcut(QKeySequence.StandardKey.Preferences)
+        self.act_settings.setMenuRole(QAction.MenuRole.PreferencesRole)
+        file.addSeparator()
+        act_quit = file.addAction("Quit", window.close)
+        act_quit.setShortcut(QKeySequence.StandardKey.Quit)
+        act_quit.setMenuRole(QAction.MenuRole.QuitRole)
 
-    view = mb.addMenu("&View")
-    toggle = window.memory_dock.toggleViewAction()
-    toggle.setShortcut(QKeySequence("Ctrl+M"))
-    toggle.setIcon(icon("memory"))
-    view.addAction(toggle)
-    help_menu = mb.addMenu("&Help")
-    help_menu.addAction("About Parley", window.show_about)
+        edit = mb.addMenu("&Edit")
+        self.act_undo = edit.addAction("Undo delete", window.sidebar.undo_delete)
+        self.act_undo.setShortcut(QKeySequence.StandardKey.Undo)
+        self.act_undo.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        window.sidebar.addAction(self.act_undo)
+        edit.addAction("Rename chat", window.sidebar.rename_current, QKeySequence(Qt.Key.Key_F2))
+        edit.addAction("Delete chat", window.delete_current)
+        edit.addAction("Chat instructions…", window.edit_chat_prompt)
+        edit.addSeparator()
+        self.act_regen = edit.addAction("Regenerate reply", lambda: window.controller.regenerate())
+        self.act_regen.setShortcut(QKeySequence("Ctrl+R"))
+        self.act_regen_varied = edit.addAction("Regenerate reply (more varied)",
+                                               lambda: window.controller.regenerate(varied=True))
+        self.act_regen_varied.setShortcut(QKeySequence("Ctrl+Shift+R"))
+        self.act_stop = edit.addAction("Stop reply", window.stop_or_cancel)
+        self.act_stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        self.act_stop.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        edit.addAction("Find chat", lambda: window.sidebar.search.setFocus(), QKeySequence.StandardKey.Find)
 
-    paste = QShortcut(QKeySequence.StandardKey.Paste, window.chat)
-    paste.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-    paste.activated.connect(window.paste_into_composer)
+        view = mb.addMenu("&View")
+        toggle = window.memory_dock.toggleViewAction()
+        toggle.setShortcut(QKeySequence("Ctrl+M"))
+        toggle.setIcon(icon("memory"))
+        view.addAction(toggle)
+        help_menu = mb.addMenu("&Help")
+        help_menu.addAction("About Parley", window.show_about)
 
-
-def show_api_state(window: MainWindow, state: str, detail: str) -> None:
-    """The status bar's API label and a passing message for each server state."""
-    if state == LISTENING:
-        window.api_label.setText(f"API {detail.removeprefix('http://').removesuffix('/v1')}")
-        window.api_label.setToolTip(f"OpenAI-compatible API listening on {detail}")
-        window.statusBar().showMessage(f"API server listening on {detail}", 6000)
-    elif state == FAILED:
-        window.api_label.setText('<span style="color:#d0473f">API not running</span>')
-        window.api_label.setToolTip(detail)
-    elif state == OFF:
-        window.statusBar().showMessage("API server off", 4000)
-    window.api_label.setVisible(state != OFF)
+        self.paste = QShortcut(QKeySequence.StandardKey.Paste, window.chat)
+        self.paste.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.paste.activated.connect(window.paste_into_composer)

@@ -70,14 +70,14 @@ def ok(qtbot, w: MainWindow, dlg: SettingsDialog) -> bool:
 def test_settings_start_and_stop_the_server_and_the_dock_follows(make_window, qtbot):
     w = make_window(max_new_tokens=4)
     assert w.api.state == "off" and w.api.server is None  # off by default
-    assert w.memory_dock.api_rows.labels["api_state"].text() == "off" and not w.api_label.isVisible()
+    assert w.memory_dock.api_rows.labels["api_state"].text() == "off" and not w.status.api_label.isVisible()
     port = free_port()
     assert ok(qtbot, w, settings(qtbot, w, True, port=port))
     url = f"http://127.0.0.1:{port}/v1"
     assert (w.api.state, w.api.url) == ("listening", url)
     assert w.prefs.api_config().enabled and w.prefs.api_config().port == port  # persisted
     qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels["api_state"].text() == f"listening on {url}", timeout=5000)
-    assert w.api_label.isVisible() and f"127.0.0.1:{port}" in w.api_label.text()
+    assert w.status.api_label.isVisible() and f"127.0.0.1:{port}" in w.status.api_label.text()
 
     models = get(f"{url}/models")
     assert [m["id"] for m in models["data"]] == [w.bridge.engine.loaded.name]
@@ -112,7 +112,7 @@ def test_settings_start_and_stop_the_server_and_the_dock_follows(make_window, qt
     assert w.api.state == "off" and refused(f"http://127.0.0.1:{port2}/v1/models")
     assert not w.prefs.api_config().enabled
     qtbot.waitUntil(lambda: rows["api_state"].text() == "off", timeout=5000)
-    assert not w.api_label.isVisible()
+    assert not w.status.api_label.isVisible()
 
 
 def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot):
@@ -145,7 +145,7 @@ def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot)
     assert w.api.state == "failed" and "token is required" in w.statusBar().currentMessage()
     qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels["api_state"].text().startswith("not running — An API token"),
                     timeout=5000)
-    assert "not running" in w.api_label.text()
+    assert "not running" in w.status.api_label.text()
     # with a token it is accepted by the dialog's check (no bind here: a test must not open the network)
     from app.api_control import config_problem
     assert config_problem(settings(qtbot, w, True, host="0.0.0.0", token="s3cret").api_config()) is None

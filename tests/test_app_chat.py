@@ -43,7 +43,7 @@ def test_send_streams_a_reply_and_saves_it(make_window, qtbot, tmp_path):
     # the sidebar shows the conversation, titled after what its first reply found
     from app.chat_titles import title_from_reply
     assert [r.title for r in w.sidebar.model.rows] == [title_from_reply("What is in this picture?", reply.text)]
-    assert "tok/s" in w.speed_label.text()
+    assert "tok/s" in w.status.speed_label.text()
 
 
 def test_shift_enter_makes_a_new_line(make_window, qtbot):

@@ -129,7 +129,7 @@ def test_run_app_loads_the_model_and_closes_cleanly(qtbot, tmp_path, tiny_model)
         if wins and wins[0].model_ready:
             seen["title"] = QApplication.applicationName()
             seen["desktop"] = QApplication.desktopFileName()
-            seen["model"] = wins[0].model_label.text()
+            seen["model"] = wins[0].status.model_label.text()
             seen["icon"] = not wins[0].windowIcon().isNull()
             wins[0].close()
         else:

@@ -44,7 +44,7 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
     try:
         assert w.engines.label.text() == "Built-in engine"
         choose_engine(w, qtbot, server.url.removesuffix("/v1"))  # pasted without /v1
-        qtbot.waitUntil(lambda: w.model_ready and "(remote)" in w.model_label.text(), timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: w.model_ready and "(remote)" in w.status.model_label.text(), timeout=TIMEOUT_MS)
         choice = load_choice(w.prefs.qs)
         assert choice.kind == REMOTE and choice.server.url == server.url.removesuffix("/v1")
         assert w.engines.label.text().startswith("Remote: 127.0.0.1:")

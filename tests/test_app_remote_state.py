@@ -23,9 +23,9 @@ def test_server_dock_and_status_bar_follow_the_last_event(make_window, qtbot):
     server = StubServer(Instant)
     try:
         choose_engine(w, qtbot, server.root)
-        qtbot.waitUntil(lambda: w.model_ready and "(remote)" in w.model_label.text(), timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: w.model_ready and "(remote)" in w.status.model_label.text(), timeout=TIMEOUT_MS)
         address = server.root.removeprefix("http://")
-        bar = [lab.text() for lab in (w.engines.label, w.model_label, w.device_label) if lab.isVisible()]
+        bar = [lab.text() for lab in (w.engines.label, w.status.model_label, w.status.device_label) if lab.isVisible()]
         assert sum(text.count(address) for text in bar) == 1, bar  # the address once, in "Remote: …"
 
         send(qtbot, w, "hello server")
@@ -34,7 +34,7 @@ def test_server_dock_and_status_bar_follow_the_last_event(make_window, qtbot):
         qtbot.waitUntil(lambda: panel.text("turns") == "1", timeout=TIMEOUT_MS)
         assert panel.text("state") == "connected" and panel.text("error") == "none"
         assert panel.rows["error"].objectName() != "problemLabel"  # "none" is not shown as a problem
-        assert w.speed_label.text().endswith("tok/s")
+        assert w.status.speed_label.text().endswith("tok/s")
     finally:
         server.close()
 
@@ -44,11 +44,11 @@ def test_server_dock_and_status_bar_follow_the_last_event(make_window, qtbot):
     qtbot.waitUntil(lambda: panel.text("state") != "connected", timeout=TIMEOUT_MS)
     assert panel.text("state") == "last request failed"
     assert panel.text("error") == w.notice.text() and panel.rows["error"].objectName() == "problemLabel"
-    assert w.speed_label.text() == ""  # no speed from a turn that did not run
+    assert w.status.speed_label.text() == ""  # no speed from a turn that did not run
 
     choose_engine(w, qtbot, None)  # back on the built-in engine
-    qtbot.waitUntil(lambda: w.model_ready and "(remote)" not in w.model_label.text(), timeout=TIMEOUT_MS)
-    assert w.speed_label.text() == ""
+    qtbot.waitUntil(lambda: w.model_ready and "(remote)" not in w.status.model_label.text(), timeout=TIMEOUT_MS)
+    assert w.status.speed_label.text() == ""
     w.memory_dock.refresh_now()
     rows = w.memory_dock.turn_rows.labels
     # "Last turn" is the built-in engine's last turn, every row of it, nothing from the server's

@@ -21,6 +21,6 @@ def test_empty_chat_button_opens_models_and_a_chosen_model_loads(make_window, qt
     assert not button.isVisible()
     assert page.wait_idle()
     page.close()
-    w.act_models.trigger()  # the menu opens it too
+    w.menus.act_models.trigger()  # the menu opens it too
     assert w.models_page is not None and w.models_page.isVisible()
     assert w.models_page.wait_idle()

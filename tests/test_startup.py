@@ -75,7 +75,7 @@ def test_the_window_says_loading_at_once_while_the_engine_is_still_starting(qtbo
     try:
         model = tiny_model("llava")
         w.load_model(str(model))
-        qtbot.waitUntil(lambda: w.model_label.text() == f"Loading {model.name}…", timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: w.status.model_label.text() == f"Loading {model.name}…", timeout=TIMEOUT_MS)
         assert not w.model_ready and w.composer.send.toolTip() == "The model is loading"
         get_a_model = w.findChild(QPushButton, "emptyChatModels")
         assert get_a_model is None or not get_a_model.isVisible()

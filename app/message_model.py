@@ -119,10 +119,6 @@ class MessageListModel(QAbstractListModel):
     def item(self, row: int) -> MessageItem:
         return self._items[row]
 
-    def item_by_id(self, message_id: int) -> MessageItem | None:
-        row = self._rows.get(message_id)
-        return None if row is None else self._items[row]
-
     def row_of(self, message_id: int) -> int | None:
         return self._rows.get(message_id)
 

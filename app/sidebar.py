@@ -245,9 +245,6 @@ class Sidebar(QWidget):
         self.undo_bar.show()
         self._undo_timer.start(UNDO_SECONDS * 1000)
 
-    def can_undo(self) -> bool:
-        return bool(self._deleted)
-
     def undo_delete(self) -> None:
         if not self._deleted:
             return

@@ -64,13 +64,6 @@ class ThumbnailCache(QObject):
             self.pool.start(_Decode(key, self._decoded))
         return None
 
-    def get_now(self, path: str, box: int, dpr: float = 1.0) -> QPixmap:
-        """Decode on this thread if needed (small previews that must show at once)."""
-        key = (path, box, dpr)
-        if key not in self._cache:
-            self._store(key, read_scaled(path, int(box * dpr)))
-        return self._cache[key]
-
     def _on_decoded(self, key: tuple, img: QImage) -> None:
         self._pending.discard(key)
         self._store(key, img)

@@ -125,12 +125,6 @@ class PictureStore:
 
     # ------------------------------------------------------------ transient pictures
 
-    @property
-    def transient_bytes(self) -> int:
-        with _LOCK:
-            self._scan()
-            return sum(self._sizes.values())
-
     def _is_transient(self, name: str) -> bool:
         return (self.marks / name).exists()
 

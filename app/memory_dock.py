@@ -8,6 +8,7 @@ costs nothing and the encoder's idle countdown ticks smoothly between reports.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -35,15 +36,16 @@ COMPONENT_NAMES = {
 def on_device(key: str) -> bool:
     """Disk-resident components are listed but not stacked in the memory bar."""
     return "disk" not in key
-# The engine reports the SSD store's counters with a "store_" prefix.
-# The engine reports the SSD store's counters with a "store_" prefix. The first screen shows what
-# a person asks of the store (how big, the last spill and restore, reuse); the rest is in Details.
-STORE_MAIN = [("store_bytes_on_disk", "Bytes on disk", True), ("store_reused_bytes", "Reused bytes", True)]
-STORE_DETAILS = [("store_blobs_on_disk", "Blocks on disk", False), ("store_reused_blobs", "Reused blocks", False),
-                 ("store_blocks_written", "Blocks written", False), ("store_spills", "Spills", False),
-                 ("store_restores", "Restores", False), ("store_restore_bytes", "Restored bytes", True),
-                 ("store_missing_blobs", "Missing blocks", False), ("store_bad_blobs", "Bad blocks", False),
-                 ("store_sessions", "Conversations stored", False)]
+
+
+# The SSD store's counters (StoreCounters' fields). The first screen shows what a person asks of
+# the store (how big, the last spill and restore, reuse); the rest is in Details.
+STORE_MAIN = [("bytes_on_disk", "Bytes on disk", True), ("reused_bytes", "Reused bytes", True)]
+STORE_DETAILS = [("blobs_on_disk", "Blocks on disk", False), ("reused_blobs", "Reused blocks", False),
+                 ("blocks_written", "Blocks written", False), ("spills", "Spills", False),
+                 ("restores", "Restores", False), ("restore_bytes", "Restored bytes", True),
+                 ("missing_blobs", "Missing blocks", False), ("bad_blobs", "Bad blocks", False),
+                 ("sessions", "Conversations stored", False)]
 STORE_KEYS = STORE_MAIN + STORE_DETAILS
 TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encode_s", "Encode", "s"),
              ("restore_s", "Restore", "s"), ("first_token_s", "First token", "s"),
@@ -278,20 +280,19 @@ class MemoryDock(QDockWidget):
             for k, v in segments:
                 self._legend(k, v)
             self.store_rows.set("store_state", "State", r.store_status or "in use").setWordWrap(True)
-            counters = dict(r.counters)
-            if "store_blocks_written" in counters:  # a partial last block is a block to a person too
-                counters["store_blocks_written"] += counters.pop("store_tails_written", 0)
-            store_keys = {k for k, _, _ in STORE_KEYS}
-            for key, v in sorted(counters.items()):
-                if not key.startswith("store_"):
-                    self.counter_rows.set(key, key.replace("_", " "), _num(v))
-                elif key not in store_keys:
-                    title = key[len("store_"):].replace("_", " ").capitalize()
-                    self.store_details.set(key, title, exact_bytes(v) if key.endswith("bytes") else _num(v))
-            for rows, keys in ((self.store_rows, STORE_MAIN), (self.store_details, STORE_DETAILS)):
-                for key, title, is_bytes in keys:
-                    if key in counters:
-                        rows.set(key, title, exact_bytes(counters[key]) if is_bytes else _num(counters[key]))
+            for key, v in sorted(r.counters.items()):
+                self.counter_rows.set(key, key.replace("_", " "), _num(v))
+            if r.store is not None:
+                store = asdict(r.store)
+                store["blocks_written"] += store.pop("tails_written")  # a partial last block is a block to a person too
+                store_keys = {k for k, _, _ in STORE_KEYS}
+                for key, v in sorted(store.items()):
+                    if key not in store_keys:
+                        title = key.replace("_", " ").capitalize()
+                        self.store_details.set(key, title, exact_bytes(v) if key.endswith("bytes") else _num(v))
+                for rows, keys in ((self.store_rows, STORE_MAIN), (self.store_details, STORE_DETAILS)):
+                    for key, title, is_bytes in keys:
+                        rows.set(key, title, exact_bytes(store[key]) if is_bytes else _num(store[key]))
         self._set(self.kv, self._conversation_lines())
         last = self.last_stats
         if isinstance(last, LocalTurnStats) and last.restored_tokens:

@@ -6,7 +6,7 @@ import dataclasses
 
 from PySide6.QtCore import Qt
 
-from engine.protocol.events import EncoderState, MemoryReport, SpillState
+from engine.protocol.events import EncoderState, EncoderStatus, MemoryReport, SpillState, SpillStatus, StoreCounters
 from tests.fixtures.pictures import make_picture
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 
@@ -49,24 +49,24 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
         components={"language_model": 14_000_000_123, "vision_encoder": 600_000_001,
                     "hot_kv": 123_456_789, "image_cache_ram": 5_000_000, "image_cache_disk": 7},
         sessions_kv={cid: 123_456_789},
-        counters={"store_bytes_on_disk": 9_999_999, "store_blobs_on_disk": 42, "store_reused_blobs": 17,
-                  "store_host_buffer_bytes": 2048, "hits": 3},
-        encoder_state="resident", encoder_idle_left_s=30.0)
+        counters={"hits": 3},
+        store=StoreCounters(bytes_on_disk=9_999_999, blobs_on_disk=42, reused_blobs=17, host_buffer_bytes=2048),
+        encoder_state=EncoderStatus.RESIDENT, encoder_idle_left_s=30.0)
     w.bridge.inject(report)
     qtbot.waitUntil(lambda: "Test GPU" in w.memory_dock.device.text(), timeout=5000)
     qtbot.waitUntil(lambda: "14,000,000,123 B" in w.memory_dock.component_text("language_model"), timeout=5000)
     assert "600,000,001 B" in w.memory_dock.component_text("vision_encoder")
     assert "Holiday: 117.7 MiB (123,456,789 B)" in w.memory_dock.kv.text()
     # the first screen: size, reuse, last spill / restore; block counts and the rest under Details
-    assert "9,999,999 B" in w.memory_dock.store_rows.labels["store_bytes_on_disk"].text()
-    assert w.memory_dock.store_details.labels["store_blobs_on_disk"].text() == "42"
-    assert w.memory_dock.store_details.labels["store_reused_blobs"].text() == "17"
-    assert "2,048 B" in w.memory_dock.store_details.labels["store_host_buffer_bytes"].text()
-    assert not w.memory_dock.store_details.labels["store_blobs_on_disk"].isVisibleTo(w.memory_dock)
+    assert "9,999,999 B" in w.memory_dock.store_rows.labels["bytes_on_disk"].text()
+    assert w.memory_dock.store_details.labels["blobs_on_disk"].text() == "42"
+    assert w.memory_dock.store_details.labels["reused_blobs"].text() == "17"
+    assert "2,048 B" in w.memory_dock.store_details.labels["host_buffer_bytes"].text()
+    assert not w.memory_dock.store_details.labels["blobs_on_disk"].isVisibleTo(w.memory_dock)
     w.memory_dock.details_toggle.click()
-    assert w.memory_dock.store_details.labels["store_blobs_on_disk"].isVisibleTo(w.memory_dock)
+    assert w.memory_dock.store_details.labels["blobs_on_disk"].isVisibleTo(w.memory_dock)
     assert w.memory_dock.counter_rows.labels["hits"].text() == "3"
-    assert "store_reused_blobs" not in w.memory_dock.counter_rows.labels
+    assert "reused_blobs" not in w.memory_dock.counter_rows.labels
     # disk-resident components are listed, not stacked in the device bar
     assert "image_cache_disk" not in dict(w.memory_dock.bar.segments)
     assert dict(w.memory_dock.bar.segments)[f"hot_kv#0:{cid}"] == 123_456_789  # one segment per conversation
@@ -74,12 +74,12 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     assert "unloads in" in w.memory_dock.encoder.text()
 
     legend_widgets = list(w.memory_dock._legend_rows.values())
-    w.bridge.inject(EncoderState("unloaded"))
+    w.bridge.inject(EncoderState(EncoderStatus.UNLOADED))
     qtbot.waitUntil(lambda: w.memory_dock.encoder.text() == "unloaded", timeout=5000)
     assert not w.memory_dock.unload.isEnabled(), "an unloaded encoder offers no Unload button"
-    w.bridge.inject(EncoderState("loading"))
+    w.bridge.inject(EncoderState(EncoderStatus.LOADING))
     qtbot.waitUntil(lambda: w.memory_dock.encoder.text() == "loading", timeout=5000)
-    w.bridge.inject(SpillState(cid, "spilled", "12 blocks, 9 reused"))
+    w.bridge.inject(SpillState(cid, SpillStatus.SPILLED, "12 blocks, 9 reused"))
     # one line per conversation: its hot KV and its spill state together
     qtbot.waitUntil(lambda: w.memory_dock.kv.text() == "Holiday: 117.7 MiB (123,456,789 B) · spilled — 12 blocks, 9 reused",
                     timeout=5000)
@@ -112,5 +112,5 @@ def test_unload_and_spill_buttons_reach_the_engine(make_window, qtbot, tmp_path)
     title = w.history.get_conversation(w.controller.current_id).title
     qtbot.waitUntil(lambda: w.memory_dock.kv.text().startswith(f"{title}: not in memory · spilled — "), timeout=5000)
     assert w.memory_dock.kv.text().count("\n") == 0  # one conversation, one line
-    qtbot.waitUntil(lambda: w.memory_dock.store_details.labels.get("store_blocks_written") is not None, timeout=5000)
-    assert int(w.memory_dock.store_details.labels["store_blocks_written"].text()) >= 1  # a partial block counts
+    qtbot.waitUntil(lambda: w.memory_dock.store_details.labels.get("blocks_written") is not None, timeout=5000)
+    assert int(w.memory_dock.store_details.labels["blocks_written"].text()) >= 1  # a partial block counts

@@ -181,7 +181,7 @@ def test_kv_store_of_other_weights_is_never_restored(family, tiny_model, tmp_pat
         # a miss: nothing restored, the whole prompt recomputed with the int8 weights
         assert d3.stats.restored_tokens == 0 and d3.stats.reused_tokens == 0
         assert d3.stats.prefill_tokens == d3.stats.prompt_tokens
-        assert wait_report(engine).counters["store_restores"] == 0
+        assert wait_report(engine).store.restores == 0
         assert d3.token_ids == Reference(model, weights="int8").reply_ids(chat, NEW)
     finally:
         engine.shutdown()

@@ -1,4 +1,4 @@
-"""Counters of API use that the window's VRAM panel shows."""
+"""Counters of API use that the window's Memory dock shows."""
 from __future__ import annotations
 
 import logging

@@ -1,10 +1,10 @@
-"""The memory ledger: exact bytes per component, from tensor sizes, for the VRAM panel."""
+"""The memory ledger: exact bytes per component, from tensor sizes, for the Memory dock."""
 from __future__ import annotations
 
 import torch
 
 from . import choice as devices
-from ..protocol.events import MemoryReport
+from ..protocol.events import EncoderStatus, MemoryReport
 
 
 def _storage_parts(t):
@@ -66,7 +66,7 @@ def free_for_model(loaded, kv_bytes: int, budget: int | None) -> tuple[int, int]
 
 
 def build_report(loaded, sessions: dict, extra_components: dict | None = None, counters: dict | None = None,
-                 encoder_state: str = "resident", idle_left: float | None = None) -> MemoryReport:
+                 encoder_state: EncoderStatus = EncoderStatus.RESIDENT, idle_left: float | None = None) -> MemoryReport:
     if loaded is None:
         name, total, free = device_totals(torch.device("cpu"))
         return MemoryReport("cpu", name, total, free, {}, {}, counters or {})

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from ..protocol.events import (
-    Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, Turn, TurnDone,
+    Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, SpillStatus, Turn, TurnDone,
 )
 from .conversations import Conversations
 from ..device.heap_trim import keep_one_heap
@@ -277,7 +277,7 @@ class Engine(EngineWorker):
 
     def _do_spill(self, conversation_id: str) -> None:
         if self.memory is None:
-            self._emit(SpillState(conversation_id, "refused", "no model is loaded"))
+            self._emit(SpillState(conversation_id, SpillStatus.REFUSED, "no model is loaded"))
         else:
             self.memory.spill_now(conversation_id)
         self._emit(self._report())

@@ -11,7 +11,7 @@ import logging
 from typing import Callable
 
 from .conversations import Conversations
-from ..protocol.events import MemoryReport, SpillState
+from ..protocol.events import EncoderStatus, MemoryReport, SpillState, SpillStatus, StoreCounters
 from ..vision.gate import PictureGate
 from ..device.heap_trim import return_freed_heap
 from ..device.ledger import build_report, free_for_model
@@ -31,17 +31,18 @@ def idle_tick_s(settings, spilling: bool = False) -> float:
 def memory_report(loaded, sessions: Conversations, gate=None,
                   spill_scheduler: SpillScheduler | None = None) -> MemoryReport:
     extra = {}
-    state, left = "resident", None
+    state, left = EncoderStatus.RESIDENT, None
     counters = {}
     if gate is not None:
         extra["image_cache_ram"], extra["image_cache_disk"] = gate.cache_bytes()
         state, left = gate.encoder_state, gate.encoder_idle_left()
         counters = gate.stats_counters()
+    store = None
     if spill_scheduler is not None and spill_scheduler.available:
-        store = spill_scheduler.counters()
-        extra["kv_store_disk"] = int(store.get("bytes_on_disk", 0))
-        counters.update({f"store_{k}": v for k, v in store.items()})
+        store = StoreCounters(**spill_scheduler.counters())
+        extra["kv_store_disk"] = store.bytes_on_disk
     report = build_report(loaded, sessions, extra, counters, state, left)
+    report.store = store
     report.store_status = spill_scheduler.status if spill_scheduler is not None else ""
     return report
 
@@ -99,9 +100,9 @@ class MemoryManager:
         sp = self.spill_scheduler
         if not sp.retry(now=True):
             why = sp.refusal or sp.error or sp.unavailable
-            self.emit(SpillState(conversation_id, "refused", why or "the store is unavailable"))
+            self.emit(SpillState(conversation_id, SpillStatus.REFUSED, why or "the store is unavailable"))
         elif session is None or session.cache is None:
-            self.emit(SpillState(conversation_id, "spilled", "nothing hot to spill"))
+            self.emit(SpillState(conversation_id, SpillStatus.SPILLED, "nothing hot to spill"))
         else:
             sp.spill_blocking(session)
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Callable
 
 from .conversations import Conversations
-from ..protocol.events import Token, Turn, TurnDone
+from ..protocol.events import EncoderStatus, Token, Turn, TurnDone
 from ..device.ledger import model_bytes
 from .memory_manager import MemoryManager
 from .prompt import Prompt, build_prompt, render
@@ -117,7 +117,7 @@ class TurnPipeline:
             encode_s=round(gstats.encode_s, 6),
             encoder_loads=gstats.encoder_loads,
             encoder_load_s=round(gstats.load_s, 6),
-            encoder_resident=self.gate.encoder_state == "resident",
+            encoder_resident=self.gate.encoder_state == EncoderStatus.RESIDENT,
             image_cache_hits=gstats.hits,
             image_cache_ram_hits=gstats.ram_hits,
             image_cache_disk_hits=gstats.disk_hits,

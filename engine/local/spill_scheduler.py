@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..protocol.events import Notice, SpillState
+from ..protocol.events import Notice, SpillState, SpillStatus
 from ..kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
 from .session import Session
 
@@ -111,11 +111,11 @@ class SpillScheduler:
             job = self.store.begin_spill(session.conversation_id, session.ids, session.pictures, session.cache,
                                          {"rope_delta": session.rope_delta})
         except UnsupportedCache as exc:
-            self.emit(SpillState(session.conversation_id, "refused", str(exc)))
+            self.emit(SpillState(session.conversation_id, SpillStatus.REFUSED, str(exc)))
             self.failed_at[session.conversation_id] = time.monotonic()
             return False
         self.running = _Running(session, job, session.version, blocking)
-        self.emit(SpillState(session.conversation_id, "spilling"))
+        self.emit(SpillState(session.conversation_id, SpillStatus.SPILLING))
         return True
 
     def step(self, more: Callable[[], bool]) -> bool:
@@ -137,7 +137,7 @@ class SpillScheduler:
             r.job.cancel()
             r.job.wait()
             self.running = None
-            self.emit(SpillState(conversation_id, "cancelled", "the conversation continued"))
+            self.emit(SpillState(conversation_id, SpillStatus.CANCELLED, "the conversation continued"))
 
     def _finish(self, result) -> None:
         r, self.running = self.running, None
@@ -145,7 +145,7 @@ class SpillScheduler:
         if not result.ok:
             self.failed_at[cid] = time.monotonic()
             msg = f"Could not spill conversation to disk ({result.error}); it stays in memory."
-            self.emit(SpillState(cid, "failed", result.error or ""))
+            self.emit(SpillState(cid, SpillStatus.FAILED, result.error or ""))
             if result.error != self._last_failure:  # a full disk fails every spill: say it once
                 self.emit(Notice("warning", msg))
             self._last_failure = result.error
@@ -154,7 +154,7 @@ class SpillScheduler:
         self.last_spill[cid] = CommittedSpill(result.blocks_written + result.tail_written, result.reused_blobs)
         if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
             r.session.drop_kv()
-        self.emit(SpillState(cid, "spilled", f"{result.blocks_written + result.tail_written} written, "
+        self.emit(SpillState(cid, SpillStatus.SPILLED, f"{result.blocks_written + result.tail_written} written, "
                                              f"{result.reused_blobs} reused"))
 
     def spill_blocking(self, session: Session) -> bool:
@@ -205,9 +205,6 @@ class SpillScheduler:
 
     def counters(self) -> dict:
         return dict(self.store.counters) if self.store is not None else {}
-
-    def disk_bytes(self) -> int:
-        return int(self.counters().get("bytes_on_disk", 0))
 
     def close(self, sessions: dict) -> None:
         """App exit: spill every hot conversation (nothing lost), then close the store."""

@@ -5,6 +5,7 @@ The UI and the headless commands only ever see these; nothing here touches torch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from .turn_stats import TurnStats
 
 from ..pictures.ref import PictureRef
@@ -105,31 +106,68 @@ class TurnFailed(Event):
     partial: str = ""  # reply text that arrived before the failure (a dropped stream): kept, interrupted
 
 
+class EncoderStatus(StrEnum):
+    RESIDENT = "resident"
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+
+
+class SpillStatus(StrEnum):
+    SPILLING = "spilling"
+    SPILLED = "spilled"
+    CANCELLED = "cancelled"  # its conversation continued while it was being copied: it stays hot
+    REFUSED = "refused"  # the store cannot take it (no store, a cache layout it cannot spill exactly)
+    FAILED = "failed"  # the spill failed (disk full, ...): it stays hot
+
+
+@dataclass
+class StoreCounters:
+    """The SSD KV store's counters (engine/kvstore/index.py), shown by the Memory dock."""
+    spills: int = 0
+    spill_failures: int = 0
+    blocks_written: int = 0
+    tails_written: int = 0  # partial last blocks
+    reused_blobs: int = 0
+    reused_bytes: int = 0
+    missing_blobs: int = 0
+    bytes_written: int = 0
+    restores: int = 0
+    restored_tokens: int = 0
+    restore_bytes: int = 0
+    bad_blobs: int = 0
+    evicted_sessions: int = 0
+    bytes_on_disk: int = 0
+    blobs_on_disk: int = 0
+    sessions: int = 0
+    host_buffer_bytes: int = 0
+
+
 @dataclass
 class MemoryReport(Event):
-    """Exact bytes per component, for the VRAM panel."""
+    """Exact bytes per component, for the Memory dock."""
     device: str
     device_name: str
     total_bytes: int
     free_bytes: int
     components: dict[str, int]  # e.g. {"language_model": .., "vision_encoder": ..}
     sessions_kv: dict[str, int]  # conversation id -> hot KV bytes
-    counters: dict[str, int | float] = field(default_factory=dict)
-    encoder_state: str = "resident"  # resident | unloaded | loading
+    counters: dict[str, int | float] = field(default_factory=dict)  # the image gate's
+    encoder_state: EncoderStatus = EncoderStatus.RESIDENT
     encoder_idle_left_s: float | None = None
+    store: StoreCounters | None = None  # None: the SSD store is not in use
     store_status: str = ""  # why the SSD store is not in use (e.g. "paused: the disk ... is full"); "" when it is
 
 
 @dataclass
 class EncoderState(Event):
-    state: str  # resident | unloaded | loading
+    state: EncoderStatus
     idle_left_s: float | None = None
 
 
 @dataclass
 class SpillState(Event):
     conversation_id: str
-    state: str  # spilling | spilled | restored | refused | failed
+    state: SpillStatus
     detail: str = ""
 
 

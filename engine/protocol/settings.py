@@ -27,8 +27,6 @@ class EngineSettings:
     block_tokens: int = 256
     unit_bytes: int = 32 << 20
     store_cap_bytes: int | None = None  # None: the KV store's default_cap (kvstore/store.py)
-    # memory reports are pushed at most this often while something changes
-    memory_report_interval_s: float = 0.5
 
     def with_changes(self, changes: dict[str, Any]) -> "EngineSettings":
         """A copy with `changes` applied; unknown names are a clear error, not a silent no-op."""

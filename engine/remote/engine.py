@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..protocol.events import (
-    ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, Turn, TurnDone, TurnFailed,
+    ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, SpillStatus, Turn, TurnDone, TurnFailed,
 )
 from ..protocol.settings import EngineSettings
 from ..protocol.turn_stats import RemoteTurnStats
@@ -103,7 +103,7 @@ class RemoteEngine(EngineWorker):
         self._emit(Notice("info", "The server manages its own vision encoder."))
 
     def spill_now(self, conversation_id: str) -> None:
-        self._emit(SpillState(conversation_id, "refused", "the server keeps its own cache (a remote engine)"))
+        self._emit(SpillState(conversation_id, SpillStatus.REFUSED, "the server keeps its own cache (a remote engine)"))
 
     def forget(self, conversation_id: str) -> None:
         pass  # the server holds no conversation: each request carries the whole of it

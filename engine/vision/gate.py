@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..protocol.events import EncoderState, Event
+from ..protocol.events import EncoderState, EncoderStatus, Event
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
@@ -60,7 +60,7 @@ class PictureGate:
     # ------------------------------------------------------------ the encoder, as others see it
 
     @property
-    def encoder_state(self) -> str:
+    def encoder_state(self) -> EncoderStatus:
         return self.residency.state
 
     @property
@@ -84,7 +84,7 @@ class PictureGate:
         r.idle_s = settings.elastic_idle_s
         if r.set_elastic(settings.elastic) or r.disabled_reason is not None:
             return
-        if r.state != "resident":
+        if r.state != EncoderStatus.RESIDENT:
             self._load_encoder()
 
     def why_not_unloaded(self) -> str:
@@ -113,7 +113,7 @@ class PictureGate:
 
     def load_bytes(self, entries: list[PictureEntry]) -> int:
         """Device bytes encoding `entries` would load (the encoder's weights), 0 when it need not load."""
-        if self.residency.state == "resident" or all(e.features is not None for e in entries):
+        if self.residency.state == EncoderStatus.RESIDENT or all(e.features is not None for e in entries):
             return 0
         return self.residency.weight_bytes()
 
@@ -122,7 +122,7 @@ class PictureGate:
         todo = [e for e in entries if e.features is None]
         if not todo:
             return
-        if self.residency.state != "resident":
+        if self.residency.state != EncoderStatus.RESIDENT:
             self._load_encoder()
             stats.encoder_loads += 1
             stats.load_s += self.residency.last_load_s
@@ -137,13 +137,13 @@ class PictureGate:
         self.residency.touch()
 
     def _load_encoder(self) -> None:
-        self.emit_state("loading")
+        self.emit_state(EncoderStatus.LOADING)
         try:
             self.residency.ensure_loaded()
         finally:
             self.emit_state(self.residency.state)
 
-    def emit_state(self, state: str | None = None) -> None:
+    def emit_state(self, state: EncoderStatus | None = None) -> None:
         """Say the encoder's state (now, unless a state about to be entered is named)."""
         self.emit(EncoderState(state or self.residency.state, self.encoder_idle_left()))
 
@@ -161,7 +161,7 @@ class PictureGate:
     def unload(self) -> bool:
         done = self.residency.unload()
         if done:
-            self.emit_state("unloaded")
+            self.emit_state(EncoderStatus.UNLOADED)
         return done
 
     def stats_counters(self) -> dict:

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from ..device.choice import release_cached
+from ..protocol.events import EncoderStatus
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class EncoderResidency:
     def __init__(self, loaded, elastic: bool, idle_s: float):
         self.loaded = loaded
         self.idle_s = idle_s
-        self.state = "resident"
+        self.state = EncoderStatus.RESIDENT
         self.last_used = time.monotonic()
         self.loads = 0
         self.unloads = 0
@@ -107,7 +108,7 @@ class EncoderResidency:
                         yield full, sub, pname, p
 
     def unload(self) -> bool:
-        if not self.elastic or self._keymap is None or self.state != "resident":
+        if not self.elastic or self._keymap is None or self.state != EncoderStatus.RESIDENT:
             return False
         for full, sub, pname, p in list(self._params()):
             self._shapes[full] = p.shape
@@ -116,18 +117,18 @@ class EncoderResidency:
                 torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False
             )
         release_cached(self.loaded.device)  # CUDA / MPS: the freed weights go back to the device
-        self.state = "unloaded"
+        self.state = EncoderStatus.UNLOADED
         self.unloads += 1
         return True
 
     def ensure_loaded(self) -> bool:
         """Load the weights if they are released; returns True when a load happened."""
-        if self.state == "resident":
+        if self.state == EncoderStatus.RESIDENT:
             return False
         if self._keymap is None:  # never released without one (set_elastic); say so, never hang
             raise ResidencyError("the encoder's weights were released with no map to read them back")
         t0 = time.perf_counter()
-        self.state = "loading"
+        self.state = EncoderStatus.LOADING
         by_file: dict[Path, list[tuple[str, str]]] = {}
         for name, (f, key) in self._keymap.items():
             by_file.setdefault(f, []).append((name, key))
@@ -153,9 +154,9 @@ class EncoderResidency:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)  # the copies are done when the clock stops
         except Exception:
-            self.state = "unloaded"
+            self.state = EncoderStatus.UNLOADED
             raise
-        self.state = "resident"
+        self.state = EncoderStatus.RESIDENT
         self.loads += 1
         self.last_load_s = time.perf_counter() - t0
         return True
@@ -165,7 +166,7 @@ class EncoderResidency:
         self.last_used = time.monotonic()
 
     def idle_left(self) -> float | None:
-        if not self.elastic or self.state != "resident":
+        if not self.elastic or self.state != EncoderStatus.RESIDENT:
             return None
         return max(0.0, self.idle_s - (time.monotonic() - self.last_used))
 

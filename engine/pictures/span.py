@@ -10,7 +10,7 @@ block keys and manifest (engine/kvstore/). Torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, NewType
+from typing import Callable, Iterable, NewType
 
 # The picture cache's content key (engine/vision/entry.py: BLAKE3 over the picture's digest and the
 # encoder's identity). Whatever a picture came from, this names its features.
@@ -35,27 +35,22 @@ class PictureSpan:
 
 def cut_before(n: int, pictures: Iterable[PictureSpan]) -> int:
     """The last boundary at or before `n` that cuts through no picture."""
-    pictures = tuple(pictures)
-    changed = True
-    while changed:
-        changed = False
-        for p in pictures:
-            if p.splits_at(n):
-                n = p.start
-                changed = True
-    return n
+    return _out_of_pictures(n, tuple(pictures), lambda p: p.start)
 
 
 def cut_after(n: int, pictures: Iterable[PictureSpan]) -> int:
     """The first boundary at or after `n` that cuts through no picture."""
-    pictures = tuple(pictures)
-    changed = True
-    while changed:
-        changed = False
+    return _out_of_pictures(n, tuple(pictures), lambda p: p.end)
+
+
+def _out_of_pictures(n: int, pictures: tuple[PictureSpan, ...], edge: Callable[[PictureSpan], int]) -> int:
+    moved = True
+    while moved:
+        moved = False
         for p in pictures:
             if p.splits_at(n):
-                n = p.end
-                changed = True
+                n = edge(p)
+                moved = True
     return n
 
 

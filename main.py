@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from engine.headless.options import data_dir, model_dir
+from engine.headless.options import CommandError, data_dir, model_dir
 
 
 def _add_weights(sub) -> None:
@@ -115,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Apple GPU: an op MPS lacks runs on the CPU instead of failing the turn (read when torch loads)
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
-    if args.command is None:
-        return cmd_window(args)
-    return args.func(args)
+    try:
+        if args.command is None:
+            return cmd_window(args)
+        return args.func(args)
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

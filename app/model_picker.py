@@ -134,10 +134,11 @@ class ModelPicker(QDialog):
     def try_folder(self, path: str) -> bool:
         """Accept a folder (or a repo id in the HF cache) if the engine's check passes; else show
         why and stay open."""
-        from engine.library.installed import resolve_model
+        from engine.library.installed import partial_download, resolve_model
 
+        unfinished = partial_download(path)  # a repo id whose pull did not finish: say so, not "no folder"
         path = str(resolve_model(path) or path)
-        problem = self.check(Path(path))
+        problem = unfinished or self.check(Path(path))
         if problem:
             self.path_label.setText(path)
             self.why.setText(problem)

@@ -24,6 +24,7 @@ def cmd_ask(args) -> int:
     except RemoteConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    model = remote.model if remote else options.model_dir(args.model)
     if remote is not None:
         engine = RemoteEngine(remote, data_dir=options.data_dir(args.data_dir)).start()
     else:
@@ -31,7 +32,7 @@ def cmd_ask(args) -> int:
 
         engine = Engine(options.engine_settings(args), options.data_dir(args.data_dir)).start()
     try:
-        load_blocking(engine, remote.model if remote else options.model_dir(args.model))
+        load_blocking(engine, model)
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
         turn = Turn("ask", [Message("user", args.prompt, images)], sampling, args.system)

@@ -14,13 +14,20 @@ def data_dir(arg: str | None) -> Path:
     return Path(arg).expanduser().resolve() if arg else default_data_dir()
 
 
+class CommandError(Exception):
+    """A command cannot start as asked; main() prints the one line and exits 1."""
+
+
 def model_dir(arg: str | None) -> str:
-    """A folder, or a Hub repo id (ORG/NAME) already in the HF cache, resolved offline."""
+    """A folder, or a Hub repo id (ORG/NAME) already in the HF cache, resolved offline. A repo
+    whose download did not finish is refused here (CommandError), before any engine starts."""
     if not arg:
         return str(DEMO_MODEL)
-    from ..library.installed import resolve_model
+    from ..library.installed import partial_download, resolve_model
 
     snapshot = resolve_model(arg)
+    if snapshot is None and (why := partial_download(arg)):
+        raise CommandError(why)
     return str(snapshot) if snapshot else str(Path(arg).expanduser())
 
 

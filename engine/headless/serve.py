@@ -23,11 +23,12 @@ def cmd_serve(args) -> int:
     from ..local.engine import Engine
     from ..protocol.client import EngineError, load_blocking
 
+    model = options.model_dir(args.model)
     engine = Engine(options.engine_settings(args), options.data_dir(args.data_dir)).start()
     server = None
     try:
         server = ApiServer(engine, args.host, args.port, token=token, data_dir=engine.data_dir)
-        ready = load_blocking(engine, options.model_dir(args.model))
+        ready = load_blocking(engine, model)
         server.start()
         print(f"Parley API listening on {server.url} (model {ready.name}); Ctrl+C stops it", flush=True)
         done = threading.Event()

@@ -5,6 +5,7 @@ import sys
 
 from .catalog import load_catalog
 from .hub import LibraryError, NetworkUnreachable, is_repo_id, offline_forced
+from .hub_values import HubValueError, revision
 
 
 def _gb(n: int) -> str:
@@ -58,6 +59,11 @@ def cmd_pull(args) -> int:
 
     if not is_repo_id(args.repo):
         print(f"error: {args.repo!r} is not a repo id (ORG/NAME)", file=sys.stderr)
+        return 2
+    try:
+        revision(args.revision)
+    except HubValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     bar = None
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from . import repo_check
 from .fetch import PART_SUFFIX
 from .hub import LibraryError, NotFound, hub_cache_dir, is_repo_id, repo_folder
+from .hub_values import is_commit_id
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,10 @@ class InstalledModel:
 def snapshot_for(repo_dir: Path, revision: str = "main") -> Path | None:
     ref = repo_dir / "refs" / revision
     try:
-        snap = repo_dir / "snapshots" / ref.read_text().strip()
-        if snap.is_dir():
+        commit = ref.read_text().strip()
+        # a ref written by anything but a commit id (an older Parley trusted the hub) is ignored
+        snap = repo_dir / "snapshots" / commit if is_commit_id(commit) else None
+        if snap is not None and snap.is_dir():
             return snap
     except OSError:
         pass
@@ -78,6 +81,17 @@ def resolve_model(text: str, cache: Path | None = None, revision: str = "main") 
         return None
     snap = snapshot_for(repo_dir, revision)
     return snap if snap is not None and is_complete(snap) else None
+
+
+def partial_download(text: str, cache: Path | None = None) -> str | None:
+    """The sentence for a repo id that is in the cache without a complete snapshot (a pull that
+    did not finish publishes nothing); None when it is complete, absent, or a folder."""
+    if not is_repo_id(text) or Path(text).expanduser().exists():
+        return None
+    if not repo_folder(text, cache).is_dir() or resolve_model(text, cache) is not None:
+        return None
+    return (f"{text}: the download is incomplete, so there is nothing verified to load; run "
+            f"`python main.py models pull {text}` to finish it")
 
 
 def delete_model(repo_id: str, cache: Path | None = None) -> int:

@@ -37,6 +37,11 @@ class ProgressMeter:
         self._last_emit = 0.0
         self._emitted_file = ""
 
+    def waiting(self) -> None:
+        """Said once when the current file must wait for another pull that is fetching it."""
+        self._emit(force=True)
+        self._emitted_file = ""  # its first bytes (if any come) are said too
+
     def resumed_from_disk(self, n: int) -> None:
         self.done += n
         self.resumed += n

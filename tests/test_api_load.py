@@ -144,7 +144,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_frees_up(engine, serve):
 
 @pytest.mark.slow
 def test_slow_loris_is_dropped_while_others_are_served(engine, serve):
-    server = serve(client_timeout_s=1.0)
+    server = serve(client_timeout_s=1.0, head_timeout_s=1.0)
     closed = threading.Event()
 
     def trickle_headers():
@@ -180,7 +180,7 @@ def test_slow_loris_is_dropped_while_others_are_served(engine, serve):
 
 @pytest.mark.slow
 def test_an_idle_connection_is_closed(serve):
-    server = serve(client_timeout_s=1.0)
+    server = serve(client_timeout_s=1.0, head_timeout_s=1.0)
     with socket.create_connection(server.address, timeout=10) as s:
         assert s.recv(1) == b""  # closed by the server, not by our timeout
 

@@ -42,8 +42,8 @@ def test_picture_store_is_content_addressed_validated_and_capped(tmp_path):
     from engine.pictures.store import PictureStore
     from tests.fixtures.pictures import picture_bytes
 
-    store = PictureStore(tmp_path / "pics", max_transient_bytes=1, keep_s=0)
     a, b = picture_bytes(1), picture_bytes(2, fmt="JPEG")
+    store = PictureStore(tmp_path / "pics", max_transient_bytes=max(len(a), len(b)), keep_s=0)  # room for one
     ra = store_upload(store, a, "p")
     pa = Path(ra.path)
     assert ra.digest == blake3.blake3(a).hexdigest()
@@ -56,9 +56,14 @@ def test_picture_store_is_content_addressed_validated_and_capped(tmp_path):
     with pytest.raises(ApiError) as err:
         store_upload(store, b"%PDF-1.4 not a picture", "messages[0].content[1]")
     assert err.value.status == 400 and err.value.param == "messages[0].content[1]"
-    kept = PictureStore(tmp_path / "kept", max_transient_bytes=1)  # recently used pictures are never pruned
-    p1, p2 = store_upload(kept, a, "p"), store_upload(kept, b, "p")
-    assert Path(p1.path).exists() and Path(p2.path).exists()
+    kept = PictureStore(tmp_path / "kept", max_transient_bytes=max(len(a), len(b)))
+    turn = kept.hold()  # a turn in progress will read a: it is never pruned, b has to wait
+    p1 = store_upload(kept, a, "p", turn)
+    with pytest.raises(ApiError) as full:
+        store_upload(kept, b, "p")
+    assert full.value.status == 507 and Path(p1.path).exists()
+    turn.release()
+    assert Path(store_upload(kept, b, "p").path).exists() and not Path(p1.path).exists()
     assert not list((tmp_path / "pics").rglob("*.tmp"))
 
 
@@ -68,8 +73,8 @@ def test_the_api_cap_never_removes_a_picture_the_history_keeps(tmp_path):
     from tests.fixtures.pictures import picture_bytes
 
     window = PictureStore(tmp_path / "pictures")  # as in the app: the history's store and the API's,
-    api = PictureStore(tmp_path / "pictures", max_transient_bytes=1, keep_s=0)  # one folder
     a, b, c = picture_bytes(1), picture_bytes(2), picture_bytes(3)
+    api = PictureStore(tmp_path / "pictures", max_transient_bytes=len(b) + len(c) - 1, keep_s=0)  # one folder
     imported = window.put(a, ".png")
     assert Path(store_upload(api, a, "p").path) == window.path(imported)  # the API's copy is the same file
     sent = store_upload(api, c, "p")  # transient

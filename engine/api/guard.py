@@ -1,10 +1,17 @@
-"""uvicorn's HTTP/1.1 protocol with a deadline for a request's headers (slow-loris).
+"""uvicorn's HTTP/1.1 protocol with a deadline for a request's headers (slow-loris), and idle
+connections that never stand in a request's way.
 
 uvicorn closes an idle keep-alive connection, but a client that sends a request line and then
-one header byte now and then keeps its connection (and a place under the connection limit)
-forever. Here every connection must deliver a whole request head within `header_timeout_s` of
-connecting, or of its previous response; otherwise it is closed. Slow bodies are the app's
-business (it reads them under its own timeouts).
+one header byte now and then keeps its connection forever. Here every connection must deliver a
+whole request head within `header_timeout_s` of connecting, or of its previous response;
+otherwise it is closed. Slow bodies are the app's business (it reads them under its own timeouts).
+
+uvicorn's only cap, `limit_concurrency`, counts open connections together with requests, so 512
+connections that never send a byte made every request (an authorised one too) a 503 until they
+went. It is not used: requests are capped by the app (429 with Retry-After, only to requests
+that arrived), and connections still waiting for a head are what is capped here: past
+`max_waiting` of them the one waiting longest is closed, so a thousand idle sockets cost only
+their file descriptors and never hold a new client's connection out.
 
 It also offers the app `scope["extensions"]["parley.discard_body"](limit)`: after refusing a big
 body, the rest of it is dropped as it arrives, without HTTP parsing or copies into the app,
@@ -15,6 +22,7 @@ machine's memory bandwidth from the requests being served.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 
 from h11._readers import ContentLengthReader  # h11 is pinned by uvicorn; only read, never changed
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -22,8 +30,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 DROP_BYTES_PER_S = 64 << 20  # 30 MB refused in about 0.5 s
 
 
-def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """An H11Protocol class whose connections get `header_timeout_s` for each request head."""
+def guarded_protocol(header_timeout_s: float, max_waiting: int = 4096) -> type[H11Protocol]:
+    """An H11Protocol class whose connections get `header_timeout_s` for each request head, and
+    of which at most `max_waiting` wait for one (the longest waiting is closed past that)."""
+    # connections waiting for a request head, oldest first (event-loop thread only)
+    waiting: OrderedDict[H11Protocol, None] = OrderedDict()
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -52,6 +63,7 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
             super().data_received(data)
             if self.cycle is not cycle:  # a whole request head arrived
                 self._cancel_head_timer()
+                waiting.pop(self, None)
                 self.scope.setdefault("extensions", {})["parley.discard_body"] = self._discard_body
 
         def _discard_body(self, limit: int) -> asyncio.Future | None:
@@ -85,12 +97,19 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
         def connection_lost(self, exc) -> None:
             self._cancel_head_timer()
+            waiting.pop(self, None)
             self._end_discard()
             super().connection_lost(exc)
 
         def _arm_head_timer(self) -> None:
             self._cancel_head_timer()
             self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
+            waiting[self] = None
+            waiting.move_to_end(self)
+            while len(waiting) > max_waiting:
+                oldest, _ = waiting.popitem(last=False)
+                oldest._cancel_head_timer()
+                oldest.transport.close()
 
         def _cancel_head_timer(self) -> None:
             if self._head_timer is not None:
@@ -99,6 +118,7 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
         def _head_too_slow(self) -> None:
             self._head_timer = None
+            waiting.pop(self, None)
             if self.transport.is_closing():
                 return
             if self.cycle is not None and not self.cycle.response_complete:

@@ -72,7 +72,8 @@ class ApiApp:
         request = Request(scope, receive)
         state = {"body_left": _declared_body(request)}
         try:
-            response = await self._route(request, state, send)
+            with api.serving():
+                response = await self._route(request, state, send)
         except ApiError as err:
             api.activity.count("errors")
             response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
@@ -166,13 +167,16 @@ class ApiApp:
             # event loop (other clients) or the model thread (every turn)
             req = await anyio.to_thread.run_sync(api.prepare, raw, loaded, limiter=api.prepare_limiter)
             del raw
-            with api.open_turn(tokens=req.stream or bool(req.stops)) as (tid, q):
-                api.activity.begin(request.client.host if request.client else "")
-                try:
-                    response = await self._answer(request, req, tid, q)
-                    await response(request.scope, request.receive, send)  # the turn stays open meanwhile
-                finally:
-                    api.activity.end()
+            try:
+                with api.open_turn(tokens=req.stream or bool(req.stops)) as (tid, q):
+                    api.activity.begin(request.client.host if request.client else "")
+                    try:
+                        response = await self._answer(request, req, tid, q)
+                        await response(request.scope, request.receive, send)  # the turn stays open meanwhile
+                    finally:
+                        api.activity.end()
+            finally:
+                req.hold.release()  # its pictures may be pruned from now on
 
     async def _answer(self, request: Request, req, tid: int, q):
         api = self.api

@@ -17,9 +17,9 @@ from PIL import Image
 
 from ..pictures.file import PictureError, check
 from ..pictures.ref import PictureRef, digest_of
-from ..pictures.store import NAME_RE, PictureStore
+from ..pictures.store import NAME_RE, Hold, PictureSpaceError, PictureStore
 from ..platform.files import is_temp_name
-from .errors import bad
+from .errors import ApiError, bad
 
 _DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),", re.IGNORECASE)
 _WS = re.compile(rb"\s+")
@@ -51,10 +51,11 @@ def decode_data_url(url: str, param: str) -> bytes:
     return data
 
 
-def store_upload(store: PictureStore, data: bytes, param: str) -> PictureRef:
+def store_upload(store: PictureStore, data: bytes, param: str, hold: Hold | None = None) -> PictureRef:
     """Keep a client's picture in the shared store as a transient one (size-capped, aged out)
-    and return its ref. A payload is fully decoded once, the first time its content is seen; a
-    picture already stored (by the API or the window) costs one hash and one touch."""
+    and return its ref; `hold` keeps it until the request's turn is over. A payload is fully
+    decoded once, the first time its content is seen; a picture already stored (by the API or
+    the window) costs one hash and one touch. No room: 413 (larger than the cap) or 507."""
     digest = digest_of(data)
     name = store.find(digest)
     if name is None:
@@ -67,7 +68,12 @@ def store_upload(store: PictureStore, data: bytes, param: str) -> PictureRef:
         except PictureError as exc:
             raise bad(str(exc), param, "invalid_image") from None
         name = digest + "." + _EXT.get(fmt.upper(), fmt.lower() or "bin")
-    return store.ref(store.put(data, name[64:], transient=True, digest=digest))
+    try:
+        return store.ref(store.put(data, name[64:], transient=True, digest=digest, hold=hold))
+    except PictureSpaceError as exc:
+        if exc.too_big:
+            raise ApiError(413, str(exc), param, "picture_too_large") from None
+        raise ApiError(507, str(exc), param, "insufficient_storage", {"Retry-After": "1"}) from None
 
 
 def drop_legacy_folder(data_dir: Path) -> int:

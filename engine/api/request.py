@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..protocol.events import Message, Sampling
 from .errors import ApiError, bad
-from ..pictures.store import PictureStore
+from ..pictures.store import Hold, PictureStore
 from .pictures import decode_data_url, store_upload
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -28,6 +28,7 @@ class ChatRequest:
     stops: list[str] = field(default_factory=list)
     model: str | None = None
     pictures: int = 0
+    hold: Hold | None = None  # its pictures, kept until its turn is over
 
 
 def _is_int(v) -> bool:
@@ -85,9 +86,11 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[str]]:
 
 
 def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 16, *,
-                       served_model: str | None = None, max_text_chars: int | None = None) -> ChatRequest:
+                       served_model: str | None = None, max_text_chars: int | None = None,
+                       hold: Hold | None = None) -> ChatRequest:
     """`served_model`: the loaded model's name (another name is a 404, as OpenAI answers);
-    `max_text_chars`: more text than this cannot fit the context (refused before any tokenizing)."""
+    `max_text_chars`: more text than this cannot fit the context (refused before any tokenizing);
+    `hold`: the request's pictures are held in the store under it (the caller releases it)."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -189,10 +192,10 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
     # only now, with the request well formed, pay for decoding and storing pictures
     messages = []
     for role, text, urls in parsed:
-        refs = [store_upload(pictures, decode_data_url(url, p), p) for url, p in urls]
+        refs = [store_upload(pictures, decode_data_url(url, p), p, hold) for url, p in urls]
         messages.append(Message(role, text, refs))
     greedy = temperature == 0 or top_p == 0
     sampling = Sampling(greedy=greedy, temperature=temperature if not greedy else 1.0,
                         top_p=top_p if not greedy else 1.0, max_new_tokens=max_tokens,
                         seed=seed if seed is None else int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
-    return ChatRequest(messages, sampling, stream, include_usage, stops, model, n_pictures)
+    return ChatRequest(messages, sampling, stream, include_usage, stops, model, n_pictures, hold)

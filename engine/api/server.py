@@ -6,10 +6,12 @@ The engine continues whichever stateless session shares the longest token prefix
 that re-sends its whole conversation each turn only pays for the new part, and re-sent pictures
 are image-cache hits that never wake the encoder.
 
-Under load: the listening socket has a real backlog; at most `max_connections` connections are
-served (more get 503 from uvicorn) and at most `max_pending` chat requests are in progress (more
-get 429 with Retry-After before their body is read); bodies are capped (413 at once); a client
-gets `client_timeout_s` to send each request head and each part of its body (slow-loris).
+Under load: the listening socket has a real backlog; at most `max_requests` requests are served
+at once and at most `max_pending` chat requests are in progress (more get 429 with Retry-After
+before their body is read); connections that have not sent a request head cost no place among
+them: each gets `head_timeout_s` to send one, and past `max_waiting` of them the one waiting
+longest is closed (guard.py says why uvicorn's own limit is not used); bodies are capped (413 at
+once); a client gets `client_timeout_s` for each part of its body (slow-loris).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from .errors import ApiConfigError, ApiError
 from .guard import guarded_protocol
 from .handler import ApiApp
 from ..pictures.store import PictureStore
+from ..platform.files import raise_open_file_limit
 from .pictures import drop_legacy_folder
 from .prompt_size import PromptMeter
 from .request import ChatRequest, parse_chat_request
@@ -46,8 +49,9 @@ class ApiServer:
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 8011, token: str | None = None,
                  data_dir: str | Path | None = None, *, max_body_bytes: int = 20 << 20, max_pictures: int = 16,
-                 max_pending: int = 32, max_connections: int = 512, backlog: int = 2048,
-                 client_timeout_s: float = 30.0, body_timeout_s: float = 120.0, prepare_workers: int = 4,
+                 max_pending: int = 32, max_requests: int = 256, backlog: int = 2048,
+                 head_timeout_s: float = 5.0, client_timeout_s: float = 30.0, body_timeout_s: float = 120.0,
+                 prepare_workers: int = 4, max_waiting: int | None = None,
                  max_picture_bytes: int = 2 << 30, picture_max_age_s: float = 7 * 86400.0,
                  on_activity: Callable[[dict], None] | None = None):
         check_bind(host, token)
@@ -56,6 +60,8 @@ class ApiServer:
         self.max_body_bytes = max_body_bytes
         self.max_pictures = max_pictures
         self.max_pending = max_pending
+        self.max_requests = max_requests
+        self.head_timeout_s = head_timeout_s
         self.client_timeout_s = client_timeout_s
         self.body_timeout_s = body_timeout_s
         self.data_dir = Path(data_dir or engine.data_dir)
@@ -67,16 +73,20 @@ class ApiServer:
         self._turns: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, bool]] = {}
         self._turns_lock = threading.Lock()
         self._admitted = 0  # chat requests in progress (reading, parsing, queued or generating)
+        self._serving = 0  # requests of any kind being served
         self.closing = False
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._sock = _bind(host, port, backlog)
         self._address = self._sock.getsockname()[:2]
-        config = uvicorn.Config(ApiApp(self), http=guarded_protocol(client_timeout_s), lifespan="off",
+        if max_waiting is None:  # idle connections may take at most half the descriptors this process has
+            max_waiting = max(64, min(8192, (raise_open_file_limit() - 256) // 2))
+        self.max_waiting = max_waiting
+        config = uvicorn.Config(ApiApp(self), http=guarded_protocol(head_timeout_s, max_waiting), lifespan="off",
                                 log_config=None, access_log=False, backlog=backlog, server_header=False,
-                                headers=[("Server", "Parley")],
-                                limit_concurrency=max_connections, timeout_keep_alive=max(1, int(client_timeout_s)),
+                                headers=[("Server", "Parley")], limit_concurrency=None,
+                                timeout_keep_alive=max(1, int(head_timeout_s)),
                                 timeout_graceful_shutdown=3, h11_max_incomplete_event_size=64 << 10)
         self._uvicorn = uvicorn.Server(config)
 
@@ -126,6 +136,20 @@ class ApiServer:
     # ------------------------------------------------------------ requests
 
     @contextmanager
+    def serving(self):
+        """A place among the `max_requests` requests being served, or a 429 with Retry-After."""
+        with self._turns_lock:
+            if self._serving >= self.max_requests:
+                raise ApiError(429, f"Too many requests being served (at most {self.max_requests}); retry later.",
+                               None, "too_many_requests", {"Retry-After": "1"})
+            self._serving += 1
+        try:
+            yield
+        finally:
+            with self._turns_lock:
+                self._serving -= 1
+
+    @contextmanager
     def admit(self):
         """A place among the `max_pending` chat requests in progress, or a 429 with Retry-After."""
         with self._turns_lock:
@@ -140,11 +164,17 @@ class ApiServer:
                 self._admitted -= 1
 
     def prepare(self, raw: bytes, loaded) -> ChatRequest:
-        """Parse a chat request's body, store its pictures and make sure its text can fit the
-        context (worker thread: neither the event loop nor the model thread)."""
-        req = parse_chat_request(raw, self.pictures, self.max_pictures, served_model=loaded.name,
-                                 max_text_chars=self.meter.max_chars(loaded))
-        self.meter.check(req.messages, loaded)
+        """Parse a chat request's body, store its pictures (held until `req.hold` is released)
+        and make sure its text can fit the context (worker thread: neither the event loop nor
+        the model thread)."""
+        hold = self.pictures.hold()
+        try:
+            req = parse_chat_request(raw, self.pictures, self.max_pictures, served_model=loaded.name,
+                                     max_text_chars=self.meter.max_chars(loaded), hold=hold)
+            self.meter.check(req.messages, loaded)
+        except BaseException:
+            hold.release()
+            raise
         return req
 
     @contextmanager

@@ -9,11 +9,17 @@ them. Transient ones (pictures an API client sent inline) are marked by an empty
 `<folder>/.transient/` and are size-capped and aged out here; only marked files are ever pruned,
 so a picture a conversation references is never lost to the cap, and a kept put of the same bytes
 clears the mark.
+
+The cap holds at every moment: room is made (oldest transient first) before a transient picture
+is written, and a transient write never takes the disk below `min_free_bytes`. Pictures a turn
+in progress will read are held (`hold()`) and never pruned; when only held ones remain, or one
+picture alone exceeds the cap, the put is refused with PictureSpaceError.
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -29,6 +35,37 @@ _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 _LOCK = threading.RLock()
 
 
+class PictureSpaceError(Exception):
+    """A transient picture that cannot be stored; the message says why in one sentence.
+    `too_big`: it alone exceeds the cap (it never fits); else there is no room now."""
+
+    def __init__(self, message: str, too_big: bool = False):
+        super().__init__(message)
+        self.too_big = too_big
+
+
+class Hold:
+    """Pictures a turn in progress will read (`PictureStore.hold()`): never pruned until
+    `release()` (safe to call more than once)."""
+
+    def __init__(self, store: "PictureStore"):
+        self._store = store
+        self.names: list[str] = []
+        self._released = False
+
+    def release(self) -> None:
+        with _LOCK:
+            if self._released:
+                return
+            self._released = True
+            for name in self.names:
+                left = self._store._held.get(name, 0) - 1
+                if left > 0:
+                    self._store._held[name] = left
+                else:
+                    self._store._held.pop(name, None)
+
+
 def extension(suffix: str) -> str:
     """'.PNG' -> '.png'; anything that is not a short alphanumeric suffix -> ''."""
     s = suffix.lower().lstrip(".")
@@ -37,14 +74,17 @@ def extension(suffix: str) -> str:
 
 class PictureStore:
     def __init__(self, folder: Path | str, max_transient_bytes: int = 2 << 30, keep_s: float = 3600.0,
-                 max_age_s: float = 7 * 86400.0):
+                 max_age_s: float = 7 * 86400.0, min_free_bytes: int | None = None):
         self.folder = Path(folder)
         self.marks = self.folder / ".transient"
         self.max_transient_bytes = max_transient_bytes
-        self.keep_s = keep_s  # a transient picture used this recently is never removed (a queued turn may read it)
+        self.keep_s = keep_s  # a temp file older than this is a crash's leftover (sweep)
         self.max_age_s = max(max_age_s, keep_s)
+        # free space a transient write leaves on the disk: as the KV store's floor, a quarter of the cap, at most 1 GiB
+        self.min_free_bytes = min(1 << 30, max_transient_bytes // 4) if min_free_bytes is None else min_free_bytes
         self._known: dict[str, str] = {}  # digest -> file name, for pictures seen by this process
         self._sizes: dict[str, int] | None = None  # transient pictures, scanned on first use
+        self._held: dict[str, int] = {}  # name -> holds on it (turns in progress that will read it)
         self.pruned = 0  # transient pictures deleted to stay under the cap
         self.expired = 0  # transient pictures deleted by sweep() for age
 
@@ -74,33 +114,40 @@ class PictureStore:
             pass
         return None
 
-    def put(self, data: bytes, ext: str, transient: bool = False, digest: str | None = None) -> str:
+    def hold(self) -> Hold:
+        """A hold for the pictures one turn will read (pass it to `put`, release it when the turn ends)."""
+        return Hold(self)
+
+    def put(self, data: bytes, ext: str, transient: bool = False, digest: str | None = None,
+            hold: Hold | None = None) -> str:
         """Store `data` (once per content) and return its file name. A kept put also keeps a
         picture that was transient; a transient put never demotes a kept one. `digest`: the
-        caller's own BLAKE3 hex of `data`, when it already has one."""
+        caller's own BLAKE3 hex of `data`, when it already has one. `hold`: the picture is not
+        pruned until that hold is released. A transient put with no room raises PictureSpaceError."""
         digest = digest or digest_of(data)
         with _LOCK:
             name = self.find(digest)
             if name is None:
                 name = digest + extension(ext)
                 if transient:
+                    self._make_room(len(data))
                     self._mark(name)  # the mark first: an unmarked file is never pruned by the cap
                 private_dir(self.folder)
                 private_dir(self.folder / name[:2])
                 atomic_write(self.path(name), data)  # bytes and name durable before anyone names the picture
                 self._known[digest] = name
                 if transient:
-                    self._scan()
                     self._sizes[name] = len(data)
-                    if sum(self._sizes.values()) > self.max_transient_bytes:
-                        self._prune(keep=name)
-                return name
-            path = self.path(name)
-            if _size(path) != len(data):  # a copy damaged outside Parley: this put heals it
-                atomic_write(path, data)
-            _touch(path)  # a use: LRU and age count from now
-            if not transient and self._is_transient(name):
-                self._unmark(name)
+            else:
+                path = self.path(name)
+                if _size(path) != len(data):  # a copy damaged outside Parley: this put heals it
+                    atomic_write(path, data)
+                _touch(path)  # a use: LRU and age count from now
+                if not transient and self._is_transient(name):
+                    self._unmark(name)
+            if hold is not None:
+                hold.names.append(name)
+                self._held[name] = self._held.get(name, 0) + 1
             return name
 
     def names(self) -> Iterator[tuple[str, Path]]:
@@ -151,24 +198,51 @@ class PictureStore:
             except OSError:
                 (self.marks / name).unlink(missing_ok=True)  # the file went; so does its mark
 
-    def _prune(self, keep: str) -> None:
-        total, now = sum(self._sizes.values()), time.time()
-        for mtime, name in sorted((_mtime(self.path(n)), n) for n in self._sizes):
-            if total <= self.max_transient_bytes * 0.9:
+    def _make_room(self, need: int) -> None:
+        """Before `need` bytes of a new transient picture are written: prune the oldest transient
+        pictures not held (to 90% of the cap, so not on every put) until the new one fits under
+        the cap and above the free-space floor; else refuse (nothing is written)."""
+        cap = self.max_transient_bytes
+        if need > cap:
+            raise PictureSpaceError(f"The picture is {_amount(need)}, more than the {_amount(cap)} this server "
+                                    f"keeps for pictures sent to it.", too_big=True)
+        self._scan()
+        total = sum(self._sizes.values())
+        short = self._below_floor(need)
+        if total + need <= cap and short <= 0:
+            return
+        goal = min(total, int(cap * 0.9) - need) if total + need > cap else total  # transient bytes to keep
+        freed = 0
+        for _, name in sorted((_mtime(self.path(n)), n) for n in self._sizes):
+            if total <= goal and freed >= short:
                 break
             if not self._is_transient(name):  # kept since (the window imported it): not ours to count
                 total -= self._sizes.pop(name, 0)
                 continue
-            if name == keep or now - mtime < self.keep_s:
+            if self._held.get(name):
                 continue
             try:
                 self.path(name).unlink(missing_ok=True)
             except OSError:
                 continue
-            total -= self._sizes.get(name, 0)
+            size = self._sizes.get(name, 0)
+            total, freed = total - size, freed + size
             self._unmark(name)
             self._known.pop(name[:64], None)
             self.pruned += 1
+        if total + need > cap:
+            raise PictureSpaceError(f"No room for this picture now: the {_amount(cap)} kept for pictures sent to "
+                                    f"this server are all in use by turns in progress; retry in a moment.")
+        if self._below_floor(need) > 0:
+            raise PictureSpaceError(f"No room for this picture: the disk holding {self.folder} has "
+                                    f"{_amount(_free(self.folder))} free, and pictures sent to this server "
+                                    f"leave at least {_amount(self.min_free_bytes)} free.")
+
+    def _below_floor(self, need: int) -> int:
+        """Bytes the disk would go below the free-space floor by, with `need` more written."""
+        if self.min_free_bytes <= 0:
+            return 0
+        return max(0, self.min_free_bytes - (_free(self.folder) - need))
 
     def sweep(self) -> int:
         """Delete transient pictures unused for `max_age_s`, and temp files a crash left; make
@@ -201,6 +275,18 @@ class PictureStore:
 def check_name(name: str) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValueError(f"not a picture name: {name!r}")
+
+
+def _amount(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
+def _free(folder: Path) -> int:
+    """Free bytes on the disk that holds `folder` (its nearest existing parent)."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
 
 
 def _touch(path: Path) -> None:

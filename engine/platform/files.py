@@ -345,3 +345,25 @@ class FolderLock:
     def close(self) -> None:
         if self._lock.is_locked:
             self._lock.release(force=True)
+
+
+# ---------------------------------------------------------------- process limits
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (a server holds one per
+    connection; many systems start processes at 1024) and return the limit now in force."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such per-process limit to raise
+        return 1 << 16
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if sys.platform == "darwin":  # macOS refuses more than OPEN_MAX (10240) here, whatever the hard limit
+        want = min(want, 10240)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 16

@@ -59,7 +59,8 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote", metavar="URL", help="use an OpenAI-compatible server (vLLM, transformers serve, another "
                                                    "Parley) instead of the built-in engine; with or without /v1. "
                                                    "--model then names the server's model")
-    p.add_argument("--api-key", help="the server's API key (or set PARLEY_REMOTE_API_KEY)")
+    p.add_argument("--api-key", help="the server's API key; better: set PARLEY_REMOTE_API_KEY, which other users "
+                                     "cannot read in `ps` as they can a command line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--data-dir", default=argparse.SUPPRESS)
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     srv.add_argument("--port", type=int, default=8011, help="port (default 8011; 0 = any free port)")
-    srv.add_argument("--api-token", help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback; "
-                                         "or set PARLEY_API_TOKEN)")
+    srv.add_argument("--api-token", help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback); "
+                                         "better: set PARLEY_API_TOKEN, which other users cannot read in `ps` as "
+                                         "they can a command line")
     _add_weights(srv)
     srv.set_defaults(func=cmd_serve)
 

@@ -75,7 +75,7 @@ class EngineSwitch(QObject):
         else:
             server = engine.config.server.removeprefix("http://")
             self.label.setText(f"Remote: {server}")
-            self.label.setToolTip(f"Replies come from the OpenAI-compatible server at {engine.config.base_url}")
+            self.label.setToolTip(f"Replies come from the OpenAI-compatible server at {engine.config.shown_url}")
             if self.panel.isHidden():
                 self._memory_was_visible = self.memory_dock.isVisible()
             self.memory_dock.hide()

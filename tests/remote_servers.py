@@ -1,6 +1,8 @@
 """Real servers on loopback for the remote-engine tests: Parley's own `serve` in a second
 process, and small stdlib HTTP servers that fail the ways real servers do (401, 404 model,
-413, a stream cut mid-reply, a plain web server that is not an API, one that never answers)."""
+413, a stream cut mid-reply, a plain web server that is not an API, one that never answers),
+and hostile ones (a stream that never ends, usage of the wrong types, a reply that drips,
+escape codes in replies and errors, a chunk of the wrong shape after text)."""
 from __future__ import annotations
 
 import json
@@ -64,6 +66,8 @@ class StubServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.release = threading.Event()  # lets a stalling handler go at close
+        self.httpd.asked = threading.Event()  # set by handlers once a chat request has arrived
+        self.httpd.sent_pieces = 0
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
         host, port = self.httpd.server_address[:2]
@@ -201,7 +205,109 @@ class NeverAnswers(_Base):
 
     def do_POST(self):
         self._body()
+        self.server.asked.set()
         self.server.release.wait(30)
+
+
+class _Streaming(_Base):
+    """A 200 text/event-stream answer, chunked; `send(bytes)` writes one HTTP chunk."""
+
+    def do_GET(self):
+        self._models()
+
+    def _start(self):
+        self._body()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def send(self, data: bytes) -> bool:
+        """False once the client has gone."""
+        try:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            return True
+        except OSError:
+            return False
+
+    def finish_stream(self):
+        self.send(b"")  # the zero-length chunk ends the body
+
+
+class EndlessStream(_Streaming):
+    """Streams "word " pieces until the client leaves (never a finish reason); counts them."""
+
+    def do_POST(self):
+        self._start()
+        self.server.asked.set()
+        n = 0
+        while n < 1_000_000 and not self.server.release.is_set() and self.send(_chunk("word ")):
+            n += 1
+        self.server.sent_pieces = n
+        self.close_connection = True
+
+
+class EndlessEmpty(_Streaming):
+    """Streams chunks with no text, forever: nothing for max_tokens to count."""
+
+    def do_POST(self):
+        self._start()
+        self.send(_chunk("Hello"))
+        while not self.server.release.is_set() and self.send(_chunk("")):
+            self.server.release.wait(0.01)
+        self.close_connection = True
+
+
+class Drips(_Streaming):
+    """Sends "Hello", then one byte of an event every 0.2 s, an event that never ends. `asked`
+    is set with the first drip: by then the client has had 0.2 s to take in "Hello"."""
+
+    def do_POST(self):
+        self._start()
+        self.send(_chunk("Hello"))
+        while not self.server.release.wait(0.2) and self.send(b"x"):
+            self.server.asked.set()
+        self.close_connection = True
+
+
+class BadUsage(_Streaming):
+    """A whole reply, then a usage chunk whose counts are not numbers."""
+
+    def do_POST(self):
+        self._start()
+        self.send(_chunk("Hello") + _chunk(" there", "stop"))
+        usage = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "big-vlm", "choices": [],
+                 "usage": {"prompt_tokens": "abc", "completion_tokens": [2], "total_tokens": None,
+                           "prompt_tokens_details": {"cached_tokens": "lots"}}}
+        self.send(f"data: {json.dumps(usage)}\n\n".encode() + b"data: [DONE]\n\n")
+        self.finish_stream()
+
+
+class BadChunkAfterText(_Streaming):
+    """ "Hello", then a chunk whose choices are not a list of choices."""
+
+    def do_POST(self):
+        self._start()
+        self.send(_chunk("Hello"))
+        self.send(b'data: {"id": "c1", "object": "chat.completion.chunk", "choices": 7}\n\n')
+        self.send(_chunk(" there", "stop") + b"data: [DONE]\n\n")
+        self.finish_stream()
+
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\x9b31m"  # title, clear, clipboard write, C1 CSI
+
+
+class EscapeCodes(_Streaming):
+    """A reply with terminal escape codes in it; errors (401) with them in the message."""
+
+    def do_POST(self):
+        if "Bearer bad" in (self.headers.get("Authorization") or ""):
+            self._body()
+            return self._error(401, f"Invalid key{ESCAPES}.", "authentication_error")
+        self._start()
+        self.send(_chunk("Hello") + _chunk(ESCAPES) + _chunk(" there\n\tok", "stop") + b"data: [DONE]\n\n")
+        self.finish_stream()
 
 
 class TransformersServe:

@@ -14,8 +14,8 @@ from PIL import Image
 
 from engine.api import ApiError, ApiServer
 from engine.api.pictures import store_upload
-from engine.picture_ref import digest_of
-from engine.picture_store import PictureSpaceError, PictureStore
+from engine.pictures.ref import digest_of
+from engine.pictures.store import PictureSpaceError, PictureStore
 from tests.api_served import data_url
 from tests.engine_helpers import open_engine
 from tests.fixtures.pictures import picture_bytes

@@ -228,3 +228,12 @@ def test_two_pulls_at_once_fetch_the_big_file_once(hub, cache):
     t2.join(60)
     assert results["first"] == results["second"]
     assert hub.sent[BIG] == size  # once
+
+
+def test_a_password_in_the_hub_endpoint_is_never_shown(hub, monkeypatch):
+    from tests.remote_servers import free_port
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://alice:s3cret-pw@127.0.0.1:{free_port()}")
+    with pytest.raises(NetworkUnreachable) as exc:
+        plan_pull(REPO)
+    assert "s3cret-pw" not in str(exc.value) and "127.0.0.1" in str(exc.value)

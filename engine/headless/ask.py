@@ -12,17 +12,18 @@ def cmd_ask(args) -> int:
     from ..pictures.ref import as_refs
     from ..protocol.client import EngineError, load_blocking, run_blocking
     from ..protocol.events import Message, Sampling, Turn, TurnFailed
+    from ..platform.terminal import terminal_safe
     from ..remote import RemoteConfigError, RemoteEngine
 
     try:
         images = as_refs(args.image or [])  # each file hashed once, here, before any model loads
     except PictureError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1
     try:
         remote = options.remote_config(args) if args.remote else None
     except RemoteConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
     model = remote.model if remote else options.model_dir(args.model)
     if remote is not None:
@@ -31,26 +32,35 @@ def cmd_ask(args) -> int:
         from ..local.engine import Engine  # torch: only the built-in engine needs it
 
         engine = Engine(options.engine_settings(args), options.data_dir(args.data_dir)).start()
+    streamed = []
+    stop_wait_s = 30.0  # how long shutting the engine down may take
     try:
         load_blocking(engine, model)
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
         turn = Turn("ask", [Message("user", args.prompt, images)], sampling, args.system)
-        streamed = []
 
         def on_token(ev):
             streamed.append(ev.text)
-            sys.stdout.write(ev.text)
+            sys.stdout.write(terminal_safe(ev.text))  # a reply's escape codes must not act on the terminal
             sys.stdout.flush()
 
         result = run_blocking(engine, turn, on_token=on_token)
         if isinstance(result, TurnFailed):
-            print(f"error: {result.message}", file=sys.stderr)
+            print(f"error: {terminal_safe(result.message)}", file=sys.stderr)
             return 1
         sys.stdout.write("\n")
         return 0
     except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl+C: what was printed stays; one line says why it ends there
+        if streamed:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        print("error: interrupted" + ("; the partial reply is above" if streamed else ""), file=sys.stderr)
+        if remote is not None:  # a server that never answers is not waited for
+            stop_wait_s = 1.0
+        return 130
     finally:
-        engine.shutdown()
+        engine.shutdown(stop_wait_s)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..protocol.client import EngineError, load_blocking, run_blocking
+from ..protocol.client import EngineError, Interrupted, load_blocking, run_blocking
 from ..protocol.events import Message, Sampling, Turn, TurnFailed
 from ..pictures.file import PictureError
 from ..pictures.ref import as_refs
@@ -88,6 +88,7 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
     conversations: dict[str, list[Message]] = {}
     systems: dict[str, str | None] = {}
     failures = 0
+    stop_wait_s = 30.0  # how long shutting the engine down may take
     try:
         for i, t in enumerate(turns):
             if t.get("restart"):
@@ -106,7 +107,15 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
                 out.write(json.dumps({"turn": i, "conversation": cid, "error": str(exc)}) + "\n")
                 out.flush()
                 continue
-            result = run_blocking(engine, Turn(cid, list(history), sampling, systems.get(cid)))
+            try:
+                result = run_blocking(engine, Turn(cid, list(history), sampling, systems.get(cid)))
+            except Interrupted as exc:  # Ctrl+C: the turn in progress is written with what it had
+                out.write(json.dumps({"turn": i, "conversation": cid, "error": "interrupted (Ctrl+C)",
+                                      "partial": exc.partial}) + "\n")
+                out.flush()
+                if remote is not None:  # a server that never answers is not waited for
+                    stop_wait_s = 1.0
+                raise
             if isinstance(result, TurnFailed):
                 history.pop()
                 failures += 1
@@ -120,11 +129,12 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
             out.write(json.dumps(line) + "\n")
             out.flush()
     finally:
-        engine.shutdown()
+        engine.shutdown(stop_wait_s)
     return 1 if failures else 0
 
 
 def cmd_replay(args) -> int:
+    from ..platform.terminal import terminal_safe
     from ..remote import RemoteConfigError
 
     try:
@@ -134,5 +144,8 @@ def cmd_replay(args) -> int:
         return run_replay(Path(args.script), model, options.data_dir(args.data_dir), sys.stdout, remote=remote,
                           overrides=overrides)
     except (ReplayError, RemoteConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; the turn in progress is the last line, with its partial reply", file=sys.stderr)
+        return 130

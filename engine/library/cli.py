@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from ..platform.terminal import terminal_safe
 from .catalog import load_catalog
 from .hub import LibraryError, NetworkUnreachable, is_repo_id, offline_forced
 from .hub_values import HubValueError, revision
@@ -39,16 +40,16 @@ def cmd_list(args) -> int:
                 fit = estimate_fit(config, args.precision, args.context, device).line()
         except NetworkUnreachable as exc:
             if not offline:
-                print(f"{exc}; catalog models are sized from the catalog")  # said once
+                print(f"{terminal_safe(exc)}; catalog models are sized from the catalog")  # said once
                 offline = True
         except (LibraryError, ValueError) as exc:
-            fit = f"fit unknown: {exc}"
+            fit = f"fit unknown: {terminal_safe(exc)}"
         if not fit and offline and repo_id in catalog:
             try:
                 fit = estimate_fit_from_catalog(catalog[repo_id], args.precision, args.context, device).line()
             except ValueError as exc:
                 fit = f"fit unknown: {exc}"
-        print(f"{repo_id:44} {family:11} {params:>6} {size:>10} {mark:9} {fit}".rstrip())
+        print(terminal_safe(f"{repo_id:44} {family:11} {params:>6} {size:>10} {mark:9} {fit}".rstrip()))
     return 0
 
 
@@ -63,13 +64,13 @@ def cmd_pull(args) -> int:
     try:
         revision(args.revision)
     except HubValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
     bar = None
     try:
         plan = plan_pull(args.repo, args.revision, load_token())
         if plan.problem:
-            print(f"error: {args.repo} cannot be used by Parley: {plan.problem}", file=sys.stderr)
+            print(f"error: {args.repo} cannot be used by Parley: {terminal_safe(plan.problem)}", file=sys.stderr)
             return 1
         bar = TqdmProgress(args.repo)
         snapshot = pull(plan, bar)
@@ -81,7 +82,7 @@ def cmd_pull(args) -> int:
     except LibraryError as exc:
         if bar is not None:
             bar.close()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if bar is not None:
@@ -96,7 +97,7 @@ def cmd_rm(args) -> int:
     try:
         freed = delete_model(args.repo)
     except LibraryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1
     print(f"removed {args.repo}: {_gb(freed)} freed")
     return 0

@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from .hub import DiskFull, LibraryError, NetworkUnreachable, endpoint
+from .hub import DiskFull, LibraryError, NetworkUnreachable, shown_endpoint
 from .hub_values import Digest
 from .progress import ProgressMeter
 
@@ -199,7 +199,7 @@ def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size:
                 if tries <= 0:
                     out.flush()
                     if cut:
-                        raise LibraryError(f"{endpoint()} cut {name} short {RETRIES} times in a row ({have} of "
+                        raise LibraryError(f"{shown_endpoint()} cut {name} short {RETRIES} times in a row ({have} of "
                                            f"{size} bytes kept for the next pull): {type(exc).__name__}") from None
                     raise NetworkUnreachable(f"network unreachable while fetching {name} "
                                              f"({have} of {size} bytes kept): {exc}") from None
@@ -210,7 +210,7 @@ def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size:
                 continue
             tries -= 1  # a whole answer with no byte in it: a server that never gets there
             if tries <= 0:
-                raise LibraryError(f"{endpoint()} cut {name} short: {RETRIES} answers in a row brought no "
+                raise LibraryError(f"{shown_endpoint()} cut {name} short: {RETRIES} answers in a row brought no "
                                    f"byte ({have} of {size} bytes kept for the next pull)")
         out.flush()
         os.fsync(out.fileno())

@@ -10,6 +10,8 @@ import os
 import re
 from pathlib import Path
 
+from ..platform.terminal import hide_credentials
+
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -37,6 +39,11 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 
 
+def shown_endpoint() -> str:
+    """The endpoint as messages show it: without a user:password@ in it."""
+    return hide_credentials(endpoint())
+
+
 def hub_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
@@ -56,7 +63,7 @@ def repo_folder(repo_id: str, cache: Path | None = None) -> Path:
 
 
 def repo_url(repo_id: str) -> str:
-    return f"{endpoint()}/{repo_id}"
+    return f"{shown_endpoint()}/{repo_id}"
 
 
 def offline_forced() -> bool:
@@ -78,7 +85,7 @@ def translate(exc: BaseException, repo_id: str, revision: str | None = None) -> 
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return NetworkUnreachable("network unreachable: offline mode is on (HF_HUB_OFFLINE)")
     if isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError)):
-        return NetworkUnreachable(f"network unreachable: cannot reach {endpoint()} ({type(exc).__name__})")
+        return NetworkUnreachable(f"network unreachable: cannot reach {shown_endpoint()} ({type(exc).__name__})")
     if isinstance(exc, errors.GatedRepoError) or status in (401, 403):
         what = "gated" if isinstance(exc, errors.GatedRepoError) else "private or gated"
         return AccessDenied(f"HTTP {status}: {repo_id} is {what}; accept its terms at {url} and "
@@ -88,5 +95,5 @@ def translate(exc: BaseException, repo_id: str, revision: str | None = None) -> 
     if isinstance(exc, (errors.RepositoryNotFoundError, errors.RemoteEntryNotFoundError)) or status == 404:
         return NotFound(f"HTTP 404: {repo_id} not found at {url}")
     if status is not None:
-        return LibraryError(f"HTTP {status} from {endpoint()} for {repo_id}")
+        return LibraryError(f"HTTP {status} from {shown_endpoint()} for {repo_id}")
     return LibraryError(f"{repo_id}: {exc}")

@@ -4,6 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from ..platform.terminal import hide_credentials
+
+
+# a server slower than this per token is not one a person waits on (llama.cpp runs a 70B model on a CPU at ~1)
+SLOWEST_TOKEN_S = 2.0
+
 
 class RemoteConfigError(ValueError):
     """A server address that cannot be used; the message says why in one sentence."""
@@ -40,16 +46,33 @@ def normalize_base_url(url: str) -> str:
 class RemoteConfig:
     base_url: str  # normalized: ends in /v1
     model: str = ""  # "" = the first model the server lists
-    api_key: str = ""  # sent as 'Authorization: Bearer KEY'; "" sends none a server would accept
+    api_key: str = ""  # sent as 'Authorization: Bearer KEY'; never in a repr or log
     timeout_s: float = 600.0  # a big model's long prefill can take minutes before the first token
     connect_timeout_s: float = 10.0
     stream: bool = True
+    total_timeout_s: float | None = None  # the whole request; None: total_s(max_tokens)
+
+    def total_s(self, max_tokens: int) -> float:
+        """How long one request may take in all: the first token's wait, then SLOWEST_TOKEN_S a
+        token (a stream the read timeout alone never ends, since every byte restarts it)."""
+        if self.total_timeout_s is not None:
+            return self.total_timeout_s
+        return self.timeout_s + max_tokens * SLOWEST_TOKEN_S
 
     @classmethod
     def make(cls, url: str, model: str = "", api_key: str = "", **kw) -> "RemoteConfig":
         return cls(normalize_base_url(url), (model or "").strip(), (api_key or "").strip(), **kw)
 
+    def __repr__(self) -> str:  # logs and tracebacks show this: no key, no user:password@
+        return (f"RemoteConfig(base_url={self.shown_url!r}, model={self.model!r}, stream={self.stream}, "
+                f"timeout_s={self.timeout_s})")
+
     @property
     def server(self) -> str:
-        """The address people recognise: scheme://host:port (no /v1)."""
-        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        """The address people recognise: scheme://host:port (no /v1, no user:password@)."""
+        return self.shown_url[: -len("/v1")] if self.shown_url.endswith("/v1") else self.shown_url
+
+    @property
+    def shown_url(self) -> str:
+        """base_url as it may be shown or logged: without a user:password@ in it."""
+        return hide_credentials(self.base_url)

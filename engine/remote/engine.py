@@ -56,7 +56,7 @@ def list_models(cfg: RemoteConfig, client: openai.OpenAI | None = None) -> list[
     except openai.APIError as exc:
         if isinstance(exc, openai.APIStatusError) and exc.status_code == 404:
             raise ServerError(f"The server at {cfg.server} is not an OpenAI-compatible API "
-                              f"(no {cfg.base_url}/models).") from None
+                              f"(no {cfg.shown_url}/models).") from None
         raise ServerError(describe(exc, cfg)) from None
     except (AttributeError, TypeError, ValueError):
         raise ServerError(f"The server at {cfg.server} is not an OpenAI-compatible API "
@@ -154,7 +154,7 @@ class RemoteEngine(EngineWorker):
         if error:
             self._emit(ModelFailed(cfg.server, error))
         else:
-            self._emit(ModelReady(cfg.base_url, "remote", cfg.server, "", self.model_name))
+            self._emit(ModelReady(cfg.shown_url, "remote", cfg.server, "", self.model_name))
 
     def _connect(self, name: str) -> str:
         """Ask the server for its models and choose one; "" when done, else why not."""

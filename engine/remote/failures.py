@@ -77,7 +77,7 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", mod
         tail = f": {said.rstrip('.')}" if said else ""
         if not _is_api_body(exc) and code in (404, 405, 501):
             return (f"The server at {where} is not an OpenAI-compatible API (HTTP {code} to "
-                    f"POST {cfg.base_url}/chat/completions).")
+                    f"POST {cfg.shown_url}/chat/completions).")
         if code == 401:
             return f"The server at {where} refused the API key (401){tail}. Check the key in Settings."
         if code == 403:

@@ -1,14 +1,16 @@
 """Which engine the window uses, and the saved servers, in QSettings (group `engine/`).
 
-Built-in (the default) or one of several saved OpenAI-compatible servers. API keys are kept
-with the other preferences, as the API server's own token is."""
+Built-in (the default) or one of several saved OpenAI-compatible servers. Their API keys are
+kept apart, among the secrets (app/secrets.py), under each server's address; keys an older
+version left in the settings move there when the servers are read."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 from PySide6.QtCore import QSettings
 
+from app.secrets import Secrets
 from engine.remote import RemoteConfig, RemoteConfigError, normalize_base_url
 
 BUILTIN = "builtin"
@@ -18,7 +20,7 @@ REMOTE = "remote"
 @dataclass(frozen=True)
 class SavedServer:
     url: str
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)
     model: str = ""
 
     @property
@@ -55,14 +57,27 @@ class EngineChoice:
         return None
 
 
+def _key_name(url: str) -> str:
+    return f"server-key {url}"
+
+
 def load_choice(qs: QSettings) -> EngineChoice:
     raw = qs.value("engine/servers", "[]")
+    secrets = Secrets.beside(qs)
     try:
-        items = json.loads(raw) if isinstance(raw, str) else []
-        servers = tuple(SavedServer(str(d.get("url", "")), str(d.get("api_key", "")), str(d.get("model", "")))
-                        for d in items if isinstance(d, dict) and d.get("url"))
+        items = [d for d in (json.loads(raw) if isinstance(raw, str) else []) if isinstance(d, dict) and d.get("url")]
     except ValueError:  # a damaged value: start without saved servers rather than not at all
-        servers = ()
+        items = []
+    servers = []
+    for d in items:
+        url, key = str(d.get("url", "")), str(d.get("api_key", "") or "")
+        if key:  # in the settings file, where an older version kept it: moved out
+            secrets.set(_key_name(url), key)
+        servers.append(SavedServer(url, key or secrets.get(_key_name(url)), str(d.get("model", ""))))
+    servers = tuple(servers)
+    if any(d.get("api_key") for d in items):
+        _save_servers(qs, servers)
+        qs.sync()
     kind = str(qs.value("engine/kind", BUILTIN))
     try:
         current = int(qs.value("engine/current", 0))
@@ -73,6 +88,17 @@ def load_choice(qs: QSettings) -> EngineChoice:
 
 
 def save_choice(qs: QSettings, choice: EngineChoice) -> None:
+    secrets = Secrets.beside(qs)
+    kept = {s.url for s in choice.servers}
+    for old in load_choice(qs).servers:  # a server removed takes its key with it
+        if old.url not in kept:
+            secrets.set(_key_name(old.url), "")
     qs.setValue("engine/kind", choice.kind)
-    qs.setValue("engine/servers", json.dumps([asdict(s) for s in choice.servers]))
+    _save_servers(qs, choice.servers)
     qs.setValue("engine/current", choice.current)
+    for s in choice.servers:
+        secrets.set(_key_name(s.url), s.api_key)
+
+
+def _save_servers(qs: QSettings, servers: tuple[SavedServer, ...]) -> None:
+    qs.setValue("engine/servers", json.dumps([{"url": s.url, "model": s.model} for s in servers]))

@@ -1,5 +1,6 @@
 """User preferences in QSettings: sampling, system prompt, engine knobs, recent models, theme,
-the in-app API server."""
+the in-app API server. Secrets (the API server's token) are kept apart (app/secrets.py), and the
+settings file is made private (0600 in a 0700 folder): it names the user's models and folders."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -7,6 +8,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings
 
+from app.secrets import Secrets, settings_file
+from engine.platform.paths import private_dir, private_file
 from engine.protocol.events import Sampling
 from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 
@@ -16,6 +19,7 @@ USER_ENGINE_KEYS = (
     "image_cache_disk_bytes", "store_cap_bytes", "weights",
 )
 MAX_RECENT = 8
+API_TOKEN = "api-token"  # its name among the secrets
 API_HOST = "127.0.0.1"
 API_PORT = 8011
 
@@ -33,6 +37,13 @@ class Preferences:
     def __init__(self, settings: QSettings | None = None):
         self.qs = settings if settings is not None else QSettings("Parley", "Parley")
         self.session_overrides: dict = {}  # from the command line; not written back
+        self.secrets = Secrets.beside(self.qs)
+        _make_private(self.qs)
+        token = str(self.qs.value("api/token", "") or "").strip()
+        if token:  # where an older version kept it: moved out, then gone from the file
+            self.secrets.set(API_TOKEN, token)
+            self.qs.remove("api/token")
+            self.qs.sync()
 
     # ------------------------------------------------------------ sampling
 
@@ -127,13 +138,13 @@ class Preferences:
         return ApiConfig(enabled=_bool(self.qs.value("api/enabled", False)),
                          host=str(self.qs.value("api/host", API_HOST) or API_HOST).strip(),
                          port=port if 0 < port < 65536 else API_PORT,
-                         token=str(self.qs.value("api/token", "") or "").strip())
+                         token=self.secrets.get(API_TOKEN).strip())
 
     def set_api_config(self, cfg: ApiConfig) -> None:
         self.qs.setValue("api/enabled", cfg.enabled)
         self.qs.setValue("api/host", cfg.host)
         self.qs.setValue("api/port", cfg.port)
-        self.qs.setValue("api/token", cfg.token)
+        self.secrets.set(API_TOKEN, cfg.token)
 
     # ------------------------------------------------------------ look
 
@@ -145,6 +156,17 @@ class Preferences:
 
     def sync(self) -> None:
         self.qs.sync()
+
+
+def _make_private(qs: QSettings) -> None:
+    """The settings file 0600 (QSettings keeps a file's mode when it rewrites it), and its folder
+    0700 when it is Parley's own (not e.g. ~/Library/Preferences)."""
+    path = settings_file(qs)
+    if path is None:
+        return
+    if path.parent.name == "Parley" or qs.format() == QSettings.Format.IniFormat:
+        private_dir(path.parent)
+    private_file(path)
 
 
 def _bool(v) -> bool:

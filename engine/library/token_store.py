@@ -9,7 +9,7 @@ SERVICE = "parley-huggingface"
 ACCOUNT = "token"
 
 
-def _keyring():
+def os_keyring():
     """The keyring module when a real backend answers (not the 'fail' or null ones)."""
     try:
         import keyring
@@ -33,19 +33,21 @@ def token_file() -> Path:
 
 def where() -> str:
     """Where a saved token lives, in words for the settings line."""
-    kr = _keyring()
+    kr = os_keyring()
     return f"the OS keyring ({type(kr.get_keyring()).__name__})" if kr else f"the file {token_file()}"
 
 
 def save_token(token: str) -> str:
     token = token.strip()
-    kr = _keyring()
+    kr = os_keyring()
     if kr is not None:
         kr.set_password(SERVICE, ACCOUNT, token)
     else:
         path = token_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if hasattr(os, "fchmod"):  # a file that was there keeps its mode through open(): tighten it
+            os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token)
     return where()
@@ -55,7 +57,7 @@ def load_token() -> str | None:
     """HF_TOKEN from the environment first (as huggingface_hub does), then the saved one."""
     if os.environ.get("HF_TOKEN"):
         return os.environ["HF_TOKEN"].strip()
-    kr = _keyring()
+    kr = os_keyring()
     if kr is not None:
         value = kr.get_password(SERVICE, ACCOUNT)
         if value:

@@ -220,3 +220,30 @@ def test_session_larger_than_cap_fails_cleanly(tmp_path):
         assert not r.ok and "cap" in r.error
         assert s.counters["blobs_on_disk"] == 0 and s.sessions() == []
         assert s.counters["spill_failures"] == 1
+
+
+def test_the_store_is_private_in_an_open_data_folder(tmp_path):
+    """A data folder the user chose (left 0755 as it is) still gets a private KV store: the
+    folders 0700, the manifest and its WAL files, the lock and the blobs 0600."""
+    import stat
+
+    def mode(p):
+        return stat.S_IMODE(os.stat(p).st_mode)
+
+    old = os.umask(0o022)
+    try:
+        data = tmp_path / "data"
+        data.mkdir(mode=0o755)
+        root = data / "kv-store"
+        root.mkdir()  # as the spill scheduler made it under this umask
+        kv = make_kv(300, layers=2, kv_heads=2, head_dim=8, dtype=torch.float32)
+        with KVStore(str(root), NS, min_free_bytes=0) as s:
+            assert s.spill("c", tokens(300), [], cache_of(kv), {}).ok
+            folders = [root, root / "blobs", *[p for p in (root / "blobs").iterdir()]]
+            files = [p for p in root.rglob("*") if p.is_file()]
+            assert {p.name for p in files} >= {"manifest.sqlite", "manifest.sqlite-wal", "manifest.sqlite-shm"}
+            assert [p for p in folders if mode(p) != 0o700] == []
+            assert [p for p in files if mode(p) != 0o600] == []
+            assert mode(data) == 0o755  # the user's own folder is left as it is
+    finally:
+        os.umask(old)

@@ -22,6 +22,7 @@ import torch
 from ..pictures.span import PictureSpan
 from ..platform.files import FolderBusy, FolderLock
 from ..platform.files import sync_dir as fsync_dir
+from ..platform.paths import PRIVATE_DIR_MODE, private_dir
 from .blob import KIND_BLOCK, KIND_TAIL, blob_size
 from .errors import BadBlob, KVStoreError, MissingBlob, StoreUnavailable
 from .index import StoreIndex
@@ -129,13 +130,19 @@ class KVStore:
 
     # ------------------------------------------------------------------ setup / teardown
     def _make_dirs(self) -> None:
+        """The store's folders, private (0700) whatever the data folder around them is (the
+        user may have chosen an open one) and whatever an older version left."""
         created = not os.path.isdir(self.blobs_dir)
-        os.makedirs(self.blobs_dir, exist_ok=True)
-        for i in range(256):  # fan-out made once, so a blob write never creates a directory
-            d = os.path.join(self.blobs_dir, f"{i:02x}")
+        private_dir(self.root)
+        private_dir(self.blobs_dir)
+        fan_out = [os.path.join(self.blobs_dir, f"{i:02x}") for i in range(256)]
+        for d in fan_out:  # made once, so a blob write never creates a directory
             if not os.path.isdir(d):
-                os.mkdir(d)
+                os.mkdir(d, PRIVATE_DIR_MODE)
                 created = True
+        if os.name == "posix" and os.stat(fan_out[0]).st_mode & 0o077:  # left open by an older version
+            for d in fan_out:
+                private_dir(d)
         if created and self.durable:
             fsync_dir(self.blobs_dir)
             fsync_dir(self.root)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import blake3
 
+from ..platform.paths import private_file
 from .blob import SUFFIX, TMP_SUFFIX, parse_header
 from .errors import BadBlob, MissingBlob, StoreUnavailable
 from .keys import KEY_BYTES
@@ -46,6 +47,7 @@ def open_manifest(root: str) -> tuple[Manifest, bool]:
     raises StoreUnavailable and changes nothing, so the store is whole when space returns."""
     path = os.path.join(root, "manifest.sqlite")
     try:
+        private_file(path)  # SQLite gives its -wal and -shm files the database file's mode
         m = Manifest(path)
     except sqlite3.Error as e:
         if not is_damage(e):
@@ -63,6 +65,7 @@ def open_manifest(root: str) -> tuple[Manifest, bool]:
         m.close()
     set_aside(path)
     log.warning("kvstore: manifest in %s failed its integrity check; set aside, starting empty", root)
+    private_file(path)
     return Manifest(path), True
 
 

@@ -336,7 +336,7 @@ class FolderLock:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        self._lock = filelock.FileLock(self.path, timeout=0, thread_local=False)
+        self._lock = filelock.FileLock(self.path, timeout=0, mode=0o600, thread_local=False)
         try:
             self._lock.acquire()
         except filelock.Timeout as e:

@@ -138,11 +138,7 @@ class Engine(EngineWorker):
             if isinstance(request, Shutdown):
                 self._on_shutdown()
                 return
-            try:
-                self._handle(request)
-            except Exception as exc:  # the loop survives anything a request does
-                log.exception("engine request %s failed", request.name)
-                self._emit(Notice("error", f"{request.name} failed: {exc}"))
+            self._dispatch(request)  # the loop survives anything a request does
             try:
                 self._on_idle()  # timers are due even while requests keep coming
             except Exception:

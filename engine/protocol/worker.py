@@ -1,7 +1,13 @@
 """The half of the engine protocol both engines share: listeners, one worker thread fed by a
 queue of typed requests, turn ids, stop requests and the bookkeeping around one turn.
 `Engine` (the built-in model owner) and `RemoteEngine` (an OpenAI-compatible server) add their
-requests, their `_loop` and `_run_turn`; both satisfy `EngineLike` (engine/protocol/engine_like.py)."""
+requests, their `_loop`, `_handle` and `_run_turn`; both satisfy `EngineLike` (engine/protocol/engine_like.py).
+
+The thread never ends without a word. A request that raises anything (a SystemExit too: a module
+imported during a load once called sys.exit) fails alone, as ModelFailed or TurnFailed, and the
+loop goes on (`_dispatch`). If the thread ends all the same, its top (`_run`) answers the
+request it was handling and every queued one, and every later request is answered at once
+(`dead` says why), so no caller (load_blocking, the window's "Loading…") waits forever."""
 from __future__ import annotations
 
 import itertools
@@ -12,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
-from .events import Event, Turn, TurnDone, TurnFailed, TurnStarted
+from .events import Event, ModelFailed, Notice, Turn, TurnDone, TurnFailed, TurnStarted
 from .turn_stats import TurnStats
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,14 @@ class Listeners:
             try:
                 fn(event)
             except Exception:  # a broken listener must not take the engine down
+                log.exception("engine listener failed on %s", type(event).__name__)
+
+    def emit_to_all(self, event: Event) -> None:
+        """Every listener hears `event`, whatever another one raises (once the thread has ended)."""
+        for fn in list(self._fns):
+            try:
+                fn(event)
+            except BaseException:
                 log.exception("engine listener failed on %s", type(event).__name__)
 
 
@@ -91,6 +105,9 @@ class EngineWorker:
         self._stop_lock = threading.Lock()
         self._stop_requested: set[int] = set()
         self._current_turn: int | None = None
+        self._life_lock = threading.Lock()  # orders requests against the thread's end
+        self._handling: Request | None = None  # the request being handled now
+        self.dead: str | None = None  # why the thread ended, once it has (a shutdown aside)
 
     # ------------------------------------------------------------ public API (any thread)
 
@@ -102,7 +119,7 @@ class EngineWorker:
 
     def start(self):
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
             self._thread.start()
         return self
 
@@ -146,7 +163,49 @@ class EngineWorker:
     # ------------------------------------------------------------ for the engines
 
     def _put(self, request: Request) -> None:
-        self._queue.put(request)
+        """Queue a request for the worker thread, or answer it at once if the thread has ended."""
+        with self._life_lock:
+            if self.dead is None:
+                self._queue.put(request)
+                return
+        self._refuse(request, self.dead, self.events.emit_to_all)
+
+    def _dispatch(self, request: Request) -> None:
+        """Handle one request on the worker thread; the loop survives anything it raises."""
+        self._handling = request
+        try:
+            self._handle(request)
+        except Exception as exc:
+            log.exception("engine request %s failed", request.name)
+            self._emit(Notice("error", f"{request.name} failed: {exc}"))
+        except BaseException as exc:  # SystemExit and the like: this request fails, the engine goes on
+            log.error("engine request %s ended by %s: %s", request.name, type(exc).__name__, exc)
+            self._refuse(request, f"The {_what(request)} was stopped by {type(exc).__name__}: {exc}", self._emit)
+        self._handling = None  # not reached when even the failure could not be said: _run answers it
+
+    def _run(self) -> None:
+        """The thread's top: whatever ends `_loop` but a shutdown is said, and answered for."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            reason = f"The engine stopped ({type(exc).__name__}: {exc}); restart Parley to use it again."
+            log.error("%s thread ended: %s: %s", self.thread_name, type(exc).__name__, exc)
+            with self._life_lock:
+                self.dead = reason
+                waiting = [self._handling] if self._handling is not None else []
+                while not self._queue.empty():
+                    waiting.append(self._queue.get_nowait())
+            for request in waiting:
+                self._refuse(request, reason, self.events.emit_to_all)
+            self.events.emit_to_all(Notice("error", reason))
+
+    def _refuse(self, request: Request, reason: str, emit: Callable[[Event], None]) -> None:
+        """Answer a request that will not be carried out, as its own failure would be."""
+        match request:
+            case LoadModel(path=path):
+                emit(ModelFailed(path, reason))
+            case RunTurn(turn=turn):
+                emit(TurnFailed(turn.turn_id, turn.conversation_id, reason))
 
     def _next_request(self, timeout: float | None = None) -> Request | None:
         """The next request, or None when `timeout` passed without one."""
@@ -198,6 +257,11 @@ class EngineWorker:
     # ------------------------------------------------------------ what each engine adds
 
     def _loop(self) -> None:
+        """Take requests (`_next_request`) and hand each to `_dispatch` until a Shutdown."""
+        raise NotImplementedError
+
+    def _handle(self, request: Request) -> None:
+        """Carry out one request (on the worker thread)."""
         raise NotImplementedError
 
     def _run_turn(self, turn: Turn, queued_at: float) -> TurnDone:
@@ -217,3 +281,7 @@ class EngineWorker:
 
     def _shut_down(self, finished: bool) -> None:
         """After shutdown waited for the worker (`finished`: it ended within the timeout)."""
+
+
+def _what(request: Request) -> str:
+    return {"load": "model load", "turn": "turn"}.get(request.name, f"{request.name} request")

@@ -7,7 +7,6 @@ server owns the model, its memory and its caches (prefix caching is the server's
 """
 from __future__ import annotations
 
-import logging
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,6 @@ from .messages import chat_messages
 if TYPE_CHECKING:
     import openai
 
-log = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
@@ -126,11 +124,7 @@ class RemoteEngine(EngineWorker):
             request = self._next_request()
             if isinstance(request, Shutdown):
                 return
-            try:
-                self._handle(request)
-            except Exception as exc:  # the loop survives anything a request does
-                log.exception("remote engine request %s failed", request.name)
-                self._emit(Notice("error", f"{request.name} failed: {exc}"))
+            self._dispatch(request)  # the loop survives anything a request does
 
     def _handle(self, request: Request) -> None:
         match request:

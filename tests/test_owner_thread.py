@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from engine.client import EngineError, load_blocking, run_blocking
-from engine.engine import Engine
-from engine.events import Message, ModelLoading, Sampling, Turn, TurnDone, TurnFailed
-from engine.settings import EngineSettings
+from engine.protocol.client import EngineError, load_blocking, run_blocking
+from engine.local.engine import Engine
+from engine.protocol.events import Message, ModelLoading, Sampling, Turn, TurnDone, TurnFailed
+from engine.protocol.settings import EngineSettings
 
 
 def exits_on(kind):

@@ -15,6 +15,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -148,22 +150,39 @@ def _chunk(text: str | None, finish: str | None = None) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-class DropsMidStream(_Base):
-    """Streams two pieces of a reply, then the connection is cut (chunked body never ended)."""
+class _Streaming(_Base):
+    """A 200 text/event-stream answer, chunked; `send(bytes)` writes one HTTP chunk."""
 
     def do_GET(self):
         self._models()
 
-    def do_POST(self):
+    def _start(self):
         self._body()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for piece in ("Half a ", "reply"):
-            data = _chunk(piece)
+
+    def send(self, data: bytes) -> bool:
+        """False once the client has gone."""
+        try:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+            return True
+        except OSError:
+            return False
+
+    def finish_stream(self):
+        self.send(b"")  # the zero-length chunk ends the body
+
+
+class DropsMidStream(_Streaming):
+    """Streams two pieces of a reply, then the connection is cut (chunked body never ended)."""
+
+    def do_POST(self):
+        self._start()
+        for piece in ("Half a ", "reply"):
+            self.send(_chunk(piece))
         self.close_connection = True
         self.connection.shutdown(socket.SHUT_RDWR)
 
@@ -207,32 +226,6 @@ class NeverAnswers(_Base):
         self._body()
         self.server.asked.set()
         self.server.release.wait(30)
-
-
-class _Streaming(_Base):
-    """A 200 text/event-stream answer, chunked; `send(bytes)` writes one HTTP chunk."""
-
-    def do_GET(self):
-        self._models()
-
-    def _start(self):
-        self._body()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def send(self, data: bytes) -> bool:
-        """False once the client has gone."""
-        try:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-            return True
-        except OSError:
-            return False
-
-    def finish_stream(self):
-        self.send(b"")  # the zero-length chunk ends the body
 
 
 class EndlessStream(_Streaming):
@@ -349,6 +342,20 @@ class TransformersServe:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)
+
+
+@pytest.fixture
+def stub():
+    """stub(handler) -> a started StubServer; all are closed after the test."""
+    servers = []
+
+    def start(handler):
+        servers.append(StubServer(handler))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
 
 
 def remote(url: str, **kw):

@@ -16,18 +16,11 @@ from engine.library.fetch import ChecksumMismatch
 from engine.library.hub import AccessDenied, LibraryError, NetworkUnreachable, repo_folder
 from engine.library.installed import partial_download, resolve_model
 from engine.library.pull import JSON_MAX_BYTES, plan_pull, pull
-from tests.fixtures.hub_standin import safetensors_bytes, start_standin
+from tests.fixtures.hub_standin import hub, safetensors_bytes  # noqa: F401 (hub: the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = "model.safetensors"
 REPO = "acme/hostile"
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    h = start_standin(monkeypatch, tmp_path / "hf" / "hub")
-    yield h
-    h.stop()
 
 
 @pytest.fixture

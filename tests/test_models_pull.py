@@ -11,16 +11,9 @@ from engine.library.fetch import PART_SUFFIX, Cancelled, ChecksumMismatch
 from engine.library.hub import AccessDenied, NetworkUnreachable, NotFound, repo_folder
 from engine.library.installed import delete_model, installed_models, resolve_model
 from engine.library.pull import NoSpace, plan_pull, pull
-from tests.fixtures.hub_standin import safetensors_bytes, start_standin
+from tests.fixtures.hub_standin import hub, safetensors_bytes  # noqa: F401 (hub: the fixture)
 
 BIG = "model.safetensors"
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    h = start_standin(monkeypatch, tmp_path / "hf" / "hub")
-    yield h
-    h.stop()
 
 
 def _big_repo(hub, repo_id="acme/big", mib=6, **kw):

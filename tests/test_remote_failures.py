@@ -10,24 +10,11 @@ from engine.protocol.client import EngineError, load_blocking, run_blocking
 from engine.protocol.events import Message, Turn, TurnFailed
 from engine.pictures.ref import PictureRef
 from tests.fixtures.pictures import make_picture, pics as picture_refs
-from tests.remote_servers import (
-    DropsMidStream, Forbidden, NeverAnswers, PlainWebsite, Strict, StubServer, Unauthorized, fail_turn, free_port, remote,
+from tests.remote_servers import (  # noqa: F401 (stub: the fixture)
+    DropsMidStream, Forbidden, NeverAnswers, PlainWebsite, Strict, Unauthorized, fail_turn, free_port, remote, stub,
 )
 
 openai = pytest.importorskip("openai")
-
-
-@pytest.fixture
-def stub(request):
-    servers = []
-
-    def start(handler):
-        servers.append(StubServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
 
 
 def check(url: str, expected: str, model: str = "big-vlm", messages=None, **kw) -> TurnFailed:

@@ -18,24 +18,11 @@ import pytest
 from engine.protocol.client import run_blocking
 from engine.protocol.events import Message, Sampling, TurnDone, TurnFailed, TurnStarted, Turn
 from engine.remote.request import MARGIN_PIECES
-from tests.remote_servers import (
-    ROOT, BadChunkAfterText, BadUsage, Drips, EndlessEmpty, EndlessStream, EscapeCodes, NeverAnswers, StubServer, remote,
+from tests.remote_servers import (  # noqa: F401 (stub: the fixture)
+    ROOT, BadChunkAfterText, BadUsage, Drips, EndlessEmpty, EndlessStream, EscapeCodes, NeverAnswers, remote, stub,
 )
 
 openai = pytest.importorskip("openai")
-
-
-@pytest.fixture
-def stub():
-    servers = []
-
-    def start(handler):
-        servers.append(StubServer(handler))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
 
 
 def turn(max_tokens=8) -> Turn:

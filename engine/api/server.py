@@ -72,8 +72,8 @@ class ApiServer:
         # turn id -> (the loop its request waits on, its event queue, wants tokens)
         self._turns: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, bool]] = {}
         self._turns_lock = threading.Lock()
-        self._admitted = 0  # chat requests in progress (reading, parsing, queued or generating)
-        self._serving = 0  # requests of any kind being served
+        self._chats = _Places(max_pending, "requests in progress")  # chat requests: reading, parsing, queued or generating
+        self._requests = _Places(max_requests, "requests being served")  # requests of any kind
         self.closing = False
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -135,33 +135,13 @@ class ApiServer:
 
     # ------------------------------------------------------------ requests
 
-    @contextmanager
     def serving(self):
         """A place among the `max_requests` requests being served, or a 429 with Retry-After."""
-        with self._turns_lock:
-            if self._serving >= self.max_requests:
-                raise ApiError(429, f"Too many requests being served (at most {self.max_requests}); retry later.",
-                               None, "too_many_requests", {"Retry-After": "1"})
-            self._serving += 1
-        try:
-            yield
-        finally:
-            with self._turns_lock:
-                self._serving -= 1
+        return self._requests.take()
 
-    @contextmanager
     def admit(self):
         """A place among the `max_pending` chat requests in progress, or a 429 with Retry-After."""
-        with self._turns_lock:
-            if self._admitted >= self.max_pending:
-                raise ApiError(429, f"Too many requests in progress (at most {self.max_pending}); retry later.",
-                               None, "too_many_requests", {"Retry-After": "1"})
-            self._admitted += 1
-        try:
-            yield
-        finally:
-            with self._turns_lock:
-                self._admitted -= 1
+        return self._chats.take()
 
     def prepare(self, raw: bytes, loaded) -> ChatRequest:
         """Parse a chat request's body, store its pictures (held until `req.hold` is released)
@@ -202,6 +182,28 @@ class ApiServer:
     def model_name(self) -> str | None:
         loaded = self.engine.loaded
         return loaded.name if loaded is not None else None
+
+
+class _Places:
+    """At most `limit` at once (any thread); one more is answered 429 with Retry-After."""
+
+    def __init__(self, limit: int, what: str):
+        self.limit, self.what = limit, what
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def take(self):
+        with self._lock:
+            if self.taken >= self.limit:
+                raise ApiError(429, f"Too many {self.what} (at most {self.limit}); retry later.", None,
+                               "too_many_requests", {"Retry-After": "1"})
+            self.taken += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.taken -= 1
 
 
 def _put(loop: asyncio.AbstractEventLoop, q: asyncio.Queue, item) -> None:

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import openai
 
 
-
 class ServerError(RuntimeError):
     """A server call failed; the message is the one sentence to show."""
 

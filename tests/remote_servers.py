@@ -69,7 +69,6 @@ class StubServer:
         self.httpd.daemon_threads = True
         self.httpd.release = threading.Event()  # lets a stalling handler go at close
         self.httpd.asked = threading.Event()  # set by handlers once a chat request has arrived
-        self.httpd.sent_pieces = 0
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
         host, port = self.httpd.server_address[:2]
@@ -229,7 +228,7 @@ class NeverAnswers(_Base):
 
 
 class EndlessStream(_Streaming):
-    """Streams "word " pieces until the client leaves (never a finish reason); counts them."""
+    """Streams "word " pieces until the client leaves (never a finish reason)."""
 
     def do_POST(self):
         self._start()
@@ -237,7 +236,6 @@ class EndlessStream(_Streaming):
         n = 0
         while n < 1_000_000 and not self.server.release.is_set() and self.send(_chunk("word ")):
             n += 1
-        self.server.sent_pieces = n
         self.close_connection = True
 
 

@@ -56,6 +56,30 @@ def distinct_words(tokenizer, count: int, seed: int = 0) -> list[str]:
     return words
 
 
+def same_length_text(processor, n_tokens: int, opening: str, seed: int = 0) -> tuple[str, int]:
+    """`opening` and filler words whose rendered prompt (one user message, counted by the model's
+    own processor) is the shortest at least `n_tokens` long: (text, its prompt tokens). The filler
+    never repeats a word: a repeated one would let prompt-lookup drafts (or any n-gram cache) speed
+    up a turn over it; `seed` gives another filler of the same length."""
+    from engine.protocol.events import Message
+    from engine.local.prompt import render
+
+    words = distinct_words(processor.tokenizer, n_tokens, seed)
+
+    def made(k: int) -> tuple[str, int]:
+        text = " ".join([opening, *words[:k]])
+        return text, len(processor.tokenizer(render(processor, [Message("user", text)], None))["input_ids"])
+
+    lo, hi = 0, n_tokens  # every word is at least one token: n_tokens words always reach it
+    while lo < hi:  # the fewest words that reach n_tokens (bisection: a long prompt is rendered ~11 times)
+        mid = (lo + hi) // 2
+        if made(mid)[1] >= n_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return made(lo)
+
+
 def ratio_line(label: str, value: float, *, at_most: float | None = None, at_least: float | None = None,
                also: tuple[str, bool] | None = None, unit: str = "", note: str = "", digits: int = 3) -> str:
     """`label: value  (goal ≤ X: yes)`; `also` adds a second condition the verdict needs

@@ -19,11 +19,10 @@ import json
 import statistics
 import time
 
-from _common import distinct_words, parse_args, ratio_line, workdir
+from _common import parse_args, ratio_line, same_length_text, workdir
 
 from engine.protocol.events import Message
 from engine.protocol.turn_stats import LocalTurnStats
-from engine.local.prompt import render
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published, parameter_count, spec_for
@@ -38,20 +37,6 @@ def turn(engine, cid, messages) -> tuple[float, LocalTurnStats]:
     t0 = time.perf_counter()
     done = expect_done(ask(engine, cid, messages, NEW))
     return time.perf_counter() - t0, done.stats
-
-
-def same_length_text(engine, n_tokens: int) -> tuple[str, int]:
-    """A text-only question whose rendered prompt is at least `n_tokens` long (counted by the
-    model's own processor, no turn needed). The filler never repeats a word: a repeated one would
-    let prompt-lookup drafts (or any n-gram cache) speed up the text-only turn it is compared to."""
-    processor = engine.loaded.processor
-    words = iter(distinct_words(processor.tokenizer, n_tokens))
-    text = QUESTION
-    while True:
-        n = len(processor.tokenizer(render(processor, [Message("user", text)], None))["input_ids"])
-        if n >= n_tokens:
-            return text, n
-        text += " " + next(words)
 
 
 def main() -> None:
@@ -78,7 +63,7 @@ def main() -> None:
         series["gated"].append({"turn": "new picture", "s": t_new, "encoder_load_s": s_new.encoder_load_s,
                                 "encode_s": s_new.encode_s})
         n_prompt = s_new.prompt_tokens
-        text, text_len = same_length_text(gated, n_prompt)
+        text, text_len = same_length_text(gated.loaded.processor, n_prompt, QUESTION)
         cached, textonly, loads = [], [], 0
         for r in range(args.repeats):
             gated.unload_encoder()

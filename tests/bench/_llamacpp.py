@@ -1,0 +1,200 @@
+"""llama.cpp for the benchmarks: built once from the pinned `llama-cpp-python` sdist (which vendors
+llama.cpp, its `convert_hf_to_gguf.py` and gguf-py) into a cache folder outside the repository,
+then used to convert a model folder to GGUF and to time it with its own tools.
+
+A benchmark-only dependency (README, Dependencies): nothing in Parley imports it. The sdist comes
+from PyPI through pip; the build needs cmake and a C++ compiler. `Unavailable` carries the one
+line a benchmark prints when any of that is missing.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built (pinned: figures name it)
+TARGETS = ("llama-bench", "llama-mtmd-cli", "llama-quantize")
+# Native code for this CPU, as a user's own build would get; no network code, no server, no tests.
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+               "-DGGML_CCACHE=OFF")
+
+# The converter, run with two shims for the test fixtures' tokenizer (a small BPE laid out at
+# Qwen's ids): llama.cpp recognises a BPE pre-tokenizer by hashing how it splits a test string,
+# which only published tokenizers match, so it is named as the published model's ("qwen2"); and
+# Qwen2-VL's converter tries a sentencepiece vocabulary first, which needs a package this
+# project does not install although the folder has none. The weights are converted unchanged.
+CONVERT_SHIM = r"""
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+sys.argv[0] = "convert_hf_to_gguf.py"
+import convert_hf_to_gguf as cli
+from conversion import base, qwenvl
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+qwenvl.Qwen2VLModel.set_vocab = base.TextModel._set_vocab_gpt2
+cli.main()
+"""
+
+
+class Unavailable(Exception):
+    """llama.cpp cannot be had here; the message is the one line a benchmark prints."""
+
+
+def cache_root() -> Path:
+    base = os.environ.get("PARLEY_BENCH_CACHE") or Path.home() / ".cache" / "parley-bench"
+    return Path(base) / "llama.cpp" / LLAMA_CPP_PYTHON
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """One builder at a time (two benchmarks, or two engineers, on one machine)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], log: Path, **kw) -> None:
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(map(str, cmd))}\n")
+        out.flush()
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, **kw)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+        raise Unavailable(f"{Path(cmd[0]).name} failed (exit {done.returncode}; log {log}): {tail[0][:200]}")
+
+
+@dataclass(frozen=True)
+class LlamaCpp:
+    root: Path  # the cache folder of this version
+
+    @property
+    def source(self) -> Path:
+        return self.root / "src"
+
+    def tool(self, name: str) -> Path:
+        return self.root / "build" / "bin" / name
+
+    @property
+    def info(self) -> dict:
+        return json.loads((self.root / "built.json").read_text())
+
+    # ------------------------------------------------------------------ conversion
+
+    def convert(self, model_dir: Path, outtype: str, out: Path, mmproj: bool = False) -> Path:
+        """`convert_hf_to_gguf.py` on `model_dir`; the language model, or with `mmproj` the vision
+        tower and projector. Skipped when `out` exists (conversions are minutes at full size)."""
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".part")
+        cmd = [sys.executable, "-c", CONVERT_SHIM, str(self.source), str(model_dir), "--outtype", outtype,
+               "--outfile", str(tmp)] + (["--mmproj"] if mmproj else [])
+        _run(cmd, out.parent / "convert.log", env=dict(os.environ, NO_LOCAL_GGUF="", PYTHONPATH=str(self.source / "gguf-py")))
+        made = tmp if tmp.exists() else next(out.parent.glob(f"*{tmp.stem}*.part"), None)
+        if made is None:
+            raise Unavailable(f"convert_hf_to_gguf.py wrote no {tmp.name}")
+        os.replace(made, out)
+        return out
+
+    def quantize(self, source: Path, kind: str, out: Path) -> Path:
+        if not out.exists():
+            tmp = out.with_suffix(".part")
+            _run([str(self.tool("llama-quantize")), str(source), str(tmp), kind], out.parent / "convert.log")
+            os.replace(tmp, out)
+        return out
+
+    # ------------------------------------------------------------------ timing
+
+    def bench(self, gguf: Path, threads: int, prompt: int = 0, generate: int = 0, depth: int = 0) -> float:
+        """tokens/s of one llama-bench test: prefill of `prompt` tokens, or `generate` tokens
+        decoded after `depth` tokens of context (one repetition, after its own warm-up)."""
+        cmd = [str(self.tool("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
+               "-n", str(generate), "-d", str(depth), "-r", "1", "-o", "json"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-400:]}")
+        rows = json.loads(done.stdout)
+        return float(rows[0]["avg_ts"])
+
+    def picture_first_token(self, gguf: Path, mmproj: Path, picture: Path, question: str, threads: int) -> float:
+        """Seconds from a picture and question to the first reply token in `llama-mtmd-cli`:
+        encoding the picture plus evaluating the prompt, picture tokens included (its own timers;
+        loading the model and the projector is not counted, as Parley's is not)."""
+        cmd = [str(self.tool("llama-mtmd-cli")), "-m", str(gguf), "--mmproj", str(mmproj), "--image", str(picture),
+               "-p", question, "-n", "1", "-t", str(threads), "--temp", "0", "--no-warmup"]
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        log = done.stdout + done.stderr
+        if done.returncode != 0:
+            raise RuntimeError(f"llama-mtmd-cli failed: {log.strip()[-400:]}")
+        encoded = [float(x) for x in re.findall(r"image slice encoded in (\d+(?:\.\d+)?) ms", log)]
+        decoded = [float(x) for x in re.findall(r"image decoded \(batch \d+/\d+\) in (\d+(?:\.\d+)?) ms", log)]
+        prompt = re.search(r"prompt eval time =\s*(\d+(?:\.\d+)?) ms", log)
+        if not encoded or prompt is None:
+            raise RuntimeError(f"llama-mtmd-cli printed no timings:\n{log[-1500:]}")
+        # the picture's batch is decoded outside llama_perf's prompt counter in some versions:
+        # counted once, whichever reports it
+        text_and_picture = float(prompt.group(1))
+        return (sum(encoded) + max(text_and_picture, sum(decoded))) / 1000
+
+
+def ensure(say=print) -> LlamaCpp:
+    """The built llama.cpp of the pinned version, building it on first use (minutes: said first)."""
+    root = cache_root()
+    with _locked(root):
+        if (root / "built.json").exists():
+            return LlamaCpp(root)
+        cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+        if cmake is None or not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+            raise Unavailable("llama.cpp cannot be built here: cmake and a C++ compiler are needed")
+        log = root / "build.log"
+        log.unlink(missing_ok=True)
+        sdist = root / "sdist"
+        if not any(sdist.glob("*.tar.gz")):
+            say(f"llama.cpp: fetching the llama-cpp-python {LLAMA_CPP_PYTHON} sdist from PyPI (once)")
+            _run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
+                  "--no-binary", ":all:", "-d", str(sdist), f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], log)
+        archive = next(sdist.glob("*.tar.gz"))
+        src = root / "src"
+        if not (src / "CMakeLists.txt").exists():
+            shutil.rmtree(src, ignore_errors=True)
+            tmp = root / "src.part"
+            shutil.rmtree(tmp, ignore_errors=True)
+            prefix = f"{archive.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
+            with tarfile.open(archive) as tar:
+                members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                tar.extractall(tmp, members=[m for m in members if m.name], filter="data")
+            os.replace(tmp, src)
+        t0 = time.monotonic()
+        say(f"llama.cpp: building {', '.join(TARGETS)} into {root} (once; ~15-25 min on 2 cores)")
+        build = root / "build"
+        gen = ["-G", "Ninja"] if ninja else []
+        _run([cmake, "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS], log)
+        _run([cmake, "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS], log)
+        (root / "built.json").write_text(json.dumps({
+            "llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_flags": CMAKE_FLAGS, "build_s": round(time.monotonic() - t0),
+            "commit": _vendored_commit(src)}, indent=1))
+        return LlamaCpp(root)
+
+
+def _vendored_commit(src: Path) -> str:
+    """The llama.cpp build number/commit the sdist vendors, as its CMake reports it, if any."""
+    for line in (src.parent / "build.log").read_text(errors="replace").splitlines():
+        if "ggml commit:" in line or "ggml version:" in line:
+            return line.split(":", 1)[1].strip()
+    return "unknown"

@@ -1,0 +1,225 @@
+"""Parley against llama.cpp on this CPU, at equal bytes: prefill and decode tokens/s side by side.
+
+The same random-weight model for both: the language model of Qwen2-VL-2B-Instruct at its
+published shape (tests/fixtures/published_configs.py), converted to GGUF by llama.cpp's own
+`convert_hf_to_gguf.py` (f32 / bf16 / f16 / q8_0, and q4_0 through `llama-quantize`). Each pair
+of formats stores the weights in the same bytes per weight, give or take the scales:
+
+    Parley fp32 ~ f32, bf16 ~ bf16, fp16 ~ f16, int8 (per-row) ~ q8_0, int4 ~ q4_0
+
+Parley's side is its engine (a text turn through `Engine`, prompt-lookup drafts off: llama.cpp has
+none), with `dtype` left at auto as a user's would be; llama.cpp's is `llama-bench` (prefill of the
+same number of tokens; decode of the same number after that many tokens of context). Rounds
+alternate between the two, so load from other processes falls on both alike; each ratio is the
+median of its per-round ratios. Then a picture turn (448×336 picture, short question): Parley's
+time to first token ÷ `llama-mtmd-cli`'s (picture encoding + prompt evaluation, by its own
+timers), with the same model's vision tower converted by `convert_hf_to_gguf.py --mmproj`.
+
+Goals (issue 30): decode ≥ 0.8 × llama.cpp and prefill ≥ 1.0 × at equal bytes; picture time to
+first token ≤ 1.0 × llama-mtmd-cli (reported even when not met).
+
+llama.cpp is built once from the pinned `llama-cpp-python` sdist into ~/.cache/parley-bench
+(tests/bench/_llamacpp.py); where it cannot be built the benchmark prints one line and stops.
+`--quick`: 2 text layers and 2 vision blocks at the published widths, a 4096-token vocabulary,
+short prompts, bf16 and int8 only.
+
+    python tests/bench/vs_llamacpp.py [--formats bf16,int8] [--prompts 512,2048] [--new 128]
+                                      [--rounds 3] [--threads 2] [--no-picture] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from _common import parse_args, ratio_line, same_length_text, workdir
+from _llamacpp import LLAMA_CPP_PYTHON, LlamaCpp, Unavailable, ensure
+
+SHAPE = "Qwen2-VL-2B-Instruct"
+QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}
+# Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
+GGUF = {"fp32": ("f32", "f32", None), "bf16": ("bf16", "bf16", None), "fp16": ("f16", "f16", None),
+        "int8": ("q8_0", "q8_0", None), "int4": ("q4_0", "bf16", "q4_0")}
+OPENING = "Please read these words:"
+QUESTION = "What is in this picture?"
+
+
+def cpu_flags() -> str:
+    """The CPU's model name and the lscpu flags that decide these kernels' speed."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "lscpu unavailable"
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    keep = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))]
+    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs; {' '.join(keep)}"
+
+
+@dataclass
+class Side:
+    prefill: list[float] = field(default_factory=list)  # tokens/s per round
+    decode: list[float] = field(default_factory=list)
+
+
+def parley_turn(engine, cid: str, text: str, new: int) -> tuple[float, float, int]:
+    from engine.protocol.events import Message
+    from tests.engine_helpers import ask, expect_done
+
+    s = expect_done(ask(engine, cid, [Message("user", text)], new)).stats
+    if s.generated_tokens < new:
+        raise RuntimeError(f"Parley stopped after {s.generated_tokens} of {new} tokens")
+    return s.prefill_tokens / s.prefill_s, (s.generated_tokens - 1) / s.decode_s, s.prompt_tokens
+
+
+def measure_format(llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: list[int], new: int, rounds: int,
+                   threads: int, d) -> dict[int, tuple[Side, Side, int]]:
+    """{prompt length: (Parley, llama.cpp, prompt tokens)} for one format pair, rounds interleaved."""
+    from tests.engine_helpers import open_engine
+
+    gguf = ggufs[fmt]
+    engine = open_engine(model_dir, d / f"data-{fmt}", weights=fmt, lookup_decoding=False)
+    out = {}
+    try:
+        loaded = engine.loaded.weights
+        if loaded != fmt:
+            raise RuntimeError(f"asked Parley for {fmt}, it loaded {loaded}")
+        processor = engine.loaded.processor
+        parley_turn(engine, "warm-up", OPENING + " one two three", 4)  # one-time kernel set-up
+        for n in prompts:
+            ours, theirs = Side(), Side()
+            for r in range(rounds):
+                text, length = same_length_text(processor, n, OPENING, seed=1000 * n + r)
+                p, dec, length = parley_turn(engine, f"{fmt}-{n}-{r}", text, new)
+                ours.prefill.append(p)
+                ours.decode.append(dec)
+                theirs.prefill.append(llama.bench(gguf, threads, prompt=length))
+                theirs.decode.append(llama.bench(gguf, threads, generate=new, depth=length))
+                print(f"  {fmt} {n} round {r + 1}: prefill {p:.1f} vs {theirs.prefill[-1]:.1f} tok/s, "
+                      f"decode {dec:.2f} vs {theirs.decode[-1]:.2f} tok/s", flush=True)
+            out[n] = (ours, theirs, length)
+    finally:
+        engine.shutdown()
+    return out
+
+
+def picture_ttft(llama: LlamaCpp, model_dir, gguf, mmproj, rounds: int, threads: int, size: tuple[int, int], d):
+    """(Parley's, llama-mtmd-cli's) seconds to the first token of a new-picture turn, per round;
+    a new picture every round (no cache can answer it), the encoder already loaded on both sides."""
+    from engine.protocol.events import Message
+    from tests.engine_helpers import ask, expect_done, open_engine
+    from tests.fixtures.pictures import make_picture, pics
+
+    engine = open_engine(model_dir, d / "data-picture", weights="bf16", lookup_decoding=False,
+                         elastic=True, elastic_idle_s=86400)
+    ours, theirs = [], []
+    try:
+        warm = make_picture(d / "warm.png", 999, size=size)
+        expect_done(ask(engine, "warm", [Message("user", QUESTION, pics(warm))], 1))
+        for r in range(rounds):
+            pic = make_picture(d / f"pic{r}.png", r, size=size)
+            s = expect_done(ask(engine, f"picture-{r}", [Message("user", QUESTION, pics(pic))], 1)).stats
+            if s.encoder_loads or not s.pictures_encoded:
+                raise RuntimeError("the picture turn did not encode with a resident encoder")
+            ours.append(s.first_token_s)
+            theirs.append(llama.picture_first_token(gguf, mmproj, pic, QUESTION, threads))
+            print(f"  picture round {r + 1}: first token {ours[-1]:.2f} s vs {theirs[-1]:.2f} s", flush=True)
+    finally:
+        engine.shutdown()
+    return ours, theirs
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="bf16,fp32,fp16,int8,int4",
+                    help=f"Parley weights compared with llama.cpp's equal-bytes type ({', '.join(GGUF)})")
+    ap.add_argument("--prompts", default="512,2048", help="prompt lengths in tokens, comma-separated")
+    ap.add_argument("--new", type=int, default=128, help="tokens decoded per turn")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per format and prompt")
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: torch's, i.e. Parley's)")
+    ap.add_argument("--picture", default="448x336", help="picture size of the time-to-first-token turn")
+    ap.add_argument("--no-picture", action="store_true", help="skip the picture turn")
+    ap.add_argument("--keep-gguf", action="store_true", help="keep the converted GGUF files (next to the model)")
+    args = parse_args(ap, {"formats": "bf16,int8", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"})
+    try:
+        llama = ensure()
+    except Unavailable as exc:
+        print(f"skipped: {exc}")
+        return
+    import torch
+
+    from tests.fixtures.published_configs import build_published
+
+    threads = args.threads or torch.get_num_threads()
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in GGUF]
+    if unknown:
+        raise SystemExit(f"unknown format(s) {unknown}; choose from {', '.join(GGUF)}")
+    prompts = [int(p) for p in args.prompts.split(",")]
+    t0 = time.perf_counter()
+    model_dir = build_published(SHAPE, **(QUICK if args.quick else {}))
+    gdir = model_dir.parent / f"{model_dir.name}-gguf-{LLAMA_CPP_PYTHON}"
+    d = workdir("vs-llamacpp")
+    ggufs = {}
+    results = {}
+    try:
+        for fmt in formats:
+            name, outtype, quant = GGUF[fmt]
+            source = llama.convert(model_dir, outtype, gdir / f"lm-{outtype}.gguf")
+            ggufs[fmt] = llama.quantize(source, quant, gdir / f"lm-{name}.gguf") if quant else source
+            results[fmt] = measure_format(llama, model_dir, ggufs, fmt, prompts, args.new, args.rounds, threads, d)
+            if not args.keep_gguf:  # GBs each at full size; bf16 stays for the picture turn
+                for f in {source, ggufs[fmt]} - {gdir / "lm-bf16.gguf"}:
+                    f.unlink(missing_ok=True)
+        pic = None
+        if not args.no_picture:
+            size = tuple(int(x) for x in args.picture.split("x"))
+            bf16 = ggufs.get("bf16") or llama.convert(model_dir, "bf16", gdir / "lm-bf16.gguf")
+            mmproj = llama.convert(model_dir, "f16", gdir / "mmproj-f16.gguf", mmproj=True)
+            pic = picture_ttft(llama, model_dir, bf16, mmproj, args.rounds, threads, size, d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        if not args.keep_gguf:
+            shutil.rmtree(gdir, ignore_errors=True)
+
+    shape = "quick: 2 text layers, 2 vision blocks, vocabulary 4096" if args.quick else "28 text layers, 32 vision blocks"
+    print(f"{SHAPE} shape ({shape}), random weights; llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON} "
+          f"({llama.info.get('commit', '?')}); {threads} threads both; {args.new} new tokens; "
+          f"{args.rounds} interleaved rounds; {time.perf_counter() - t0:.0f} s")
+    print(f"CPU: {cpu_flags()}")
+    print(f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | {'decode tok/s':>19} {'ratio':>6}")
+    for fmt, by_len in results.items():
+        for n, (ours, theirs, length) in by_len.items():
+            pr, dr = paired(ours.prefill, theirs.prefill), paired(ours.decode, theirs.decode)
+            print(f"{fmt + ' vs ' + GGUF[fmt][0]:>20} {length:>6} | {statistics.median(ours.prefill):9.1f} / "
+                  f"{statistics.median(theirs.prefill):9.1f} {pr:6.2f} | {statistics.median(ours.decode):8.2f} / "
+                  f"{statistics.median(theirs.decode):8.2f} {dr:6.2f}")
+    for fmt, by_len in results.items():
+        for n, (ours, theirs, length) in by_len.items():
+            label = f"{fmt} vs {GGUF[fmt][0]}, {length}-token prompt"
+            print(ratio_line(f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode), at_least=0.8))
+            print(ratio_line(f"prefill tok/s Parley / llama.cpp, {label}", paired(ours.prefill, theirs.prefill),
+                             at_least=1.0))
+    if "int8" in results and "bf16" in results:
+        for n in prompts:  # blocks run one after the other: llama.cpp's same-block rate corrects for load drift
+            i8, b = results["int8"][n], results["bf16"][n]
+            own = statistics.median(i8[0].prefill) / statistics.median(b[0].prefill)
+            print(ratio_line(f"prefill tok/s Parley int8 / Parley bf16, {b[2]}-token prompt", own, at_least=0.9,
+                             note="format blocks run one after the other"))
+    if pic is not None:
+        ours, theirs = pic
+        print(f"picture turn {args.picture}: Parley first token {statistics.median(ours):.2f} s, "
+              f"llama-mtmd-cli {statistics.median(theirs):.2f} s")
+        print(ratio_line(f"picture turn time to first token Parley / llama-mtmd-cli ({args.picture}, bf16 vs bf16 + f16 mmproj)",
+                         paired(ours, theirs), at_most=1.0))
+
+
+if __name__ == "__main__":
+    main()

@@ -47,6 +47,13 @@ def test_benchmarks_are_found():
     assert len(BENCHMARKS) >= 8, [p.name for p in BENCHMARKS]
 
 
+# vs_llamacpp builds llama.cpp on its first run on a machine (tests/bench/_llamacpp.py: ~5 min on
+# 2 quiet cores, 19 min measured on a shared one), then reuses it from ~/.cache/parley-bench
+TIMEOUT_S = {"vs_llamacpp": 2700}
+# what a benchmark prints, alone, when a tool it compares with cannot be had here (no compiler, no PyPI)
+SKIPPED = re.compile(r"^skipped: .+$", re.MULTILINE)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
 def test_benchmark_quick_mode_completes_with_a_goal_line(script, tmp_path):
@@ -54,7 +61,10 @@ def test_benchmark_quick_mode_completes_with_a_goal_line(script, tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path), QT_QPA_PLATFORM="offscreen",
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     run = subprocess.run([sys.executable, str(script), "--quick"], cwd=BENCH_DIR.parent.parent, env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=TIMEOUT_S.get(script.stem, 300))
     tail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
     assert run.returncode == 0, tail
+    skipped = SKIPPED.search(run.stdout)
+    if skipped and run.stdout.strip() == skipped.group(0):
+        pytest.skip(skipped.group(0))
     assert GOAL_LINE.search(run.stdout), f"no goal line with a yes/no verdict\n{tail}"

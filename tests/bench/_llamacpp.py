@@ -46,6 +46,11 @@ cli.main()
 """
 
 
+# GGUF files on which llama.cpp's weight repacking crashed here, and the line that says so (seen:
+# SIGSEGV in ggml_backend_amx_mul_mat prefilling q8_0 on a Sapphire Rapids VM, llama.cpp 0c1e570)
+NO_REPACK: dict[Path, str] = {}
+
+
 class Unavailable(Exception):
     """llama.cpp cannot be had here; the message is the one line a benchmark prints."""
 
@@ -103,7 +108,7 @@ class LlamaCpp:
         tmp = out.with_suffix(".part")
         cmd = [sys.executable, "-c", CONVERT_SHIM, str(self.source), str(model_dir), "--outtype", outtype,
                "--outfile", str(tmp)] + (["--mmproj"] if mmproj else [])
-        _run(cmd, out.parent / "convert.log", env=dict(os.environ, NO_LOCAL_GGUF="", PYTHONPATH=str(self.source / "gguf-py")))
+        _run(cmd, out.parent / "convert.log", env=dict(os.environ, PYTHONPATH=str(self.source / "gguf-py")))
         made = tmp if tmp.exists() else next(out.parent.glob(f"*{tmp.stem}*.part"), None)
         if made is None:
             raise Unavailable(f"convert_hf_to_gguf.py wrote no {tmp.name}")
@@ -121,37 +126,42 @@ class LlamaCpp:
 
     def bench(self, gguf: Path, threads: int, prompt: int = 0, generate: int = 0, depth: int = 0) -> float:
         """tokens/s of one llama-bench test: prefill of `prompt` tokens, or `generate` tokens
-        decoded after `depth` tokens of context (one repetition, after its own warm-up)."""
-        cmd = [str(self.tool("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
-               "-n", str(generate), "-d", str(depth), "-r", "1", "-o", "json"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        decoded after `depth` tokens of context (one repetition, after its own warm-up).
+        Weight repacking (llama.cpp's AMX / interleaved layouts) stays on, as a user gets it,
+        unless it crashed on this file (see `no_repack`)."""
+        def run(repack: bool):
+            cmd = [str(self.tool("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
+                   "-n", str(generate), "-d", str(depth), "-r", "1", "-o", "json", "--repack", str(int(repack))]
+            return subprocess.run(cmd, capture_output=True, text=True)
+
+        done = run(gguf not in NO_REPACK)
+        if done.returncode < 0 and gguf not in NO_REPACK:  # killed by a signal: a crash, not a refusal
+            NO_REPACK[gguf] = f"llama.cpp crashed (signal {-done.returncode}) with weight repacking on {gguf.name}: measured with --repack 0"
+            done = run(False)
         if done.returncode != 0:
-            raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-400:]}")
+            raise RuntimeError(f"llama-bench failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-400:]}")
         rows = json.loads(done.stdout)
         return float(rows[0]["avg_ts"])
 
     def picture_first_token(self, gguf: Path, mmproj: Path, picture: Path, question: str, threads: int) -> float:
-        """Seconds from a picture and question to the first reply token in `llama-mtmd-cli`:
-        encoding the picture plus evaluating the prompt, picture tokens included (its own timers;
-        loading the model and the projector is not counted, as Parley's is not)."""
+        """Seconds from a picture and question to the first reply token in `llama-mtmd-cli`, by
+        its own log clock: from formatting the message (after the model, the projector and their
+        warm-up runs are loaded, which Parley's figure leaves out too) to the timings it prints
+        right after the first token (-v puts a timestamp on every line)."""
         cmd = [str(self.tool("llama-mtmd-cli")), "-m", str(gguf), "--mmproj", str(mmproj), "--image", str(picture),
-               "-p", question, "-n", "1", "-t", str(threads), "--temp", "0", "--no-warmup"]
+               "-p", question, "-n", "1", "-t", str(threads), "--temp", "0", "-v"]
+        cmd += ["--no-repack"] if gguf in NO_REPACK else []
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        log = done.stdout + done.stderr
+        log = done.stdout + "\n" + done.stderr
         if done.returncode != 0:
-            raise RuntimeError(f"llama-mtmd-cli failed: {log.strip()[-400:]}")
-        encoded = [float(x) for x in re.findall(r"image slice encoded in (\d+(?:\.\d+)?) ms", log)]
-        decoded = [float(x) for x in re.findall(r"image decoded \(batch \d+/\d+\) in (\d+(?:\.\d+)?) ms", log)]
-        prompt = re.search(r"prompt eval time =\s*(\d+(?:\.\d+)?) ms", log)
-        if not encoded or prompt is None:
-            raise RuntimeError(f"llama-mtmd-cli printed no timings:\n{log[-1500:]}")
-        # the picture's batch is decoded outside llama_perf's prompt counter in some versions:
-        # counted once, whichever reports it
-        text_and_picture = float(prompt.group(1))
-        return (sum(encoded) + max(text_and_picture, sum(decoded))) / 1000
+            raise RuntimeError(f"llama-mtmd-cli failed (exit {done.returncode}): {log.strip()[-400:]}")
+        start = _stamp(log, "chat_add_and_format")
+        end = _stamp(log, "llama_perf_context_print")
+        if start is None or end is None:
+            raise RuntimeError(f"llama-mtmd-cli's log has no timestamps where expected:\n{log[-1500:]}")
+        return end - start
 
-
-def ensure(say=print) -> LlamaCpp:
+def ensure(say=lambda line: print(line, file=sys.stderr, flush=True)) -> LlamaCpp:
     """The built llama.cpp of the pinned version, building it on first use (minutes: said first)."""
     root = cache_root()
     with _locked(root):
@@ -192,9 +202,20 @@ def ensure(say=print) -> LlamaCpp:
         return LlamaCpp(root)
 
 
+def _stamp(log: str, marker: str) -> float | None:
+    """Seconds of llama.cpp's log clock (`M.SS.mmm.uuu` at the start of a line) on the first line
+    that contains `marker`."""
+    for line in log.splitlines():
+        if marker in line:
+            m = re.match(r"(\d+)\.(\d+)\.(\d+)\.(\d+) ", line)
+            if m:
+                mins, secs, ms, us = (int(x) for x in m.groups())
+                return mins * 60 + secs + ms / 1e3 + us / 1e6
+    return None
+
+
 def _vendored_commit(src: Path) -> str:
-    """The llama.cpp build number/commit the sdist vendors, as its CMake reports it, if any."""
-    for line in (src.parent / "build.log").read_text(errors="replace").splitlines():
-        if "ggml commit:" in line or "ggml version:" in line:
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+    """The ggml version and commit the sdist vendors, as its CMake reports them."""
+    found = [line.split(":", 1)[1].strip() for line in (src.parent / "build.log").read_text(errors="replace").splitlines()
+             if line.startswith(("-- ggml version:", "-- ggml commit:"))]
+    return "ggml " + ", commit ".join(found[:2]) if found else "unknown"

@@ -20,7 +20,7 @@ first token ≤ 1.0 × llama-mtmd-cli (reported even when not met).
 
 llama.cpp is built once from the pinned `llama-cpp-python` sdist into ~/.cache/parley-bench
 (tests/bench/_llamacpp.py); where it cannot be built the benchmark prints one line and stops.
-`--quick`: 2 text layers and 2 vision blocks at the published widths, a 4096-token vocabulary,
+`--quick`: 2 text layers and 3 vision blocks at the published widths, a 4096-token vocabulary,
 short prompts, bf16 and int8 only.
 
     python tests/bench/vs_llamacpp.py [--formats bf16,int8] [--prompts 512,2048] [--new 128]
@@ -36,10 +36,11 @@ import time
 from dataclasses import dataclass, field
 
 from _common import parse_args, ratio_line, same_length_text, workdir
-from _llamacpp import LLAMA_CPP_PYTHON, LlamaCpp, Unavailable, ensure
+from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, LlamaCpp, Unavailable, ensure
 
 SHAPE = "Qwen2-VL-2B-Instruct"
-QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}
+# 3 vision blocks: the converter maps the projector's `merger.mlp.2` by block number, so it needs 3
+QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
 # Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
 GGUF = {"fp32": ("f32", "f32", None), "bf16": ("bf16", "bf16", None), "fp16": ("f16", "f16", None),
         "int8": ("q8_0", "q8_0", None), "int4": ("q4_0", "bf16", "q4_0")}
@@ -189,11 +190,13 @@ def main() -> None:
         if not args.keep_gguf:
             shutil.rmtree(gdir, ignore_errors=True)
 
-    shape = "quick: 2 text layers, 2 vision blocks, vocabulary 4096" if args.quick else "28 text layers, 32 vision blocks"
+    shape = "quick: 2 text layers, 3 vision blocks, vocabulary 4096" if args.quick else "28 text layers, 32 vision blocks"
     print(f"{SHAPE} shape ({shape}), random weights; llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON} "
           f"({llama.info.get('commit', '?')}); {threads} threads both; {args.new} new tokens; "
           f"{args.rounds} interleaved rounds; {time.perf_counter() - t0:.0f} s")
     print(f"CPU: {cpu_flags()}")
+    for line in NO_REPACK.values():
+        print(line)
     print(f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | {'decode tok/s':>19} {'ratio':>6}")
     for fmt, by_len in results.items():
         for n, (ours, theirs, length) in by_len.items():

@@ -1,12 +1,14 @@
 """engine/model/int8_layers.py: the int8 linear and embedding compute exactly what their own int8
-values and scales say, and a row's result does not depend on how many rows come with it (the
-property that makes a decoded token agree with a fresh prefill)."""
+values and scales say; a decoded row's result does not depend on the rows of its draft, and a
+prompt chunk (the dequantized GEMM) computes the same weights within rounding."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.model.int8_layers import Int8Embedding, Int8Linear
+from engine.local.lookup_decode import NgramDrafter
+from engine.model import int8_layers
+from engine.model.int8_layers import PROMPT_ROWS, Int8Embedding, Int8Linear
 
 
 def _layer(rows: int, cols: int, dtype: torch.dtype, bias: bool = False) -> Int8Linear:
@@ -40,14 +42,36 @@ def test_int8_linear_computes_its_own_weights(dtype, cols):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_row_is_the_same_alone_or_in_a_prompt(dtype):
+def test_a_decoded_row_is_the_same_alone_or_with_its_draft(dtype):
     layer = _layer(8960, 1536, dtype)
-    x = torch.randn(40, 1536).to(dtype)
+    x = torch.randn(PROMPT_ROWS - 1, 1536).to(dtype)  # the longest decode step: a token and its draft
     with torch.inference_mode():
         whole = layer(x)
         one_by_one = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
-        split = torch.cat([layer(x[:13]), layer(x[13:])])
+        split = torch.cat([layer(x[:6]), layer(x[6:])])
     assert torch.equal(whole, one_by_one) and torch.equal(whole, split)
+
+
+def test_the_longest_draft_stays_on_the_decode_kernel():
+    assert PROMPT_ROWS > 1 + NgramDrafter([]).max_draft  # the runner uses the default cap
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_chunk_computes_its_own_weights_in_slices(dtype, monkeypatch):
+    """A prompt chunk goes through the dequantized GEMM, a slice of output rows at a time (a fixed
+    slicing per layer): the same weights as the one-row kernel, within the compute dtype's
+    rounding, however it is sliced."""
+    layer = _layer(8960, 1536, dtype)
+    x = torch.randn(3 * PROMPT_ROWS, 1536).to(dtype)
+    ref = _exact(layer, x)
+    with torch.inference_mode():
+        whole = layer(x)
+        monkeypatch.setattr(int8_layers, "DEQUANTIZED_BYTES", 1536 * 1000 * x.element_size())  # 9 slices
+        sliced = layer(x)
+        rows = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for got in (whole, sliced, rows):
+        assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
 def test_int8_embedding_scales_back_the_rows_it_looks_up():

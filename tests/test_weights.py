@@ -11,6 +11,7 @@ from engine.protocol.events import Message
 from engine.device.ledger import model_bytes
 from engine.model.load import load_model
 from engine.vision.residency import EncoderResidency
+from engine.model.packed_linear import PackedLinear
 from engine.model.weights import is_quantized
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture, pics
@@ -38,7 +39,15 @@ def _int8_bytes_from_shapes(full) -> int:
     dtype."""
     vision = {id(t) for t in full.vision_parameters()}
     total, seen = 0, set()
+    head = full.model.get_output_embeddings()
     for module in full.model.modules():
+        if isinstance(module, PackedLinear):  # a full-precision linear on the CPU: its weight packed
+            if module is head and _tied(full.path):
+                continue  # int8 shares the embedding's table
+            total += module.out_features * module.in_features + module.out_features * module.packed.element_size()
+            if module.bias is not None:
+                total += module.bias.numel() * module.bias.element_size()
+            continue
         for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
             if id(t) in vision or id(t) in seen:
                 continue
@@ -51,23 +60,36 @@ def _int8_bytes_from_shapes(full) -> int:
     return total
 
 
+def _tied(folder) -> bool:
+    """The folder stores no output head: it is the token embedding."""
+    from safetensors import safe_open
+
+    for f in folder.glob("*.safetensors"):
+        with safe_open(f, framework="pt") as sf:
+            if any(k.endswith("lm_head.weight") for k in sf.keys()):
+                return False
+    return True
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path):
     model = tiny_model(family)
-    ref = Reference(model, weights="int8")
     a = pics(make_picture(tmp_path / "a.png", 1))[0]
     b = pics(make_picture(tmp_path / "b.png", 2, size=(64, 40)))[0]
     engine = open_engine(model, tmp_path / "data", weights="int8", block_tokens=B, spill_idle_s=3600)
+    # the engine's int8 computes in the dtype it measured fastest here (calibrate.py); the
+    # reference is the same weights in the same dtype
+    ref = Reference(model, weights="int8", dtype=str(engine.loaded.dtype).removeprefix("torch."))
     try:
         chat = [Message("user", "Describe the first picture in a few words.", [a])]
         d1 = expect_done(ask(engine, "c", chat, NEW))
         assert d1.token_ids == ref.reply_ids(chat, NEW)
         assert d1.stats.weights == "int8"
-        full = load_model(model, weights="fp32")
+        full = load_model(model, weights={torch.float32: "fp32", torch.bfloat16: "bf16"}[ref.loaded.dtype])
         assert d1.stats.weight_bytes == model_bytes(ref.loaded)[0] == _int8_bytes_from_shapes(full)
         # the KV cache holds the compute dtype, not int8
         layer = engine.sessions["c"].cache.layers[0]
-        assert layer.keys.dtype == ref.loaded.dtype == torch.float32
+        assert layer.keys.dtype == ref.loaded.dtype == engine.loaded.dtype
 
         # prefix reuse: the first turn's prompt is not run again
         chat += [Message("assistant", d1.reply), Message("user", "Now compare it with this one.", [b])]

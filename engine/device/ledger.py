@@ -33,7 +33,7 @@ def tensor_bytes(tensors) -> int:
         if t is None or t.device.type == "meta":
             continue
         for part in _storage_parts(t):
-            ptr = part.data_ptr()
+            ptr = id(part) if part.is_mkldnn else part.data_ptr()  # oneDNN's packed tensors have no pointer
             if ptr in seen and part.numel():  # tied weights count once
                 continue
             seen.add(ptr)

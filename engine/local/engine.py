@@ -215,7 +215,7 @@ class Engine(EngineWorker):
             # the old model goes before the new one loads: two models never share the device
             self._release_model()
             loaded = load_model(path, self.settings.device, self.settings.dtype, self.settings.weights,
-                                self.settings.memory_budget_bytes, self.settings.elastic)
+                                self.settings.memory_budget_bytes, self.settings.elastic, speed_dir=self.data_dir)
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
             return
@@ -237,7 +237,7 @@ class Engine(EngineWorker):
         # said before ModelReady, so whoever waits for "ready" has heard how the model was placed
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
             self._emit(Notice("warning", note))
-        if loaded.weights_note:  # `auto` weights chose a smaller format: say which and why
+        if loaded.weights_note:  # `auto` weights chose the fastest or a smaller format: say which and why
             self._emit(Notice("info", loaded.weights_note))
         self._emit(ModelReady(str(loaded.path), loaded.family.name, str(loaded.device),
                               str(loaded.dtype).replace("torch.", ""), loaded.name))

@@ -11,9 +11,14 @@ so the token embedding (15% of a 2B model) was left in bf16; `Int8Embedding` deq
 the rows it looks up, and a tied output head shares the same int8 table and scales (a row is
 one token for both: per-row scales fit both uses).
 
-Exactness: each module is a fixed function of its own int8 values and scales, the same one
-for a prompt and for one decoded token, so every fast path (KV reuse, SSD restore) agrees with
-a fresh prefill of the same weights. The KV store namespace names this layout
+Prompts are not run through that kernel: it takes rows one after another, so a prompt chunk
+(PROMPT_ROWS or more) is multiplied by the dense GEMM with the int8 values turned into the
+compute dtype a slice at a time, at the full-precision prompt speed.
+
+Exactness: each module is a fixed function of its own int8 values, scales and row count, as a
+full-precision linear is of its weights (the one-row kernel's rows do not depend on each other,
+so a decoded token and its draft agree); every fast path (KV reuse, SSD restore) agrees with a
+fresh prefill of the same weights as it does for bf16. The KV store namespace names this layout
 (weights.WeightPlan.fingerprint_part), so KV written by another int8 layout is never restored.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-LAYOUT = "int8pack-rows-v2"  # named in the KV store namespace: change it when the arithmetic changes
+LAYOUT = "int8pack-rows-v3"  # named in the KV store namespace: change it when the arithmetic changes
 
 # Input widths `_weight_int8pack_mm` is trusted with on CPU, by compute dtype. In torch 2.14.1 its
 # bf16 kernel returns garbage or crashes the process when the width is not a multiple of 8 (seen
@@ -30,6 +35,15 @@ LAYOUT = "int8pack-rows-v2"  # named in the KV store namespace: change it when t
 # (avx512_bf16) CPU; 64 leaves room for wider vector units. Real models' widths are multiples of
 # 64. fp16/fp32 were right at any width on both.
 FUSED_WIDTH_MULTIPLE = {torch.bfloat16: 64}
+
+
+# Rows from which a product goes through the dequantized GEMM instead of the fused one-row kernel:
+# that kernel runs rows one after another (2 tok/s at 32 rows with fp32 activations on a 2-core
+# EPYC, ~86 with bf16), the GEMM at the full-precision prompt speed. Above the longest decode
+# step (a token plus a draft of at most 10, engine/local/lookup_decode.py), so decoding stays
+# on one kernel whose rows do not depend on each other.
+PROMPT_ROWS = 16
+DEQUANTIZED_BYTES = 32 << 20  # weight rows scaled back at a time for a prompt chunk
 
 
 def _fused(x: torch.Tensor) -> bool:
@@ -49,13 +63,27 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
-        if _fused(flat):  # decided by the device and width alone: the same path for every call
+        if len(flat) >= PROMPT_ROWS or not _fused(flat):
+            y = self._dequantized_product(flat)
+        else:  # a decoded token (and its draft): the fused one-row kernel
             y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
-        else:
-            y = F.linear(flat, self.weight.to(flat.dtype)) * self.scale
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _dequantized_product(self, flat: torch.Tensor) -> torch.Tensor:
+        """x @ (weight * scale).T for many rows: the int8 values (exact in bf16 and wider) turned
+        into the compute dtype a slice of output rows at a time (at most DEQUANTIZED_BYTES held
+        at once, so a 151936-row output head never exists in bf16 whole), multiplied by the
+        dense GEMM, then scaled per output row."""
+        step = max(1, DEQUANTIZED_BYTES // (self.in_features * flat.element_size()))
+        if step >= self.out_features:
+            return F.linear(flat, self.weight.to(flat.dtype)) * self.scale
+        y = flat.new_empty(len(flat), self.out_features)
+        for a in range(0, self.out_features, step):
+            b = min(self.out_features, a + step)
+            y[:, a:b] = F.linear(flat, self.weight[a:b].to(flat.dtype)) * self.scale[a:b]
+        return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"

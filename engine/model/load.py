@@ -132,7 +132,10 @@ def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
 
 
 def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
-               budget_bytes: int | None = None, elastic: bool = False) -> LoadedModel:
+               budget_bytes: int | None = None, elastic: bool = False, speed_dir: Path | None = None) -> LoadedModel:
+    """`speed_dir`: where this machine's measured format speeds are kept (the data folder); on a
+    CPU, `auto` weights and a quantized format's compute dtype follow them (calibrate.py). Without
+    it, `auto` ranks formats by their size alone."""
     from ..device.ledger import device_totals
 
     folder = Path(path).expanduser().resolve()
@@ -145,7 +148,12 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     notes = [place.note] if place.note else []
     family = config["model_type"]
     free = min(device_totals(dev)[2], budget_bytes or 1 << 62)  # `auto` weights: what fits here
-    plan = plan_weights(folder, family, dev, dtype, weights, free)
+    speeds = {}
+    if speed_dir is not None and dev.type == "cpu" and (weights in ("", "auto") or dtype in ("", "auto")):
+        from .calibrate import speeds_for
+
+        speeds = speeds_for(config, speed_dir)
+    plan = plan_weights(folder, family, dev, dtype, weights, free, speeds)
     dt, fmt = plan.dtype, plan.format
     try:
         processor, processor_bytes = growth_during(lambda: AutoProcessor.from_pretrained(folder))

@@ -17,9 +17,11 @@ import torch
 from safetensors import safe_open
 
 from ..device import choice as devices
+from . import packed_linear
 from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
 from .families import FAMILIES
 from .folder_check import ModelLoadError
+from .speed import FormatSpeed
 from ..protocol.settings import WEIGHT_FORMATS
 
 
@@ -32,6 +34,7 @@ def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
 
 
 FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES_BY_NAME = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUANTIZED_FORMATS = ("int8", "4bit")
 FORMATS = WEIGHT_FORMATS
 # the library behind each quantized format (its version is part of the KV store namespace)
@@ -47,6 +50,7 @@ class WeightPlan:
     format: str  # what is loaded: bf16 | fp16 | fp32 | int8 | 4bit
     dtype: torch.dtype  # compute dtype: activations, KV cache, and the vision tower's weights
     note: str = ""  # auto: which format it chose and why (shown in the status bar)
+    packed: bool = False  # full precision on a CPU: linears prepacked for oneDNN (packed_linear.py)
 
     @property
     def quantized(self) -> bool:
@@ -54,10 +58,11 @@ class WeightPlan:
 
     def fingerprint_part(self) -> bytes:
         """What the model fingerprint (and so the KV store namespace) adds for this format.
-        Full-precision formats are already covered by the dtype; quantized ones add the format
-        and the library version, whose rounding the KV depends on."""
+        Full-precision formats are covered by the dtype, plus the packed kernels' layout when
+        packed; quantized ones add the format and the library version, whose rounding the KV
+        depends on."""
         if not self.quantized:
-            return b""
+            return f"kernel={packed_linear.LAYOUT}".encode() if self.packed else b""
         lib = LIBRARY[self.format]
         layout = f";layout={INT8_LAYOUT}" if self.format == "int8" else ""  # how int8 is multiplied
         return f"weights={self.format};{lib}={importlib.metadata.version(lib)}{layout}".encode()
@@ -102,10 +107,12 @@ def _is_vision_key(key: str, family: str) -> bool:
                for m in FAMILIES[family].vision_modules)
 
 
-def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> int:
-    """Bytes of all weights when loaded as `fmt`, from the safetensors headers' shapes."""
+def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype, packed: bool = False) -> int:
+    """Bytes of all weights when loaded as `fmt`, from the safetensors headers' shapes. `packed`:
+    a tied output head gets its own packed copy of the token embedding (packed_linear.py)."""
     size = torch.empty((), dtype=dtype).element_size()
-    total = 0
+    total = embedding = 0
+    head = False
     for f in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(f, framework="pt") as sf:
             for key in sf.keys():
@@ -114,6 +121,9 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> i
                 for d in shape:
                     n *= d
                 matrix = len(shape) == 2 and key.endswith(".weight")
+                if not _is_vision_key(key, family):
+                    head = head or key.endswith("lm_head.weight")
+                    embedding = n * size if key.endswith("embed_tokens.weight") else embedding
                 if _is_vision_key(key, family) or not matrix or fmt in FLOAT_FORMATS:
                     total += n * size
                 elif fmt == "int8":  # int8 values + a scale per row (token embedding and output head too)
@@ -122,45 +132,76 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype) -> i
                     total += n * size  # NF4 keeps the token embedding and output head full precision
                 else:  # two weights a byte + one 8-bit absmax per block (nested statistics)
                     total += n // 2 + n // NF4_BLOCK
-    return total
+    return total + (embedding if packed and fmt in FLOAT_FORMATS and not head else 0)
 
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
+def _packed(fmt: str, device: torch.device) -> bool:
+    return device.type == "cpu" and fmt in FLOAT_FORMATS and packed_linear.available(FLOAT_FORMATS[fmt])
+
+
+def _plan(fmt: str, dtype: torch.dtype, device: torch.device, note: str = "") -> WeightPlan:
+    return WeightPlan(fmt, dtype, note, _packed(fmt, device))
+
+
+def _rates(s: FormatSpeed) -> str:
+    return f"{s.format} {s.decode_tok_s:.1f} tok/s decoding, {s.prefill_tok_s:.0f} prefilling"
+
+
+def fastest_first(speeds: dict[str, FormatSpeed], formats: list[str]) -> tuple[list[str], str]:
+    """`formats` ordered by this machine's measured turn time (speed.py: a 512-token prompt and a
+    128-token reply), unmeasured ones last in their given order; and why, in words."""
+    measured = sorted((f for f in formats if f in speeds), key=lambda f: speeds[f].turn_s())
+    order = measured + [f for f in formats if f not in speeds]
+    if len(measured) < 2:
+        return order, ""
+    return order, f"measured on this CPU: {'; '.join(_rates(speeds[f]) for f in measured)}"
+
+
 def plan_weights(folder: Path, family: str, device: torch.device, dtype_request: str, requested: str,
-                 free_bytes: int) -> WeightPlan:
-    """The format to load and the compute dtype; refuses what cannot run with a ModelLoadError."""
+                 free_bytes: int, speeds: dict[str, FormatSpeed] | None = None) -> WeightPlan:
+    """The format to load and the compute dtype; refuses what cannot run with a ModelLoadError.
+    `speeds` (calibrate.py, CPU only): how fast each format ran here; with them `auto` tries the
+    full-precision formats fastest first, and a quantized format computes in the dtype it ran
+    fastest with, unless a dtype was asked for."""
     fmt = check_format(requested)
+    speeds = speeds or {}
+    auto_dtype = dtype_request in ("", "auto")
     if fmt in FLOAT_FORMATS:
         dtype = FLOAT_FORMATS[fmt]
-        if dtype_request not in ("", "auto") and pick_dtype(device, dtype_request) != dtype:
+        if not auto_dtype and pick_dtype(device, dtype_request) != dtype:
             raise ModelLoadError(f"weights {fmt} and dtype {dtype_request} disagree: set dtype to auto, "
                                  f"or choose the weights format {format_name(pick_dtype(device, dtype_request))}")
-        return WeightPlan(fmt, dtype)
+        return _plan(fmt, dtype, device)
     dtype = pick_dtype(device, dtype_request)
+    quantized_dtype = {q: DTYPES_BY_NAME[speeds[q].dtype] if auto_dtype and q in speeds else dtype
+                       for q in QUANTIZED_FORMATS}
     if fmt != "auto":
         why = refusal(fmt, device)
         if why:
             raise ModelLoadError(why)
-        return WeightPlan(fmt, dtype)
+        return _plan(fmt, quantized_dtype[fmt], device)
     full = format_name(dtype)
     # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
-    half = ["bf16"] if full == "fp32" and device.type == "cpu" else []
-    candidates = [full, *half] + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
-    dtypes = {c: FLOAT_FORMATS.get(c, dtype) for c in candidates}
-    need = {c: estimate_bytes(folder, family, c, dtypes[c]) for c in candidates}
+    # (fp16 is not: its narrow range overflows in some models)
+    fulls = [full, "bf16"] if full == "fp32" and device.type == "cpu" else [full]
+    fulls, why_fastest = fastest_first(speeds, fulls) if auto_dtype else (fulls, "")
+    candidates = fulls + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
+    dtypes = {c: FLOAT_FORMATS.get(c, quantized_dtype.get(c, dtype)) for c in candidates}
+    need = {c: estimate_bytes(folder, family, c, dtypes[c], _packed(c, device)) for c in candidates}
     for c in candidates:
         # room for the weights plus a tenth for KV cache and activations
         if need[c] * 1.1 <= free_bytes:
-            if c == full:
-                return WeightPlan(c, dtype)
-            return WeightPlan(c, dtypes[c], f"Weights: {c} — {full} needs {_gib(need[full])}, "
-                                            f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
+            if c == fulls[0]:
+                return _plan(c, dtypes[c], device, f"Weights: {c} — fastest here ({why_fastest})" if why_fastest else "")
+            return _plan(c, dtypes[c], device, f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
+                                               f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
     smallest = min(candidates, key=need.get)
-    return WeightPlan(smallest, dtypes[smallest], f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
-                                                  f"free (smallest needs {_gib(need[smallest])}); loading may fail")
+    return _plan(smallest, dtypes[smallest], device, f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
+                                                     f"free (smallest needs {_gib(need[smallest])}); loading may fail")
 
 
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
@@ -195,6 +236,8 @@ def finish_load(model, plan: WeightPlan, family: str, device: torch.device, elas
     if plan.format == "int8":
         pack_int8(model, FAMILIES[family].vision_modules, plan.dtype)
     model.eval()
+    if plan.packed:  # before own_weights: packing reads the file mapping once, copying nothing twice
+        packed_linear.pack_linears(model, FAMILIES[family].vision_modules)
     if device.type == "cpu" and not plan.quantized:
         own_weights(model, skip=tuple(m + "." for m in FAMILIES[family].vision_modules) if elastic else ())
     if plan.quantized:
@@ -210,7 +253,8 @@ def own_weights(model, skip: tuple[str, ...] = ()) -> None:
     `skip` (prefixes) are left as they are."""
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if t.device.type == "cpu" and not name.startswith(skip):
+            # a packed weight (oneDNN's own tensor) was made in process memory
+            if t.device.type == "cpu" and not t.is_mkldnn and not name.startswith(skip):
                 t.data = t.data.clone()
 
 

@@ -1,0 +1,151 @@
+"""Measure, on this machine, how fast each weight format's kernels run one layer of a model's
+shape, so that `auto` picks by measurement, not by a table of CPUs (speed.py keeps the record).
+
+One layer's linears (q, k, v, o, gate, up, down) are built in each format with random weights
+through the very modules the engine runs (packed_linear.PackedLinear, int8_layers.Int8Linear)
+and timed for one row (a decoded token) and for PROMPT rows (a prompt chunk). One row is timed
+over enough copies of the layer to fill WORKING_SET bytes, so the weights stream from memory as
+a real model's do, not from the CPU's cache. int8 is timed with bf16 and with fp32 activations
+(which one a CPU runs well depends on its bf16 units), the faster kept. A few seconds in all,
+once per machine and shape.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+
+from . import packed_linear
+from .int8_layers import Int8Linear
+from . import speed
+from .speed import FormatSpeed, LayerShape
+
+log = logging.getLogger(__name__)
+
+WORKING_SET = 1 << 30  # bytes of weights one-row timing cycles through (past any CPU cache)
+PROMPT = 256  # rows of the prompt-chunk timing
+# Smaller language models are not measured (`auto` keeps full precision first, fp32 on a CPU):
+# their turns take milliseconds in any format, and at such widths a timing measures call
+# overhead, not the kernels. SmolVLM-256M's language model (135M) is measured.
+MIN_PARAMS = 50_000_000
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _float_layer(weights: list[torch.Tensor], dtype: torch.dtype):
+    """A maker of copies of one layer in `dtype`, packed as the engine packs it."""
+    cast = [w.to(dtype) for w in weights]
+    packed = packed_linear.available(dtype)
+
+    def make() -> list[nn.Module]:
+        out = []
+        for w in cast:
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=dtype, device="meta")
+            lin.weight = nn.Parameter(w.clone(), requires_grad=False)
+            out.append(packed_linear.PackedLinear.of(lin) if packed else lin)
+        return out
+    return make
+
+
+def _int8_layer(weights: list[torch.Tensor], dtype: torch.dtype):
+    """A maker of copies of one layer in int8 (per-row scales) computing in `dtype`."""
+    rows = []
+    for w in weights:
+        scale = w.abs().amax(1).clamp(min=1e-8) / 127
+        rows.append(((w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale.to(dtype)))
+    frozen = lambda t: nn.Parameter(t.clone(), requires_grad=False)  # noqa: E731
+
+    def make() -> list[nn.Module]:
+        return [Int8Linear(frozen(q), frozen(scale), None) for q, scale in rows]
+    return make
+
+
+def _layer_bytes(layer: list[nn.Module]) -> int:
+    total = 0
+    for m in layer:
+        for t in [*m.parameters(), *m.buffers()]:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _seconds(calls, repeats: int = 3) -> float:
+    """Best of `repeats` passes of all `calls` (the least disturbed by other processes)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@torch.inference_mode()
+def _time_format(make, weights: list[torch.Tensor], dtype: torch.dtype, shape: LayerShape) -> tuple[float, float]:
+    """(seconds of one layer for one row, for PROMPT rows)."""
+    make = make(weights, dtype)
+    first = make()
+    # as many copies as the model has layers, up to WORKING_SET: a small model's weights stay
+    # in the CPU's cache as the real one's would, a large one's stream from memory
+    n = min(shape.layers, max(1, WORKING_SET // max(1, _layer_bytes(first))))
+    copies = [first] + [make() for _ in range(n - 1)]
+    one = [torch.randn(1, w.shape[1], dtype=dtype) for w in weights]
+    many = [torch.randn(PROMPT, w.shape[1], dtype=dtype) for w in weights]
+    decode_calls = [(lambda m, x: lambda: m(x))(m, x) for layer in copies for m, x in zip(layer, one)]
+    prompt_calls = [(lambda m, x: lambda: m(x))(m, x) for m, x in zip(first, many)]
+    for c in prompt_calls + decode_calls[:len(weights)]:  # first calls set kernels up
+        c()
+    decode = _seconds(decode_calls) / len(copies)
+    prompt = _seconds(prompt_calls)
+    return decode, prompt
+
+
+def measure(shape: LayerShape, formats: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")) -> list[FormatSpeed]:
+    """Each format's expected whole-model tokens/s at `shape`, on this CPU."""
+    torch.manual_seed(0)
+    weights = [torch.randn(o, i) * 0.02 for o, i in shape.linears]
+    # the output head: read whole for every token, like one more layer's worth of its size
+    head_layers = shape.vocab * shape.hidden / shape.layer_params
+    runs: list[tuple[str, torch.dtype, object]] = []
+    for fmt in formats:
+        if fmt in ("fp32", "bf16", "fp16"):
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
+            runs.append((fmt, dtype, _float_layer))
+        elif fmt == "int8":
+            runs += [("int8", torch.bfloat16, _int8_layer), ("int8", torch.float32, _int8_layer)]
+    best: dict[str, FormatSpeed] = {}
+    for fmt, dtype, make in runs:
+        t0 = time.perf_counter()
+        try:
+            one, prompt = _time_format(make, weights, dtype, shape)
+        except RuntimeError as exc:  # a dtype this CPU's kernels refuse: not a candidate here
+            log.info("calibration: %s with %s activations failed: %s", fmt, dtype, exc)
+            continue
+        s = FormatSpeed(fmt, DTYPE_NAMES[dtype], decode_tok_s=1 / (one * (shape.layers + head_layers)),
+                        prefill_tok_s=PROMPT / (prompt * shape.layers))
+        log.info("calibration %s (%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)", fmt, s.dtype,
+                 s.decode_tok_s, s.prefill_tok_s, time.perf_counter() - t0)
+        if fmt not in best or s.turn_s() < best[fmt].turn_s():
+            best[fmt] = s
+    return list(best.values())
+
+
+
+def speeds_for(config: dict, data_dir) -> dict[str, FormatSpeed]:
+    """This machine's speeds at the model's shape: from the record in `data_dir`, else measured
+    now (seconds, once) and recorded. {} when the config does not spell out its sizes or the
+    model is below MIN_PARAMS."""
+    shape = LayerShape.of_config(config)
+    if shape is None or shape.params < MIN_PARAMS:
+        return {}
+    known = speed.read(data_dir, shape)
+    if known:
+        return known
+    t0 = time.perf_counter()
+    measured = measure(shape)
+    log.info("measured the weight formats' speed at %s in %.1f s", shape.key, time.perf_counter() - t0)
+    try:
+        speed.write(data_dir, shape, measured)
+    except OSError as exc:  # a full or read-only data folder: measured again next load
+        log.warning("speed record not written: %s", exc)
+    return {s.format: s for s in measured}

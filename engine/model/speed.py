@@ -1,0 +1,136 @@
+"""How fast each weight format runs on this machine: the record of calibrate.py's measurements,
+read and written without torch (the Models page reads it to show expected tokens/s).
+
+One JSON file in the data folder (`speed.json`), measured once per machine and model shape:
+a machine is its CPU (model name and instruction-set flags), its thread count and the torch
+version, since all three decide which kernels run; a shape is the language model's layer sizes.
+A record names the compute dtype each format ran with and the tokens/s expected for the whole
+language model from one layer's linears (attention over the context is left out: the same for
+every format).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..platform.files import atomic_write
+
+FILE = "speed.json"
+VERSION = 1  # of the measurement: a record of another version is measured again
+# the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
+TURN_PROMPT, TURN_REPLY = 512, 128
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    hidden: int
+    intermediate: int
+    q_width: int  # attention heads x head size
+    kv_width: int  # key/value heads x head size
+    layers: int
+    vocab: int
+
+    @classmethod
+    def of(cls, text) -> "LayerShape":
+        """From a text config (object or dict) with the usual transformers names."""
+        get = (lambda k: text.get(k)) if isinstance(text, dict) else (lambda k: getattr(text, k, None))
+        h, heads = int(get("hidden_size")), int(get("num_attention_heads"))
+        head_dim = int(get("head_dim") or h // heads)
+        kv = int(get("num_key_value_heads") or heads)
+        return cls(h, int(get("intermediate_size")), heads * head_dim, kv * head_dim,
+                   int(get("num_hidden_layers")), int(get("vocab_size")))
+
+    @classmethod
+    def of_config(cls, config: dict) -> "LayerShape | None":
+        """From a folder's raw config.json: text_config, else the top level (older Qwen2-VL
+        files); None when it does not spell the sizes out."""
+        text = config.get("text_config") or config
+        try:
+            return cls.of(text)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def key(self) -> str:
+        return (f"h{self.hidden}-i{self.intermediate}-q{self.q_width}-kv{self.kv_width}"
+                f"-l{self.layers}-v{self.vocab}")
+
+    @property
+    def linears(self) -> list[tuple[int, int]]:
+        """(out, in) of one layer's matrices: q, k, v, o, gate, up, down."""
+        h, i = self.hidden, self.intermediate
+        return [(self.q_width, h), (self.kv_width, h), (self.kv_width, h), (h, self.q_width), (i, h), (i, h), (h, i)]
+
+    @property
+    def layer_params(self) -> int:
+        return sum(o * i for o, i in self.linears)
+
+    @property
+    def params(self) -> int:
+        """The language model's matrices: its layers and one vocabulary-sized table."""
+        return self.layers * self.layer_params + self.vocab * self.hidden
+
+
+@dataclass(frozen=True)
+class FormatSpeed:
+    format: str  # bf16 | fp16 | fp32 | int8 | int4
+    dtype: str  # compute dtype it ran with: bfloat16 | float16 | float32
+    decode_tok_s: float  # expected for the whole language model, one token after another
+    prefill_tok_s: float  # expected for a prompt
+
+    def turn_s(self) -> float:
+        """Seconds of the turn `auto` optimises for."""
+        return TURN_PROMPT / self.prefill_tok_s + TURN_REPLY / self.decode_tok_s
+
+
+def machine() -> dict:
+    """What decides the kernels' speed here, without torch: the CPU's name and flags (Linux:
+    /proc/cpuinfo; elsewhere what `platform` says), CPU count and the installed torch."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        name, flags = info.get("model name", name), info.get("flags", "")
+    except OSError:
+        pass
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    return {"cpu": name, "flags": hashlib.blake2b(flags.encode(), digest_size=8).hexdigest(),
+            "cpus": os.cpu_count() or 1, "torch": torch_version, "version": VERSION}
+
+
+def _machine_key(m: dict) -> str:
+    return hashlib.blake2b(json.dumps(m, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def read(data_dir: Path | str, shape: LayerShape) -> dict[str, FormatSpeed]:
+    """This machine's record for `shape` ({} when it was never measured or the file is damaged)."""
+    try:
+        doc = json.loads((Path(data_dir) / FILE).read_text())
+        rows = doc["machines"][_machine_key(machine())]["shapes"][shape.key]
+        return {r["format"]: FormatSpeed(r["format"], r["dtype"], float(r["decode_tok_s"]), float(r["prefill_tok_s"]))
+                for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def write(data_dir: Path | str, shape: LayerShape, speeds: list[FormatSpeed]) -> None:
+    """Add (or replace) this machine's record for `shape`, keeping every other one."""
+    path = Path(data_dir) / FILE
+    try:
+        doc = json.loads(path.read_text())
+        doc["machines"].items()
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        doc = {"machines": {}}
+    m = machine()
+    entry = doc["machines"].setdefault(_machine_key(m), {"machine": m, "shapes": {}})
+    entry["shapes"][shape.key] = [asdict(s) for s in speeds]
+    atomic_write(path, json.dumps(doc, indent=1).encode())

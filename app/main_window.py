@@ -191,7 +191,7 @@ class MainWindow(QMainWindow):
         if getattr(self, "models_page", None) is not None and self.models_page.isVisible():
             self.models_page.raise_()
             return
-        self.models_page = ModelsPage(recent=self.prefs.recent_models(), parent=self)
+        self.models_page = ModelsPage(recent=self.prefs.recent_models(), parent=self, data_dir=self.data_dir)
         self.models_page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.models_page.loadRequested.connect(self.load_model)
         self.models_page.destroyed.connect(lambda *_: setattr(self, "models_page", None))

@@ -22,8 +22,11 @@ from engine.library.hub import LibraryError, NetworkUnreachable, is_repo_id, off
 
 from .download_text import human_bytes, progress_text
 
-COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed"]
-COL_FIT, COL_INSTALLED = 4, 5
+COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed", "Speed here"]
+COL_FIT, COL_INSTALLED, COL_SPEED = 4, 5, 6
+SPEED_TIP = ("Expected decode tokens/s per weight format on this computer, from Parley's own measurement "
+             "of its kernels (taken when a model of this shape was first loaded; '~': scaled from another "
+             "shape measured here). Empty until a large model has been loaded once.")
 log = logging.getLogger(__name__)
 
 
@@ -32,6 +35,7 @@ class _Signals(QObject):
     signals); a worker whose page is gone gets RuntimeError from emit and stops quietly."""
 
     fit = Signal(str, str, str)  # repo id, fit cell text, tooltip
+    speed = Signal(str, str)  # repo id, expected tokens/s here
     installed = Signal()  # the scan's result waits in ModelsPage._scanned
     progress = Signal(float, float, float, float, str)  # done, total, bytes/s, seconds left (-1: unknown), file
     done = Signal(str, str, str)  # repo id, snapshot folder ("" on failure), message
@@ -41,7 +45,8 @@ class _Signals(QObject):
 class ModelsPage(QDialog):
     loadRequested = Signal(str)  # a snapshot folder to load
 
-    def __init__(self, catalog: list[CatalogEntry] | None = None, recent: list[str] | None = None, parent=None):
+    def __init__(self, catalog: list[CatalogEntry] | None = None, recent: list[str] | None = None, parent=None,
+                 data_dir: Path | None = None):
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.setObjectName("modelsPage")
@@ -50,6 +55,8 @@ class ModelsPage(QDialog):
         self._scanned: list = []
         self._scanned_lock = threading.Lock()
         self.sig.fit.connect(self._on_fit)
+        self.sig.speed.connect(self._on_speed)
+        self.data_dir = data_dir  # where the engine keeps this machine's measured speeds
         self.sig.installed.connect(self._take_scan)
         self.sig.progress.connect(self._on_progress)
         self.sig.done.connect(self._on_done)
@@ -146,8 +153,9 @@ class ModelsPage(QDialog):
     def _add_row(self, repo_id: str, family: str, params: str, size: str) -> int:
         r = self.table.rowCount()
         self.table.insertRow(r)
-        for c, text in enumerate([repo_id, family, params, size, "…", ""]):
+        for c, text in enumerate([repo_id, family, params, size, "…", "", ""]):
             self.table.setItem(r, c, QTableWidgetItem(text))
+        self.table.item(r, COL_SPEED).setToolTip(SPEED_TIP)
         return r
 
     def _add_folder(self, folder: Path) -> None:
@@ -280,6 +288,10 @@ class ModelsPage(QDialog):
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
             self._emit("fit", repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
                                        f"{human_bytes(fit.free_bytes)} free", fit.line())
+            if self.data_dir is not None and config:
+                from engine.model.speed import describe
+
+                self._emit("speed", repo_id, describe(self.data_dir, config))
         except NetworkUnreachable as exc:
             self._network_down.set()
             if not self._fit_from_catalog(repo_id, precision, context):
@@ -305,6 +317,11 @@ class ModelsPage(QDialog):
             return
         self.table.item(r, COL_FIT).setText(text)
         self.table.item(r, COL_FIT).setToolTip(tip)
+
+    def _on_speed(self, repo_id: str, text: str) -> None:
+        r = self.row_of(repo_id)
+        if r is not None:
+            self.table.item(r, COL_SPEED).setText(text)
 
     def _on_installed(self, models, fit_new_rows: bool = True) -> None:
         self.installed = {m.repo_id: m for m in models}

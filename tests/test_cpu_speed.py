@@ -72,19 +72,24 @@ def test_a_packed_model_is_counted_and_named(tmp_path):
 
 
 def _speeds(**turns) -> dict[str, FormatSpeed]:
-    """Speeds whose turn times rank as given: fmt=(decode tok/s, prefill tok/s, compute dtype)."""
-    return {f: FormatSpeed(f, dt, dec, pre) for f, (dec, pre, dt) in turns.items()}
+    """Measurements as calibrate.py records them: fmt=(decode tok/s, prefill tok/s, compute dtype,
+    faster packed)."""
+    return {f: FormatSpeed(f, dt, dec, pre, packed) for f, (dec, pre, dt, packed) in turns.items()}
 
 
 def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
     model = tiny_model("llava")
-    bf16_fast = _speeds(fp32=(3.0, 60, "float32"), bf16=(6.0, 200, "bfloat16"), int8=(8.0, 190, "bfloat16"))
+    bf16_fast = _speeds(fp32=(3.0, 60, "float32", False), bf16=(6.0, 200, "bfloat16", True),
+                        int8=(8.0, 190, "bfloat16", False))
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, bf16_fast)
     assert (plan.format, plan.dtype, plan.packed) == ("bf16", torch.bfloat16, packed_linear.available(torch.bfloat16))
     assert plan.note == ("Weights: bf16 — fastest here (measured on this CPU: bf16 6.0 tok/s decoding, 200 "
                          "prefilling; fp32 3.0 tok/s decoding, 60 prefilling)")
-    fp32_fast = _speeds(fp32=(6.0, 200, "float32"), bf16=(2.0, 90, "bfloat16"))
-    assert plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, fp32_fast).format == "fp32"
+    fp32_fast = _speeds(fp32=(6.0, 200, "float32", False), bf16=(2.0, 90, "bfloat16", False))
+    plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, fp32_fast)
+    assert (plan.format, plan.packed) == ("fp32", False)
+    # packed or plain as measured, also when the format is chosen by hand
+    assert not plan_weights(model, "llava", CPU, "auto", "bf16", 64 * GIB, fp32_fast).packed
     # a quantized format computes in the dtype it ran fastest with, unless one was asked for
     assert plan_weights(model, "llava", CPU, "auto", "int8", 64 * GIB, bf16_fast).dtype == torch.bfloat16
     assert plan_weights(model, "llava", CPU, "float32", "int8", 64 * GIB, bf16_fast).dtype == torch.float32
@@ -96,7 +101,7 @@ def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
 
 
 def test_the_speed_record_is_kept_per_machine_and_shape_and_survives_damage(tmp_path):
-    rows = [FormatSpeed("bf16", "bfloat16", 6.5, 210.0), FormatSpeed("fp32", "float32", 3.1, 60.0)]
+    rows = [FormatSpeed("bf16", "bfloat16", 6.5, 210.0, True), FormatSpeed("fp32", "float32", 3.1, 60.0)]
     speed.write(tmp_path, SHAPE, rows)
     other = LayerShape(128, 256, 128, 64, 2, 100)
     speed.write(tmp_path, other, rows[:1])

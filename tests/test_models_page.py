@@ -178,3 +178,35 @@ def test_offline_catalog_rows_are_estimated_from_the_catalog(qtbot, hub, monkeyp
     assert fit.text().endswith("(estimated from the catalog)")
     assert "estimated from the catalog" in fit.toolTip() and "KV" in fit.toolTip()
     assert p.wait_idle()
+
+
+def test_speed_column_shows_this_machines_measured_tokens_per_second(qtbot, hub, tiny_model, tmp_path):
+    """A model whose shape was measured here shows its record; another model's speeds are scaled
+    from it and marked '~'; with nothing measured yet the cell stays empty."""
+    import json
+
+    from app.models_page import COL_SPEED, ModelsPage
+    from engine.model import speed
+
+    folder = tiny_model("smolvlm")
+    shape = speed.LayerShape.of_config(json.loads((folder / "config.json").read_text()))
+    data = tmp_path / "data"
+    speed.write(data, shape, [speed.FormatSpeed("bf16", "bfloat16", 12.5, 300.0, True),
+                              speed.FormatSpeed("fp32", "float32", 6.25, 80.0)])
+    p = ModelsPage(catalog=[CatalogEntry("acme/smol", "idefics3", "256M", 0.5, True)], recent=[str(folder)],
+                   data_dir=data)
+    qtbot.addWidget(p)
+    mine, other = p.row_of(str(folder)), p.row_of("acme/smol")
+    qtbot.waitUntil(lambda: p.table.item(mine, COL_SPEED).text() != "" and p.table.item(other, COL_SPEED).text() != "",
+                    timeout=60_000)
+    assert p.table.item(mine, COL_SPEED).text() == "bf16 12.5, fp32 6.2 tok/s"
+    scaled = speed.LayerShape.of_config(SMOLVLM_256M)
+    factor = shape.params / scaled.params
+    assert p.table.item(other, COL_SPEED).text() == f"~bf16 {12.5 * factor:.1f}, fp32 {6.25 * factor:.1f} tok/s"
+    p.cancel.set()
+    assert p.wait_idle()
+    empty = ModelsPage(catalog=[], recent=[str(folder)], data_dir=tmp_path / "nothing-measured")
+    qtbot.addWidget(empty)
+    qtbot.waitUntil(lambda: empty.table.item(0, 4).text() not in ("…", ""), timeout=60_000)
+    assert empty.table.item(0, COL_SPEED).text() == ""
+    assert empty.wait_idle()

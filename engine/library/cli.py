@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..platform.terminal import terminal_safe
 from .catalog import load_catalog
@@ -18,6 +19,10 @@ def cmd_list(args) -> int:
     from .installed import installed_models
     from .remote import remote_config
 
+    from ..model.speed import describe
+    from ..platform.paths import default_data_dir
+
+    data_dir = Path(args.data_dir).expanduser() if getattr(args, "data_dir", None) else default_data_dir()
     device = free_device_memory()
     installed = {m.repo_id: m for m in installed_models()}
     print(f"device: {device[0]}, {device[1] / (1 << 30):.2f} GiB free; precision {args.precision}, "
@@ -38,6 +43,8 @@ def cmd_list(args) -> int:
             config = remote_config(repo_id, installed.get(repo_id), offline=offline)
             if config is not None:
                 fit = estimate_fit(config, args.precision, args.context, device).line()
+                here = describe(data_dir, config)
+                fit += f"; here {here}" if here else ""
         except NetworkUnreachable as exc:
             if not offline:
                 print(f"{terminal_safe(exc)}; catalog models are sized from the catalog")  # said once
@@ -109,6 +116,8 @@ def add_parser(sub) -> None:
     ls = msub.add_parser("list", help="the catalog and installed models, with whether each fits")
     ls.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16", "float16", "int8", "4bit"])
     ls.add_argument("--context", type=int, default=4096, help="context length for the KV cache estimate")
+    ls.add_argument("--data-dir", default=None, help="the data folder whose measured speeds are shown "
+                                                     "(default: the app's)")
     ls.set_defaults(func=cmd_list)
     pl = msub.add_parser("pull", help="download ORG/NAME into the Hugging Face cache (resumable)")
     pl.add_argument("repo")

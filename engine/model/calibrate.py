@@ -2,15 +2,17 @@
 shape, so that `auto` picks by measurement, not by a table of CPUs (speed.py keeps the record).
 
 One layer's linears (q, k, v, o, gate, up, down) are built in each format with random weights
-through the very modules the engine runs (packed_linear.PackedLinear, int8_layers.Int8Linear)
-and timed for one row (a decoded token) and for PROMPT rows (a prompt chunk). One row is timed
+through the very modules the engine runs (nn.Linear, packed_linear.PackedLinear,
+int8_layers.Int8Linear) and timed for one row (a decoded token) and for PROMPT rows (a prompt chunk). One row is timed
 over enough copies of the layer to fill WORKING_SET bytes, so the weights stream from memory as
-a real model's do, not from the CPU's cache. int8 is timed with bf16 and with fp32 activations
-(which one a CPU runs well depends on its bf16 units), the faster kept. A few seconds in all,
+a real model's do, not from the CPU's cache. Full-precision formats are timed plain and packed,
+int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units); the
+faster of each pair is kept. A few seconds in all,
 once per machine and shape.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -33,10 +35,9 @@ MIN_PARAMS = 50_000_000
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _float_layer(weights: list[torch.Tensor], dtype: torch.dtype):
-    """A maker of copies of one layer in `dtype`, packed as the engine packs it."""
+def _float_layer(weights: list[torch.Tensor], dtype: torch.dtype, packed: bool):
+    """A maker of copies of one layer in `dtype`, plain or packed as the engine packs it."""
     cast = [w.to(dtype) for w in weights]
-    packed = packed_linear.available(dtype)
 
     def make() -> list[nn.Module]:
         out = []
@@ -69,7 +70,7 @@ def _layer_bytes(layer: list[nn.Module]) -> int:
     return total
 
 
-def _seconds(calls, repeats: int = 3) -> float:
+def _seconds(calls, repeats: int = 2) -> float:
     """Best of `repeats` passes of all `calls` (the least disturbed by other processes)."""
     best = float("inf")
     for _ in range(repeats):
@@ -100,21 +101,28 @@ def _time_format(make, weights: list[torch.Tensor], dtype: torch.dtype, shape: L
     return decode, prompt
 
 
-def measure(shape: LayerShape, formats: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")) -> list[FormatSpeed]:
+# what `auto` chooses among (fp32, bf16) and what a quantized format computes in (int8's dtype);
+# fp16 is left out: never auto's choice on a CPU, and each format costs seconds at load
+FORMATS = ("fp32", "bf16", "int8")
+
+
+def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[FormatSpeed]:
     """Each format's expected whole-model tokens/s at `shape`, on this CPU."""
     torch.manual_seed(0)
     weights = [torch.randn(o, i) * 0.02 for o, i in shape.linears]
     # the output head: read whole for every token, like one more layer's worth of its size
     head_layers = shape.vocab * shape.hidden / shape.layer_params
-    runs: list[tuple[str, torch.dtype, object]] = []
+    runs: list[tuple[str, torch.dtype, bool, object]] = []  # (format, compute dtype, packed, maker)
     for fmt in formats:
         if fmt in ("fp32", "bf16", "fp16"):
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
-            runs.append((fmt, dtype, _float_layer))
+            runs.append((fmt, dtype, False, functools.partial(_float_layer, packed=False)))
+            if packed_linear.available(dtype):
+                runs.append((fmt, dtype, True, functools.partial(_float_layer, packed=True)))
         elif fmt == "int8":
-            runs += [("int8", torch.bfloat16, _int8_layer), ("int8", torch.float32, _int8_layer)]
+            runs += [("int8", torch.bfloat16, False, _int8_layer), ("int8", torch.float32, False, _int8_layer)]
     best: dict[str, FormatSpeed] = {}
-    for fmt, dtype, make in runs:
+    for fmt, dtype, packed, make in runs:
         t0 = time.perf_counter()
         try:
             one, prompt = _time_format(make, weights, dtype, shape)
@@ -122,9 +130,9 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = ("fp32", "bf16", "fp16
             log.info("calibration: %s with %s activations failed: %s", fmt, dtype, exc)
             continue
         s = FormatSpeed(fmt, DTYPE_NAMES[dtype], decode_tok_s=1 / (one * (shape.layers + head_layers)),
-                        prefill_tok_s=PROMPT / (prompt * shape.layers))
-        log.info("calibration %s (%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)", fmt, s.dtype,
-                 s.decode_tok_s, s.prefill_tok_s, time.perf_counter() - t0)
+                        prefill_tok_s=PROMPT / (prompt * shape.layers), packed=packed)
+        log.info("calibration %s (%s%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)", fmt, s.dtype,
+                 ", packed" if packed else "", s.decode_tok_s, s.prefill_tok_s, time.perf_counter() - t0)
         if fmt not in best or s.turn_s() < best[fmt].turn_s():
             best[fmt] = s
     return list(best.values())

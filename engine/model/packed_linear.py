@@ -3,10 +3,12 @@
 Why: `F.linear` on a CPU hands a bf16 weight to oneDNN in plain row-major layout, and oneDNN
 reorders the whole weight into its blocked layout on every call. For a prompt that cost is
 small next to the matrix product; for one decoded token it is most of the work. Measured on a
-2-core Sapphire Rapids (AVX-512, AMX), one row through Qwen2-VL-2B's 1536->8960 projection: bf16
-F.linear 3.3 GB/s, the same weight prepacked once 37.5 GB/s (fp32: MKL 6.8 GB/s, prepacked
-40 GB/s; weights resident in L3). torch's own compiler does the same (`mkldnn._reorder_linear_weight`
-when it freezes a model); here it is done once at load, no compiler needed.
+2-core Sapphire Rapids VM (AVX-512, AVX512_BF16, AMX), one row through Qwen2-VL-2B's 1536->8960
+projection with the weight in cache: bf16 F.linear 3.3 GB/s, prepacked 37.5 GB/s; streaming 8
+layers' linears from memory (CPU time, the machine shared): 127 -> 61 ms. torch's own compiler
+does the same when it freezes a model (`mkldnn._reorder_linear_weight`); here it is done once at
+load, no compiler needed. Whether a format runs faster packed is measured per machine
+(calibrate.py): fp32 streamed faster through MKL's plain GEMV there.
 
 The packed weight is an opaque oneDNN tensor (no data pointer, no row access), held as a
 non-persistent buffer so the memory ledger counts it. A tied output head gets its own packed

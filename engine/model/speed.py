@@ -15,7 +15,7 @@ import importlib.metadata
 import json
 import os
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..platform.files import atomic_write
@@ -82,6 +82,7 @@ class FormatSpeed:
     dtype: str  # compute dtype it ran with: bfloat16 | float16 | float32
     decode_tok_s: float  # expected for the whole language model, one token after another
     prefill_tok_s: float  # expected for a prompt
+    packed: bool = False  # full precision: the oneDNN-packed linears ran faster than plain ones
 
     def turn_s(self) -> float:
         """Seconds of the turn `auto` optimises for."""
@@ -115,9 +116,7 @@ def read(data_dir: Path | str, shape: LayerShape) -> dict[str, FormatSpeed]:
     """This machine's record for `shape` ({} when it was never measured or the file is damaged)."""
     try:
         doc = json.loads((Path(data_dir) / FILE).read_text())
-        rows = doc["machines"][_machine_key(machine())]["shapes"][shape.key]
-        return {r["format"]: FormatSpeed(r["format"], r["dtype"], float(r["decode_tok_s"]), float(r["prefill_tok_s"]))
-                for r in rows}
+        return _speeds(doc["machines"][_machine_key(machine())]["shapes"][shape.key]["formats"])
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -132,5 +131,42 @@ def write(data_dir: Path | str, shape: LayerShape, speeds: list[FormatSpeed]) ->
         doc = {"machines": {}}
     m = machine()
     entry = doc["machines"].setdefault(_machine_key(m), {"machine": m, "shapes": {}})
-    entry["shapes"][shape.key] = [asdict(s) for s in speeds]
+    entry["shapes"][shape.key] = {"shape": asdict(shape), "formats": [asdict(s) for s in speeds]}
     atomic_write(path, json.dumps(doc, indent=1).encode())
+
+
+def expected(data_dir: Path | str, config: dict) -> tuple[dict[str, FormatSpeed], bool]:
+    """Expected speeds of the model `config` describes on this machine, and whether they were
+    measured at its very shape. Otherwise they are scaled from the largest shape measured here
+    (decode by the ratio of bytes read per token, prefill by the ratio of work per token); ({},
+    False) when nothing was measured on this machine yet (a model loads before any is)."""
+    shape = LayerShape.of_config(config)
+    if shape is None:
+        return {}, False
+    exact = read(data_dir, shape)
+    if exact:
+        return exact, True
+    try:
+        doc = json.loads((Path(data_dir) / FILE).read_text())
+        known = [(LayerShape(**e["shape"]), e["formats"]) for e in doc["machines"][_machine_key(machine())]["shapes"].values()]
+        base, rows = max(known, key=lambda kr: kr[0].params)
+        measured = _speeds(rows)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, False
+    per_token = base.params / shape.params  # both decode (bytes) and prefill (multiply-adds) scale so
+    return {f: replace(s, decode_tok_s=s.decode_tok_s * per_token, prefill_tok_s=s.prefill_tok_s * per_token)
+            for f, s in measured.items()}, False
+
+
+def _speeds(rows: list[dict]) -> dict[str, FormatSpeed]:
+    return {r["format"]: FormatSpeed(str(r["format"]), str(r["dtype"]), float(r["decode_tok_s"]),
+                                     float(r["prefill_tok_s"]), bool(r.get("packed", False))) for r in rows}
+
+
+def describe(data_dir: Path | str, config: dict) -> str:
+    """One line for the Models page and `models list`: expected decode tokens/s per format here."""
+    speeds, exact = expected(data_dir, config)
+    if not speeds:
+        return ""
+    shown = ", ".join(f"{f} {speeds[f].decode_tok_s:.1f}" for f in ("bf16", "fp32", "fp16", "int8") if f in speeds)
+    return f"{'' if exact else '~'}{shown} tok/s"

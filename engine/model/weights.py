@@ -139,12 +139,18 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def _packed(fmt: str, device: torch.device) -> bool:
-    return device.type == "cpu" and fmt in FLOAT_FORMATS and packed_linear.available(FLOAT_FORMATS[fmt])
+def _packed(fmt: str, device: torch.device, speeds: dict[str, FormatSpeed]) -> bool:
+    """Pack a full-precision format's linears on the CPU: as measured here when it was (calibrate.py),
+    else bf16 only (its plain path reorders the whole weight per call; fp32 runs MKL's GEMV and fp16
+    a plain kernel, neither slower plain on the CPUs measured)."""
+    if device.type != "cpu" or fmt not in FLOAT_FORMATS or not packed_linear.available(FLOAT_FORMATS[fmt]):
+        return False
+    return speeds[fmt].packed if fmt in speeds else fmt == "bf16"
 
 
-def _plan(fmt: str, dtype: torch.dtype, device: torch.device, note: str = "") -> WeightPlan:
-    return WeightPlan(fmt, dtype, note, _packed(fmt, device))
+def _plan(fmt: str, dtype: torch.dtype, device: torch.device, speeds: dict[str, FormatSpeed],
+          note: str = "") -> WeightPlan:
+    return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds))
 
 
 def _rates(s: FormatSpeed) -> str:
@@ -175,7 +181,7 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
         if not auto_dtype and pick_dtype(device, dtype_request) != dtype:
             raise ModelLoadError(f"weights {fmt} and dtype {dtype_request} disagree: set dtype to auto, "
                                  f"or choose the weights format {format_name(pick_dtype(device, dtype_request))}")
-        return _plan(fmt, dtype, device)
+        return _plan(fmt, dtype, device, speeds)
     dtype = pick_dtype(device, dtype_request)
     quantized_dtype = {q: DTYPES_BY_NAME[speeds[q].dtype] if auto_dtype and q in speeds else dtype
                        for q in QUANTIZED_FORMATS}
@@ -183,7 +189,7 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
         why = refusal(fmt, device)
         if why:
             raise ModelLoadError(why)
-        return _plan(fmt, quantized_dtype[fmt], device)
+        return _plan(fmt, quantized_dtype[fmt], device, speeds)
     full = format_name(dtype)
     # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
     # (fp16 is not: its narrow range overflows in some models)
@@ -191,16 +197,17 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
     fulls, why_fastest = fastest_first(speeds, fulls) if auto_dtype else (fulls, "")
     candidates = fulls + [q for q in QUANTIZED_FORMATS if refusal(q, device) is None]
     dtypes = {c: FLOAT_FORMATS.get(c, quantized_dtype.get(c, dtype)) for c in candidates}
-    need = {c: estimate_bytes(folder, family, c, dtypes[c], _packed(c, device)) for c in candidates}
+    need = {c: estimate_bytes(folder, family, c, dtypes[c], _packed(c, device, speeds)) for c in candidates}
     for c in candidates:
         # room for the weights plus a tenth for KV cache and activations
         if need[c] * 1.1 <= free_bytes:
             if c == fulls[0]:
-                return _plan(c, dtypes[c], device, f"Weights: {c} — fastest here ({why_fastest})" if why_fastest else "")
-            return _plan(c, dtypes[c], device, f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
+                return _plan(c, dtypes[c], device, speeds,
+                             f"Weights: {c} — fastest here ({why_fastest})" if why_fastest else "")
+            return _plan(c, dtypes[c], device, speeds, f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
                                                f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
     smallest = min(candidates, key=need.get)
-    return _plan(smallest, dtypes[smallest], device, f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
+    return _plan(smallest, dtypes[smallest], device, speeds, f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
                                                      f"free (smallest needs {_gib(need[smallest])}); loading may fail")
 
 

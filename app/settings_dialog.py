@@ -22,12 +22,12 @@ from .preferences import ApiConfig, Preferences
 MIB = 1 << 20
 # the language model's weight format (engine/model/weights.py); labels say what each costs
 WEIGHT_CHOICES = (
-    ("Automatic (full precision when it fits)", "auto"),
+    ("Automatic (the fastest full precision measured here, smaller when it does not fit)", "auto"),
     ("bf16 (full precision, 2 bytes a weight)", "bf16"),
     ("fp16 (full precision, 2 bytes a weight)", "fp16"),
     ("fp32 (full precision, 4 bytes a weight)", "fp32"),
     ("int8 (about half of bf16)", "int8"),
-    ("4-bit NF4 (about a third of bf16)", "4bit"),
+    ("4-bit NF4 (about a third of bf16; for CUDA: on a CPU it decodes several times slower than bf16)", "4bit"),
 )
 
 

@@ -98,6 +98,9 @@ def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
     assert plan_weights(model, "llava", CPU, "auto", "auto", int(need * 1.1) + 1, bf16_fast).format == "int8"
     # without measurements (a model below calibrate.MIN_PARAMS): full precision first, as before
     assert plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, {}).format == "fp32"
+    # 4-bit on a CPU loads, and the status bar says plainly what it is for
+    assert plan_weights(model, "llava", CPU, "auto", "4bit", 64 * GIB, bf16_fast).note == \
+        "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16"
 
 
 def test_the_speed_record_is_kept_per_machine_and_shape_and_survives_damage(tmp_path):

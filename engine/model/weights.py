@@ -43,6 +43,11 @@ LIBRARY = {"int8": "torchao", "4bit": "bitsandbytes"}
 # device bench on CUDA); Apple GPUs have neither torchao's int8 kernels nor bitsandbytes
 DEVICES = {"int8": ("cpu", "cuda"), "4bit": ("cpu", "cuda")}
 NF4_BLOCK = 64  # bitsandbytes' NF4 block size: one absmax per 64 weights
+# bitsandbytes' NF4 on a CPU decoded at 0.12x bf16 (2-core EPYC, Qwen2-VL-2B shape); torch's fused
+# int4 CPU kernel was measured too: on 2 Sapphire Rapids cores it is compute-bound, no faster per
+# token than packed bf16, so no 4-bit CPU format is offered for speed
+NF4_ON_CPU = ("Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times "
+              "slower than bf16")
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
         why = refusal(fmt, device)
         if why:
             raise ModelLoadError(why)
-        return _plan(fmt, quantized_dtype[fmt], device, speeds)
+        return _plan(fmt, quantized_dtype[fmt], device, speeds, NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else "")
     full = format_name(dtype)
     # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
     # (fp16 is not: its narrow range overflows in some models)

@@ -157,3 +157,30 @@ def test_the_engine_measures_once_per_shape_and_tells_the_user(tiny_model, tmp_p
     finally:
         engine.shutdown()
     assert measured == [] and (data / speed.FILE).stat().st_mtime_ns == written
+
+
+def test_a_growing_kv_layer_holds_what_concatenation_would_and_copies_only_when_full():
+    from transformers.cache_utils import DynamicLayer
+
+    from engine.kvstore.layout import layer_refusal
+    from engine.model.kv_growth import ROOM_MIN, GrowingLayer
+
+    g = torch.Generator().manual_seed(0)
+    plain, grown = DynamicLayer(), GrowingLayer()
+    steps = [300] + [1] * (ROOM_MIN + 50) + [5]  # a prompt, decoded tokens past the first room, a draft
+    buffers = set()
+    for i, n in enumerate(steps):
+        k, v = torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
+        want = plain.update(k, v)
+        got = grown.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        buffers.add(grown.held()[0].data_ptr())
+        if i == 20:  # a rejected draft is cropped away; the next tokens overwrite its room
+            plain.crop(-7)
+            grown.crop(-7)
+    assert len(buffers) == 2  # the prompt's room, then one regrowth
+    assert torch.equal(plain.keys, grown.keys) and grown.get_seq_length() == plain.get_seq_length()
+    held = sum(t.numel() * t.element_size() for t in grown.held())
+    filled = 2 * grown.keys.numel() * grown.keys.element_size()
+    assert filled < held <= filled * 1.125 + 2 * 2 * ROOM_MIN * 8 * 4
+    assert layer_refusal(grown) is None  # spilled to the KV store like a DynamicLayer

@@ -80,9 +80,11 @@ def _full_attention_class():
 
 def layer_refusal(layer: Any) -> str | None:
     """Why this cache layer cannot be spilled exactly, or None for a plain full-attention layer
-    (exact type: subclasses such as sliding-window or quantized are refused)."""
+    (exact type: subclasses such as sliding-window or quantized are refused, unless the class
+    says it is plain full attention, as the engine's growing layer does)."""
     sliding = getattr(layer, "is_sliding", False)
-    if type(layer) is _full_attention_class() and not sliding:
+    plain = type(layer) is _full_attention_class() or getattr(type(layer), "plain_full_attention", False)
+    if plain and not sliding:
         return None
     why = _WHY.get(type(layer).__name__)
     if why is None and sliding:

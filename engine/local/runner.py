@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from ..model.kv_growth import full_attention
 from .detok import IncrementalDetokenizer
 from ..protocol.events import Sampling
 from ..protocol.settings import EngineSettings
@@ -143,7 +143,7 @@ def _decode(loaded, session: Session, logits: torch.Tensor, sampling: Sampling, 
     stopped = False
     first_token_s = None
     drafter = None
-    if lookup and all(type(x) is DynamicLayer for x in session.cache.layers):
+    if lookup and all(full_attention(x) for x in session.cache.layers):
         drafter = NgramDrafter.over(session.ids, session.pictures, eos=loaded.eos_ids)
     drafts = DraftStats()
     verified: list[int] = []  # accepted draft tokens: already in the cache, not yet sent out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from ..pictures.span import PictureSpan, cut_before, pictures_agree
+from ..model.kv_growth import with_room
 from .prompt import Prompt
 
 
@@ -61,7 +62,8 @@ class Session:
             return 0
         total = 0
         for layer in getattr(self._cache, "layers", []):
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            held = layer.held() if hasattr(layer, "held") else (getattr(layer, "keys", None), getattr(layer, "values", None))
+            for t in held:  # a growing layer's spare room is held memory too
                 if t is not None and hasattr(t, "numel"):
                     total += t.numel() * t.element_size()
         return total
@@ -93,7 +95,7 @@ class Session:
         a fresh cache for n = 0, or one restored from the store), else in this session's own
         cache cropped to them (they must be a reusable prefix)."""
         if cache is not None:
-            self._cache = cache
+            self._cache = with_room(cache)  # K/V grow in place, not copied whole for each token
         elif self._cache is None or n > len(self._ids):
             raise ValueError(f"the session holds {self.cached_tokens} tokens, not {n}")
         elif len(self._ids) > n:

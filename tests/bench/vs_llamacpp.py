@@ -82,7 +82,7 @@ def measure_format(llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: l
     from tests.engine_helpers import open_engine
 
     gguf = ggufs[fmt]
-    engine = open_engine(model_dir, d / f"data-{fmt}", weights=fmt, lookup_decoding=False)
+    engine = open_engine(model_dir, d / "data", weights=fmt, lookup_decoding=False)  # one data folder: measured once
     out = {}
     try:
         loaded = engine.loaded.weights
@@ -114,7 +114,7 @@ def picture_ttft(llama: LlamaCpp, model_dir, gguf, mmproj, rounds: int, threads:
     from tests.engine_helpers import ask, expect_done, open_engine
     from tests.fixtures.pictures import make_picture, pics
 
-    engine = open_engine(model_dir, d / "data-picture", weights="bf16", lookup_decoding=False,
+    engine = open_engine(model_dir, d / "data", weights="bf16", lookup_decoding=False,
                          elastic=True, elastic_idle_s=86400)
     ours, theirs = [], []
     try:
@@ -131,6 +131,21 @@ def picture_ttft(llama: LlamaCpp, model_dir, gguf, mmproj, rounds: int, threads:
     finally:
         engine.shutdown()
     return ours, theirs
+
+
+def auto_pick(model_dir, data_dir) -> tuple[str, str]:
+    """The full-precision format `auto` loads here (fastest measured by the engine's own
+    calibration at load, engine/model/calibrate.py) and why; ("", why not) when unmeasured."""
+    import json
+
+    from engine.model import speed
+    from engine.model.weights import fastest_first
+
+    measured = speed.read(data_dir, speed.LayerShape.of_config(json.loads((model_dir / "config.json").read_text())))
+    if not measured:
+        return "", "the engine measured no format speeds for this shape (a model below calibrate.MIN_PARAMS?)"
+    order, why = fastest_first(measured, ["fp32", "bf16"])
+    return order[0], why
 
 
 def paired(a: list[float], b: list[float]) -> float:
@@ -179,6 +194,7 @@ def main() -> None:
             if not args.keep_gguf:  # GBs each at full size; bf16 stays for the picture turn
                 for f in {source, ggufs[fmt]} - {gdir / "lm-bf16.gguf"}:
                     f.unlink(missing_ok=True)
+        auto = auto_pick(model_dir, d / "data")
         pic = None
         if not args.no_picture:
             size = tuple(int(x) for x in args.picture.split("x"))
@@ -216,6 +232,16 @@ def main() -> None:
             own = statistics.median(i8[0].prefill) / statistics.median(b[0].prefill)
             print(ratio_line(f"prefill tok/s Parley int8 / Parley bf16, {b[2]}-token prompt", own, at_least=0.9,
                              note="format blocks run one after the other"))
+    pick, why = auto
+    fulls = {f: r for f, r in results.items() if f in ("fp32", "bf16", "fp16")}
+    if pick and pick in fulls and len(fulls) > 1:
+        for kind in ("decode", "prefill"):
+            rate = {f: statistics.median(getattr(by_len[prompts[0]][0], kind)) for f, by_len in fulls.items()}
+            best = max(rate, key=rate.get)
+            print(ratio_line(f"{kind} tok/s of auto's pick ({pick}) / fastest measured ({best}), {prompts[0]}-token prompt",
+                             rate[pick] / rate[best], at_least=0.95, note="format blocks run one after the other"))
+    else:
+        print(f"auto's pick: {pick or 'none'} ({why}); measure it with another full-precision format for the goal line")
     if pic is not None:
         ours, theirs = pic
         print(f"picture turn {args.picture}: Parley first token {statistics.median(ours):.2f} s, "

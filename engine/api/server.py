@@ -218,8 +218,11 @@ def _bind(host: str, port: int, backlog: int) -> socket.socket:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
         raise ApiConfigError(f"Cannot resolve {host!r}: {exc}") from None
-    family, _, _, _, sockaddr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, _, proto, _, sockaddr = infos[0]
+    # the protocol named (IPPROTO_TCP, not 0): asyncio turns Nagle off (TCP_NODELAY) only on
+    # connections whose socket says TCP, and with Nagle on a plain reply's body waited for the
+    # client's delayed ACK of its headers: ~45 ms on every non-streamed API turn
+    sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:

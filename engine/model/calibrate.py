@@ -19,9 +19,9 @@ import time
 import torch
 from torch import nn
 
-from . import packed_linear
+from ..device.heap_trim import return_freed_heap
+from . import packed_linear, speed
 from .int8_layers import Int8Linear
-from . import speed
 from .speed import FormatSpeed, LayerShape
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,7 @@ def speeds_for(config: dict, data_dir) -> dict[str, FormatSpeed]:
         return known
     t0 = time.perf_counter()
     measured = measure(shape)
+    return_freed_heap()  # up to WORKING_SET of layer copies, gone before the model's weights load
     log.info("measured the weight formats' speed at %s in %.1f s", shape.key, time.perf_counter() - t0)
     try:
         speed.write(data_dir, shape, measured)

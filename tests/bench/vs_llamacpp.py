@@ -5,7 +5,7 @@ published shape (tests/fixtures/published_configs.py), converted to GGUF by llam
 `convert_hf_to_gguf.py` (f32 / bf16 / f16 / q8_0, and q4_0 through `llama-quantize`). Each pair
 of formats stores the weights in the same bytes per weight, give or take the scales:
 
-    Parley fp32 ~ f32, bf16 ~ bf16, fp16 ~ f16, int8 (per-row) ~ q8_0, int4 ~ q4_0
+    Parley fp32 ~ f32, bf16 ~ bf16, fp16 ~ f16, int8 (per-row) ~ q8_0, 4bit (NF4, `--formats`) ~ q4_0
 
 Parley's side is its engine (a text turn through `Engine`, prompt-lookup drafts off: llama.cpp has
 none), with `dtype` left at auto as a user's would be; llama.cpp's is `llama-bench` (prefill of the
@@ -43,7 +43,7 @@ SHAPE = "Qwen2-VL-2B-Instruct"
 QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
 # Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
 GGUF = {"fp32": ("f32", "f32", None), "bf16": ("bf16", "bf16", None), "fp16": ("f16", "f16", None),
-        "int8": ("q8_0", "q8_0", None), "int4": ("q4_0", "bf16", "q4_0")}
+        "int8": ("q8_0", "q8_0", None), "4bit": ("q4_0", "bf16", "q4_0")}
 OPENING = "Please read these words:"
 QUESTION = "What is in this picture?"
 
@@ -154,7 +154,7 @@ def paired(a: list[float], b: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", default="bf16,fp32,fp16,int8,int4",
+    ap.add_argument("--formats", default="bf16,fp32,fp16,int8",
                     help=f"Parley weights compared with llama.cpp's equal-bytes type ({', '.join(GGUF)})")
     ap.add_argument("--prompts", default="512,2048", help="prompt lengths in tokens, comma-separated")
     ap.add_argument("--new", type=int, default=128, help="tokens decoded per turn")

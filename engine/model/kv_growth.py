@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-ROOM_MIN = 64  # tokens of spare room at least, after a prefill or a regrowth
+ROOM_MIN = 32  # tokens of spare room at least, after a prefill or a regrowth
 
 
 def _starts(view: torch.Tensor | None, buf: torch.Tensor) -> bool:

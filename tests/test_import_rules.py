@@ -42,7 +42,7 @@ ROOMS = {
     "local": BELOW_VISION | {"vision", "kvstore"},
     "api": BELOW_VISION | {"vision", "kvstore", "local"},
     "remote": {"protocol", "pictures", "platform"},  # the engine protocol over HTTP: no model, no torch
-    "library": {"model", "platform"},  # model only through its torch-free family table and import lock
+    "library": {"model", "platform"},  # model only through its torch-free modules (family table, import lock, speed)
     "headless": BELOW_VISION | {"vision", "kvstore", "local", "api", "remote", "library"},
 }
 # (importer, imported): why this arrow may run against the table, until it is gone
@@ -60,6 +60,7 @@ APP_ROOMS = {
 APP_MODULES = {
     "engine.local.engine": "the Engine class the bridge starts; nothing else of local/",
     "engine.model.folder_check": "the window's model-folder check, torch-free",
+    "engine.model.speed": "the Models page's expected tokens/s: this machine's measured format speeds (torch-free)",
 }
 
 

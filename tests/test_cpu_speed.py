@@ -57,7 +57,7 @@ def test_a_packed_model_is_counted_and_named(tmp_path):
     # Qwen2-VL-2B's widths and tied head, one layer each side, a small vocabulary
     model = build_published("Qwen2-VL-2B-Instruct", root=tmp_path, layers=1, vision_layers=1, vocab_size=2048)
     loaded = load_model(model, device="cpu", weights="bf16")
-    vision = tuple(m + "." for m in loaded.adapter.vision_modules)
+    vision = tuple(m + "." for m in loaded.family.vision_modules)
     kinds = {(n.startswith(vision), type(m).__name__) for n, m in loaded.model.named_modules()
              if isinstance(m, (nn.Linear, PackedLinear))}
     assert kinds == {(False, "PackedLinear"), (True, "Linear")}

@@ -71,13 +71,17 @@ def _layer_bytes(layer: list[nn.Module]) -> int:
 
 
 def _seconds(calls, repeats: int = 2) -> float:
-    """Best of `repeats` passes of all `calls` (the least disturbed by other processes)."""
+    """Seconds of a pass of all `calls`: the best of `repeats`, in this process's CPU time shared
+    out over torch's threads. Wall time on a busy machine counts whatever else ran meanwhile (on
+    the shared 2-core machine it ranked fp32 over bf16 one load, bf16 over fp32 the next); CPU time
+    counts only this work, and a core stalled on memory still counts."""
+    threads = max(1, torch.get_num_threads())
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for c in calls:
             c()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, (time.process_time() - t0) / threads)
     return best
 
 

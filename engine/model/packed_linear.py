@@ -8,7 +8,9 @@ projection with the weight in cache: bf16 F.linear 3.3 GB/s, prepacked 37.5 GB/s
 layers' linears from memory (CPU time, the machine shared): 127 -> 61 ms. torch's own compiler
 does the same when it freezes a model (`mkldnn._reorder_linear_weight`); here it is done once at
 load, no compiler needed. Whether a format runs faster packed is measured per machine
-(calibrate.py): fp32 streamed faster through MKL's plain GEMV there.
+(calibrate.py): on the shared machine the answer for bf16 one-row products changed with the
+load on it (streaming, wall time: packed 2x faster; the calibration in CPU time under a load
+average of 8: plain faster), so it is never assumed for a measured model.
 
 The packed weight is an opaque oneDNN tensor (no data pointer, no row access), held as a
 non-persistent buffer so the memory ledger counts it. A tied output head gets its own packed

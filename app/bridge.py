@@ -21,8 +21,8 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from engine.local.engine import Engine
 from engine.protocol.engine_like import EngineLike
 from engine.protocol.events import (
-    EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, ServerReport,
-    SpillState, Token, Turn, TurnDone, TurnFailed, TurnStarted,
+    ChatMemoryReport, EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice,
+    PictureMarks, ServerReport, SpillState, Token, Turn, TurnDone, TurnFailed, TurnStarted,
 )
 from engine.protocol.settings import EngineSettings
 
@@ -48,6 +48,8 @@ class EngineBridge(QObject):
     memoryReport = Signal(object)  # MemoryReport
     encoderState = Signal(object)  # EncoderState
     spillState = Signal(object)  # SpillState
+    chatMemory = Signal(object)  # ChatMemoryReport: where each conversation's KV is
+    pictureMarks = Signal(object)  # PictureMarks: which pictures are encoded and cached
     notice = Signal(object)  # Notice
     serverReport = Signal(object)  # ServerReport (a remote engine)
     engineChanged = Signal(object)  # the engine now in use
@@ -269,6 +271,7 @@ class EngineBridge(QObject):
             TurnDone: self.turnDone, TurnFailed: self.turnFailed,
             MemoryReport: self.memoryReport, EncoderState: self.encoderState,
             SpillState: self.spillState, Notice: self.notice, ServerReport: self.serverReport,
+            ChatMemoryReport: self.chatMemory, PictureMarks: self.pictureMarks,
         }.get(type(item))
         if signal is not None:
             signal.emit(item)

@@ -17,6 +17,7 @@ from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 
 from .bridge import EngineBridge
 from .chat_titles import title_from, title_from_reply
+from .turn_line import turn_line
 from .message_model import MessageItem, MessageListModel
 from .preferences import Preferences
 
@@ -53,6 +54,7 @@ class ChatController(QObject):
         self.history, self.bridge, self.prefs, self.model = history, bridge, prefs, model
         self.current_id: str | None = None
         self._active: dict[int, ActiveReply] = {}
+        self._notes: dict[int, str] = {}  # reply message id -> its last-turn line (this session's replies)
         bridge.tokens.connect(self._on_tokens)
         bridge.turnDone.connect(self._on_done)
         bridge.turnFailed.connect(self._on_failed)
@@ -189,7 +191,8 @@ class ChatController(QObject):
         if row is not None and row + 1 < self.model.rowCount():
             self.model.remove_from(self.model.item(row + 1).id)
         self.model.update(message_id, text=msg.text, edited=True,
-                          pictures=[str(self.history.picture_path(r)) for r in msg.pictures])
+                          pictures=[str(self.history.picture_path(r)) for r in msg.pictures],
+                          digests=[self.history.picture_ref(r).digest for r in msg.pictures])
         turn_id = self._start_reply(cid)
         self.conversationsChanged.emit()
         return turn_id
@@ -249,8 +252,9 @@ class ChatController(QObject):
             return
         text = ev.reply or a.text()
         self.history.finish_reply(a.message_id, text, stopped=ev.stopped)
+        note = self._notes[a.message_id] = turn_line(ev.stats)
         self.model.update(a.message_id, text=text, streaming=False,
-                          status=INTERRUPTED if ev.stopped else "complete")
+                          status=INTERRUPTED if ev.stopped else "complete", note=note)
         self._name_from_first_reply(a.conversation_id, text)
         if a.replaced is not None and text == a.replaced and not ev.stopped:
             self.note.emit("The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
@@ -296,7 +300,9 @@ class ChatController(QObject):
 
     def _item(self, m: StoredMessage) -> MessageItem:
         return MessageItem(m.id, m.role, m.text, [str(self.history.picture_path(r)) for r in m.pictures],
-                           m.status, False, m.edited is not None)
+                           m.status, False, m.edited is not None,
+                           digests=[self.history.picture_ref(r).digest for r in m.pictures],
+                           note=self._notes.get(m.id, ""))
 
     def tokens_so_far(self, turn_id: int) -> int:
         a = self._active.get(turn_id)

@@ -26,6 +26,7 @@ from .engine_switch import EngineSwitch
 from .history import History
 from .icons import app_icon, icon
 from .memory_dock import MemoryDock
+from .memory_marks import ChatMemoryMarks, PictureMarkBook
 from .message_model import MessageListModel
 from .model_picker import ModelPicker
 from .picture_intake import PictureIntake, mime_has_pictures
@@ -66,8 +67,12 @@ class MainWindow(QMainWindow):
         self.messages = MessageListModel(self)
         self.controller = ChatController(history, bridge, prefs, self.messages, self)
         self.intake = PictureIntake(history)
-        self.sidebar = Sidebar(history)
+        # where each chat's KV is and which pictures are encoded, as the engine last said
+        self.chat_marks = ChatMemoryMarks(self)
+        self.picture_marks = PictureMarkBook(self)
+        self.sidebar = Sidebar(history, self.chat_marks)
         self.chat = ChatView(self.messages)
+        self.chat.delegate.picture_words = self.picture_marks.words
         self.composer = Composer(self.intake)
         self.notice = QLabel()
         self.notice.setObjectName("chatNotice")
@@ -94,7 +99,7 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([260, 940])
         self.setCentralWidget(self.splitter)
 
-        self.memory_dock = MemoryDock(self._title_for, self)
+        self.memory_dock = MemoryDock(self._title_for, self.chat_marks, self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
         self.engines = EngineSwitch(bridge, prefs.qs, self, self.memory_dock, self.data_dir)  # built-in or a server
         self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
@@ -136,6 +141,10 @@ class MainWindow(QMainWindow):
         b.memoryReport.connect(self.memory_dock.on_memory_report)
         b.encoderState.connect(self.memory_dock.on_encoder_state)
         b.spillState.connect(self.memory_dock.on_spill_state)
+        b.chatMemory.connect(self.chat_marks.on_report)
+        b.pictureMarks.connect(self.picture_marks.on_marks)
+        b.engineChanged.connect(self._on_engine_changed)
+        self.picture_marks.changed.connect(self.chat.viewport().update)
         b.notice.connect(self._on_notice)
         self.memory_dock.reportWanted.connect(b.request_memory_report)
         self.memory_dock.unloadEncoderRequested.connect(b.unload_encoder)
@@ -199,6 +208,8 @@ class MainWindow(QMainWindow):
 
     def _on_model_loading(self, ev: ModelLoading) -> None:
         self.model_ready = False
+        self.chat_marks.clear()  # the KV and picture features of another model mean nothing to this one
+        self.picture_marks.clear()
         self.status.progress.show()
         self.status.model_label.setText(f"Loading {Path(ev.path).name}…")
         self.composer.set_ready(False, "The model is loading")
@@ -213,7 +224,7 @@ class MainWindow(QMainWindow):
         self.status.device_label.setText("" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
         self.status.device_label.setVisible(bool(self.status.device_label.text()))
         self.composer.set_ready(True)
-        self.memory_dock.on_model(ev.device, ev.name)
+        self.memory_dock.on_model(ev.device, ev.name, ev.dtype if ev.family != "remote" else "")
         if ev.family != "remote":  # a server's address is not a model folder
             self.prefs.add_recent_model(ev.path)
             self.prefs.set_last_model(ev.path)
@@ -331,9 +342,16 @@ class MainWindow(QMainWindow):
             self.composer.edit.paste()
         self.composer.edit.setFocus()
 
+    def _on_engine_changed(self, engine) -> None:
+        """Marks speak of the built-in engine's memory: a server keeps its caches to itself."""
+        builtin = engine is self.bridge.builtin
+        self.chat_marks.set_active(builtin)
+        self.picture_marks.set_active(builtin)
+
     def _on_current_changed(self, conversation_id: str) -> None:
         self.composer.switch_draft(conversation_id or None)
         self.sidebar.select(conversation_id or None)
+        self.memory_dock.on_current_chat(conversation_id or None)
         self._update_title()
         self._update_hints()
 

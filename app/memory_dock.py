@@ -1,5 +1,7 @@
-"""The Memory dock: device, a stacked bar by component, encoder, KV, store, counters,
-and the in-app API server's activity.
+"""The Memory dock. Its first screen says in words what is in memory and why: the language model,
+the vision encoder (loaded or not, and why), this chat's KV (in memory, on the SSD with its resume
+estimate, being restored, or not cached), the SSD store and the last turn. Below it, the device's
+memory as a bar by component; the raw counters sit behind "Details" under names a person reads.
 
 Events only record the latest values; a 4 Hz timer writes them into labels created once
 (rows for keys seen for the first time are added, never rebuilt), so a burst of reports
@@ -17,10 +19,14 @@ from PySide6.QtWidgets import (
     QScrollArea, QToolButton, QVBoxLayout, QWidget,
 )
 
-from engine.protocol.events import STATELESS_PREFIX, EncoderState, MemoryReport, SpillState
+from engine.protocol.events import (
+    STATELESS_PREFIX, EncoderState, EncoderStatus, KVPlace, MemoryReport, SpillState, SpillStatus,
+)
 from engine.protocol.turn_stats import LocalTurnStats, TurnStats
 
 from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
+from .memory_marks import ChatMemoryMarks
+from .turn_line import estimate, turn_line
 
 COMPONENT_NAMES = {
     "language_model": "Language model weights",
@@ -38,21 +44,35 @@ def on_device(key: str) -> bool:
     return "disk" not in key
 
 
-# The SSD store's counters (StoreCounters' fields). The first screen shows what a person asks of
-# the store (how big, the last spill and restore, reuse); the rest is in Details.
-STORE_MAIN = [("bytes_on_disk", "Bytes on disk", True), ("reused_bytes", "Reused bytes", True)]
-STORE_DETAILS = [("blobs_on_disk", "Blocks on disk", False), ("reused_blobs", "Reused blocks", False),
-                 ("blocks_written", "Blocks written", False), ("spills", "Spills", False),
-                 ("restores", "Restores", False), ("restore_bytes", "Restored bytes", True),
-                 ("missing_blobs", "Missing blocks", False), ("bad_blobs", "Bad blocks", False),
-                 ("sessions", "Conversations stored", False)]
+# The SSD store's counters (StoreCounters' fields), named for a person.
+STORE_MAIN = [("bytes_on_disk", "On disk", True), ("reused_bytes", "Not written again (shared or unchanged)", True)]
+STORE_DETAILS = [("sessions", "Chats stored", False), ("blobs_on_disk", "Blocks on disk", False),
+                 ("blocks_written", "Blocks written", False), ("reused_blobs", "Blocks not written again", False),
+                 ("spills", "Times a chat was saved", False), ("spill_failures", "Saves that failed", False),
+                 ("restores", "Times a chat was restored", False), ("restored_tokens", "Tokens restored", False),
+                 ("restore_bytes", "Bytes restored", True), ("bytes_written", "Bytes written", True),
+                 ("missing_blobs", "Blocks found missing (re-read instead)", False),
+                 ("bad_blobs", "Damaged blocks (re-read instead)", False),
+                 ("evicted_sessions", "Chats removed to stay under the size cap", False),
+                 ("host_buffer_bytes", "Save buffers in memory", True)]
 STORE_KEYS = STORE_MAIN + STORE_DETAILS
-TURN_KEYS = [("prefill_s", "Prefill", "s"), ("decode_s", "Decode", "s"), ("encode_s", "Encode", "s"),
-             ("restore_s", "Restore", "s"), ("first_token_s", "First token", "s"),
-             ("tokens_per_s", "Speed", "tok/s"), ("draft_acceptance", "Drafts taken", "%"),
-             ("prompt_tokens", "Prompt tokens", ""),
-             ("reused_tokens", "Reused tokens", ""), ("generated_tokens", "Generated tokens", ""),
-             ("image_cache_hits", "Picture cache hits", ""), ("image_cache_misses", "Picture cache misses", "")]
+# the image gate's counters
+PICTURE_COUNTERS = {
+    "hits": "Pictures found in the cache", "ram_hits": "… in memory", "disk_hits": "… on disk",
+    "misses": "Pictures not in the cache", "encodes": "Pictures encoded",
+    "encoder_loads": "Times the encoder loaded", "encoder_unloads": "Times the encoder unloaded",
+    "image_cache_ram_entries": "Pictures cached in memory", "image_cache_disk_entries": "Pictures cached on disk",
+    "image_cache_evictions": "Pictures dropped from memory (cache full)",
+    "image_cache_damaged": "Damaged cache entries (encoded again)",
+}
+TURN_KEYS = [("prefill_s", "Reading the prompt", "s"), ("decode_s", "Writing the reply", "s"),
+             ("encode_s", "Encoding pictures", "s"), ("restore_s", "Restoring from SSD", "s"),
+             ("first_token_s", "First word after", "s"),
+             ("tokens_per_s", "Speed", "tok/s"), ("draft_acceptance", "Drafted words kept", "%"),
+             ("prompt_tokens", "Prompt tokens", ""), ("reused_tokens", "… already in memory", ""),
+             ("restored_tokens", "… restored from SSD", ""), ("prefill_tokens", "… read now", ""),
+             ("generated_tokens", "Reply tokens", ""),
+             ("image_cache_hits", "Pictures from the cache", ""), ("image_cache_misses", "Pictures encoded", "")]
 REFRESH_MS = 250
 POLL_MS = 1000
 API_KEYS = [("requests", "Requests"), ("active", "Active"), ("errors", "Errors"), ("disconnects", "Disconnects")]
@@ -72,6 +92,15 @@ def _num(v) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
+def store_counters(r: MemoryReport) -> dict:
+    """The SSD store's counters from a report (empty when the store is not in use)."""
+    if r.store is None:
+        return {}
+    out = asdict(r.store)
+    out["blocks_written"] += out.pop("tails_written")  # a partial last block is a block to a person too
+    return out
+
+
 class _Rows:
     """Label rows keyed by name, created on first use and updated in place."""
 
@@ -86,6 +115,7 @@ class _Rows:
             label = QLabel()
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             label.setObjectName(f"value_{key}")
+            label.setWordWrap(True)
             self.labels[key] = label
             self.form.addRow(title, label)
         if label.text() != text:
@@ -99,10 +129,14 @@ class MemoryDock(QDockWidget):
     unloadEncoderRequested = Signal()
     spillRequested = Signal()
 
-    def __init__(self, title_for: Callable[[str], str] = lambda cid: cid[:8], parent=None):
+    def __init__(self, title_for: Callable[[str], str] = lambda cid: cid[:8],
+                 marks: ChatMemoryMarks | None = None, parent=None):
         super().__init__("Memory", parent)
         self.setObjectName("vramPanel")  # the name saved window layouts know this dock by
         self.title_for = title_for
+        self.marks = marks if marks is not None else ChatMemoryMarks(self)
+        self.current_id: str | None = None  # the chat open in the window
+        self.model_words = "No model loaded"
         self.report: MemoryReport | None = None
         self.encoder_state = "—"
         self.encoder_idle_left: float | None = None
@@ -117,6 +151,32 @@ class MemoryDock(QDockWidget):
         body = QWidget()
         lay = QVBoxLayout(body)
         lay.setContentsMargins(8, 8, 8, 8)
+
+        # ---- the first screen: what is in memory and why, in words
+        words = QWidget()
+        self.words = _Rows(QFormLayout(words))
+        self.words.form.setContentsMargins(0, 0, 0, 0)
+        for key, title in (("model", "Language model"), ("encoder", "Vision encoder"), ("chat", "This chat"),
+                           ("store", "SSD store"), ("turn", "Last turn")):
+            self.words.set(key, title, "—")
+        self.encoder = self.words.labels["encoder"]
+        self.encoder.setObjectName("encoderLabel")
+        self.chat_words = self.words.labels["chat"]
+        lay.addWidget(words)
+        buttons = QHBoxLayout()
+        self.unload = QPushButton("Unload encoder")
+        self.unload.setToolTip("Give the vision encoder's memory back now; a new picture loads it again")
+        self.unload.setEnabled(False)  # until the engine reports a resident encoder
+        self.unload.clicked.connect(self.unloadEncoderRequested)
+        self.spill = QPushButton("Spill now")
+        self.spill.setToolTip("Write this chat's KV cache to the SSD store now and free its memory")
+        self.spill.clicked.connect(self.spillRequested)
+        buttons.addWidget(self.unload)
+        buttons.addWidget(self.spill)
+        buttons.addStretch(1)
+        lay.addLayout(buttons)
+
+        # ---- device memory by component
         self.device = QLabel("No model loaded")
         self.device.setObjectName("deviceLabel")
         self.device.setWordWrap(True)
@@ -132,61 +192,51 @@ class MemoryDock(QDockWidget):
         self._legend_rows: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
         lay.addLayout(self.legend)
 
-        enc = QGroupBox("Vision encoder")
-        el = QHBoxLayout(enc)
-        self.encoder = QLabel("—")
-        self.encoder.setObjectName("encoderLabel")
-        self.encoder.setWordWrap(True)
-        self.unload = QPushButton("Unload encoder")
-        self.unload.setEnabled(False)  # until the engine reports a resident encoder
-        self.unload.clicked.connect(self.unloadEncoderRequested)
-        el.addWidget(self.encoder, 1)
-        el.addWidget(self.unload)
-        lay.addWidget(enc)
-
-        kv = QGroupBox("Conversations (hot KV and spills)")
-        kl = QVBoxLayout(kv)
-        self.kv = QLabel("none")
-        self.kv.setObjectName("kvLabel")
-        self.kv.setWordWrap(True)
-        self.spill = QPushButton("Spill now")
-        self.spill.setToolTip("Write the open conversation's KV cache to disk now")
-        self.spill.clicked.connect(self.spillRequested)
-        kl.addWidget(self.kv)
-        kl.addWidget(self.spill, 0, Qt.AlignmentFlag.AlignLeft)
-        lay.addWidget(kv)
-
         api = QGroupBox("API server")
         self.api_rows = _Rows(QFormLayout(api))
-        self.api_rows.set("api_state", "State", "off").setWordWrap(True)
+        self.api_rows.set("api_state", "State", "off")
         lay.addWidget(api)
 
-        store = QGroupBox("SSD store")
-        sl = QVBoxLayout(store)
-        main_rows, details = QWidget(), QWidget()
-        self.store_rows = _Rows(QFormLayout(main_rows))
-        self.store_details = _Rows(QFormLayout(details))
+        # ---- Details: the counters, named for a person
         self.details_toggle = QToolButton()
         self.details_toggle.setText("Details")
         self.details_toggle.setCheckable(True)
         self.details_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.details_toggle.setArrowType(Qt.ArrowType.RightArrow)
-        self.details_toggle.toggled.connect(lambda on: (details.setVisible(on), self.details_toggle.setArrowType(
-            Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)))
-        details.setVisible(False)
-        for w in (main_rows, self.details_toggle, details):
-            sl.addWidget(w)
-        lay.addWidget(store)
-        counters = QGroupBox("Counters")
+        self.details = QWidget()
+        dl = QVBoxLayout(self.details)
+        dl.setContentsMargins(0, 0, 0, 0)
+        self.details_toggle.toggled.connect(self._show_details)
+        self.details.setVisible(False)
+        lay.addWidget(self.details_toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(self.details)
+
+        kv = QGroupBox("Chats (where each one's KV is)")
+        kl = QVBoxLayout(kv)
+        self.kv = QLabel("none")
+        self.kv.setObjectName("kvLabel")
+        self.kv.setWordWrap(True)
+        kl.addWidget(self.kv)
+        dl.addWidget(kv)
+        store = QGroupBox("SSD store")
+        sl = QVBoxLayout(store)
+        main_rows, more_rows = QWidget(), QWidget()
+        self.store_rows = _Rows(QFormLayout(main_rows))
+        self.store_details = _Rows(QFormLayout(more_rows))
+        sl.addWidget(main_rows)
+        sl.addWidget(more_rows)
+        dl.addWidget(store)
+        counters = QGroupBox("Pictures and the encoder")
         self.counter_rows = _Rows(QFormLayout(counters))
-        lay.addWidget(counters)
-        turn = QGroupBox("Last turn")
+        dl.addWidget(counters)
+        turn = QGroupBox("Last turn, measured")
         self.turn_rows = _Rows(QFormLayout(turn))
-        lay.addWidget(turn)
+        dl.addWidget(turn)
         lay.addStretch(1)
+        self.store_rows.set("store_state", "State", "—")
         for key, title, _ in STORE_MAIN:
             self.store_rows.set(key, title, "—")
-        self.store_rows.set("last_spill", "Last spill", "—").setWordWrap(True)
+        self.store_rows.set("last_spill", "Last spill", "—")
         self.store_rows.set("last_restore", "Last restore", "—")
         self.turn_rows.set("tokens_per_s", "Speed", "—")
 
@@ -197,6 +247,7 @@ class MemoryDock(QDockWidget):
         scroll.setWidget(body)
         self.setWidget(scroll)
 
+        self.marks.changed.connect(self._mark_dirty)
         self._refresh = QTimer(self)
         self._refresh.setInterval(REFRESH_MS)
         self._refresh.timeout.connect(self._apply)
@@ -205,6 +256,13 @@ class MemoryDock(QDockWidget):
         self._poll.setInterval(POLL_MS)
         self._poll.timeout.connect(self._maybe_poll)
         self._poll.start()
+
+    def _show_details(self, on: bool) -> None:
+        self.details.setVisible(on)
+        self.details_toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
 
     # ------------------------------------------------------------ events in
 
@@ -223,7 +281,7 @@ class MemoryDock(QDockWidget):
 
     def on_spill_state(self, s: SpillState) -> None:
         self.spill_states[s.conversation_id] = s
-        if s.state == "spilled" and s.detail != "nothing hot to spill":
+        if s.state == SpillStatus.SPILLED and s.detail != "nothing hot to spill":
             self.last_spill = (time.time(), s.conversation_id, s.detail)
         self._dirty = True
 
@@ -235,6 +293,10 @@ class MemoryDock(QDockWidget):
         self.last_stats = stats
         self._dirty = True
 
+    def on_current_chat(self, conversation_id: str | None) -> None:
+        self.current_id = conversation_id or None
+        self._dirty = True
+
     def on_api_state(self, state: str, detail: str) -> None:
         """"off" | "listening" (detail: the URL) | "failed" (detail: why)."""
         self.api_state, self.api_detail = state, detail
@@ -244,8 +306,10 @@ class MemoryDock(QDockWidget):
         self.api_activity = dict(snapshot)
         self._dirty = True
 
-    def on_model(self, device: str, name: str) -> None:
+    def on_model(self, device: str, name: str, dtype: str = "") -> None:
         self.device.setText(f"{name} on {device}")
+        self.model_words = f"{name}, {dtype} on {device}" if dtype else f"{name} on {device}"
+        self._dirty = True
 
     def stop(self) -> None:
         """No more refreshes or polls (the window is closing)."""
@@ -269,35 +333,34 @@ class MemoryDock(QDockWidget):
             return
         self._dirty = False
         r = self.report
+        store = store_counters(r) if r is not None else {}
         if r is not None:
             self.device.setText(f"{r.device_name} ({r.device})")
             used = r.total_bytes - r.free_bytes
             self.totals.setText(f"Total {human_bytes(r.total_bytes)} · free {human_bytes(r.free_bytes)}"
                                 f" · used {human_bytes(used)}")
             self.totals.setToolTip(f"total {r.total_bytes:,} B\nfree {r.free_bytes:,} B")
-            segments = [(k, int(v)) for k, v in r.components.items()]
             self.bar.set_values(self._bar_segments(r), r.total_bytes, r.free_bytes)
-            for k, v in segments:
-                self._legend(k, v)
-            self.store_rows.set("store_state", "State", r.store_status or "in use").setWordWrap(True)
+            for k, v in r.components.items():
+                self._legend(k, int(v))
+            self.store_rows.set("store_state", "State", r.store_status or "in use")
             for key, v in sorted(r.counters.items()):
-                self.counter_rows.set(key, key.replace("_", " "), _num(v))
-            if r.store is not None:
-                store = asdict(r.store)
-                store["blocks_written"] += store.pop("tails_written")  # a partial last block is a block to a person too
-                store_keys = {k for k, _, _ in STORE_KEYS}
-                for key, v in sorted(store.items()):
-                    if key not in store_keys:
-                        title = key.replace("_", " ").capitalize()
-                        self.store_details.set(key, title, exact_bytes(v) if key.endswith("bytes") else _num(v))
-                for rows, keys in ((self.store_rows, STORE_MAIN), (self.store_details, STORE_DETAILS)):
-                    for key, title, is_bytes in keys:
+                self.counter_rows.set(key, PICTURE_COUNTERS.get(key, key.replace("_", " ")), _num(v))
+            known = {k for k, _, _ in STORE_KEYS}
+            for key, v in sorted(store.items()):
+                if key not in known:  # a counter the store gained since this list was written
+                    self.store_details.set(key, key.replace("_", " ").capitalize(),
+                                           exact_bytes(v) if key.endswith("bytes") else _num(v))
+            for rows, keys in ((self.store_rows, STORE_MAIN), (self.store_details, STORE_DETAILS)):
+                for key, title, is_bytes in keys:
+                    if key in store:
                         rows.set(key, title, exact_bytes(store[key]) if is_bytes else _num(store[key]))
         self._set(self.kv, self._conversation_lines())
         last = self.last_stats
         if isinstance(last, LocalTurnStats) and last.restored_tokens:
+            took = last.restore_s + last.restore_ahead_s
             self.store_rows.set("last_restore", "Last restore", f"{last.restored_tokens:,} tokens in "
-                                f"{last.restore_s * 1000:.0f} ms")
+                                f"{took * 1000:.0f} ms")
         if self.last_spill is not None:
             at, cid, detail = self.last_spill
             self.store_rows.set("last_spill", "Last spill", f"{self.title(cid)}: {detail} ({_ago(time.time() - at)})")
@@ -314,19 +377,80 @@ class MemoryDock(QDockWidget):
                 self.turn_rows.set(key, title, text)
             elif key in self.turn_rows.labels:  # not measured in the latest turn: no older figure stays
                 self.turn_rows.set(key, title, "—")
+        self._apply_words(r, store)
         self._apply_api()
 
+    # ------------------------------------------------------------ the first screen
+
+    def _apply_words(self, r: MemoryReport | None, store: dict) -> None:
+        model = self.model_words
+        if r is not None and r.components.get("language_model"):
+            model += f" — {human_bytes(r.components['language_model'])} in memory"
+        self.words.set("model", "Language model", model)
+        self.words.set("chat", "This chat", self._chat_words())
+        self.words.set("store", "SSD store", self._store_words(r, store))
+        last = self.last_stats
+        self.words.set("turn", "Last turn", turn_line(last) if last is not None else "—")
+
+    def _chat_words(self) -> str:
+        if not self.current_id:
+            return "—"
+        chat = self.marks.chat(self.current_id)
+        if chat is None:
+            return "—"
+        size = human_bytes(chat.kv_bytes)
+        if chat.place == KVPlace.HOT:
+            return f"in memory: {chat.tokens:,} tokens of KV ({size}); the next turn starts at once"
+        if chat.place == KVPlace.SPILLING:
+            return f"being saved to the SSD ({size}); it stays in memory until that is done"
+        if chat.place == KVPlace.RESTORING:
+            return f"restoring from the SSD: {chat.restored_tokens:,} of {chat.tokens:,} tokens read back…"
+        if chat.place == KVPlace.ON_SSD:
+            text = f"on the SSD: {chat.tokens:,} tokens of KV ({size})"
+            if chat.resume_s is not None:
+                text += f"; resumes in {estimate(chat.resume_s)}"
+                if chat.reread_s is not None:
+                    text += f" instead of {estimate(chat.reread_s)} re-reading it"
+            if chat.held_back:
+                text += f" (not restored ahead: {chat.held_back})"
+            return text
+        return "not cached: the next turn reads the whole conversation"
+
+    def _store_words(self, r: MemoryReport | None, store: dict) -> str:
+        if r is None:
+            return "—"
+        if r.store_status:
+            return r.store_status
+        if not store:
+            return "not in use"
+        chats = int(store.get("sessions", 0))
+        text = (f"holds {chats} chat{'s' if chats != 1 else ''} ({human_bytes(store.get('bytes_on_disk', 0))})"
+                if chats else "empty")
+        if self.last_spill is not None:
+            at, cid, _ = self.last_spill
+            text += f"; last saved “{self.title(cid)}” {_ago(time.time() - at)}"
+        return text
+
     def _conversation_lines(self) -> str:
-        """One line per conversation: its hot KV (if any) and its latest spill state."""
+        """One line per conversation whose KV is somewhere: in memory, on the SSD, or moving."""
         hot = self.report.sessions_kv if self.report is not None else {}
-        order = sorted(hot, key=lambda c: -hot[c]) + [c for c in self.spill_states if c not in hot]
+        report = self.marks.report if self.marks.active else None
+        chats = {c.conversation_id: c for c in report.chats} if report is not None else {}
+        order = sorted(hot, key=lambda c: -hot[c]) + [c for c in chats if c not in hot]
         lines = []
         for cid in order:
-            line = f"{self.title(cid)}: " + (exact_bytes(hot[cid]) if cid in hot else "not in memory")
-            s = self.spill_states.get(cid)
-            if s is not None:
-                line += f" · {s.state}" + (f" — {s.detail}" if s.detail else "")
-            lines.append(line)
+            chat = chats.get(cid)
+            if chat is not None and chat.place == KVPlace.ON_SSD:
+                where = f"on the SSD ({human_bytes(chat.kv_bytes)})"
+            elif chat is not None and chat.place == KVPlace.RESTORING:
+                where = "restoring from the SSD…"
+            elif chat is not None and chat.place == KVPlace.SPILLING:
+                where = f"{exact_bytes(hot.get(cid, chat.kv_bytes))}, being saved to the SSD"
+            elif cid in hot:
+                where = exact_bytes(hot[cid])
+            else:
+                continue
+            lines.append(f"{self.title(cid)}: {where}")
         return "\n".join(lines) or "none"
 
     def title(self, conversation_id: str) -> str:
@@ -372,12 +496,21 @@ class MemoryDock(QDockWidget):
         return out
 
     def _apply_encoder(self) -> None:
-        text = self.encoder_state
-        if self.encoder_idle_left is not None and self.encoder_state == "resident":
-            left = max(0.0, self.encoder_idle_left - (time.monotonic() - self._idle_stamp))
-            text += f" — unloads in {left:.0f} s if idle"
+        state = self.encoder_state
+        if state == EncoderStatus.RESIDENT:
+            if self.encoder_idle_left is not None:
+                left = max(0.0, self.encoder_idle_left - (time.monotonic() - self._idle_stamp))
+                text = f"in memory; unloads in {left:.0f} s unless a new picture comes"
+            else:
+                text = "in memory, kept loaded (elastic unloading is off or not possible for this model)"
+        elif state == EncoderStatus.UNLOADED:
+            text = "not in memory: it loads only for a picture that is not cached yet"
+        elif state == EncoderStatus.LOADING:
+            text = "loading: a picture that is not cached needs it"
+        else:
+            text = state
         self._set(self.encoder, text)
-        self.unload.setEnabled(self.encoder_state == "resident")  # nothing to unload otherwise
+        self.unload.setEnabled(state == EncoderStatus.RESIDENT)  # nothing to unload otherwise
 
     def _legend(self, key: str, value: int) -> None:
         row = self._legend_rows.get(key)

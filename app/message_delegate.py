@@ -1,4 +1,5 @@
-"""Paints one message: a bubble with picture thumbnails, rich text, and a footer of actions.
+"""Paints one message: a bubble with picture thumbnails (each marked cached or new), rich text, a
+footer of actions, and under a reply its last-turn line (app/turn_line.py).
 
 Layout is computed by one function used for sizing, painting and hit-testing, so what is
 drawn is what is clicked. Laid-out text documents are cached per (message, version, width):
@@ -10,12 +11,13 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
     QAbstractTextDocumentLayout, QColor, QFontMetrics, QPainter, QPalette, QTextDocument,
 )
-from PySide6.QtWidgets import QStyle, QStyledItemDelegate
+from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QToolTip
 
 from .markdown_render import MarkdownRenderer, document_css, plain_html
 from .message_model import MessageItem
@@ -39,6 +41,7 @@ class Geometry:
     footer_y: int = 0
     tags: str = ""
     actions: list[tuple[str, QRect]] = field(default_factory=list)
+    note: QRect | None = None  # where a reply's last-turn line is drawn (word-wrapped)
 
 
 def mix(a: QColor, b: QColor, t: float) -> QColor:
@@ -69,6 +72,8 @@ class MessageDelegate(QStyledItemDelegate):
         self._reserved: dict[int, int] = {}  # streaming message id -> height reserved for it
         self._font_key = view.font().key()
         self.offer_varied = False  # set through ChatView.offer_varied_regenerate
+        # picture digest -> (badge word, tooltip) or None: memory_marks.PictureMarkBook.words
+        self.picture_words: Callable[[str], tuple[str, str] | None] = lambda digest: None
 
     def clear_caches(self) -> None:
         self._docs.clear()
@@ -146,6 +151,13 @@ class MessageDelegate(QStyledItemDelegate):
                                        THUMB, THUMB)))
         footer_y = GAP + bubble_h + 3
         height = footer_y + fm.height() + GAP
+        note = None
+        if it.note and not it.streaming:
+            note_w = max(80, min(MAX_TEXT_WIDTH, width - 2 * MARGIN))
+            box = fm.boundingRect(QRect(0, 0, note_w, 10_000), int(Qt.TextFlag.TextWordWrap), it.note)
+            note = QRect(MARGIN if not user else width - MARGIN - box.width(), height - GAP + 2,
+                         box.width() + 2, box.height())
+            height = note.bottom() + 1 + GAP
         if it.streaming:
             # Reserve room to grow, so the list re-flows every few lines, not every token.
             reserved = self._reserved.get(it.id, 0)
@@ -156,7 +168,7 @@ class MessageDelegate(QStyledItemDelegate):
         else:
             self._reserved.pop(it.id, None)
         geo = Geometry(height=height, bubble=bubble, thumbs=thumbs,
-                       doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h), doc=doc, footer_y=footer_y)
+                       doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h), doc=doc, footer_y=footer_y, note=note)
 
         tags = []
         if it.streaming:
@@ -242,6 +254,10 @@ class MessageDelegate(QStyledItemDelegate):
             size = pm.deviceIndependentSize().toSize()
             target = QRect(rect.topLeft(), size)
             painter.drawPixmap(target, pm)
+        for i, (_path, rect) in enumerate(geo.thumbs):
+            words = self.picture_words(it.digests[i]) if i < len(it.digests) else None
+            if words is not None:
+                self._paint_badge(painter, rect, words[0])
 
         if geo.doc is not None and it.text:
             painter.save()
@@ -253,6 +269,10 @@ class MessageDelegate(QStyledItemDelegate):
         elif it.streaming and not it.pictures:
             painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
             painter.drawText(geo.bubble.adjusted(PAD, PAD, -PAD, -PAD), "…")
+
+        if geo.note is not None:
+            painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(geo.note, int(Qt.TextFlag.TextWordWrap) | int(Qt.AlignmentFlag.AlignLeft), it.note)
 
         footer_font = painter.font()
         painter.setFont(footer_font)
@@ -281,6 +301,37 @@ class MessageDelegate(QStyledItemDelegate):
             f.setUnderline(False)
             painter.setFont(f)
         painter.restore()
+
+    @staticmethod
+    def _paint_badge(painter: QPainter, thumb: QRect, word: str) -> None:
+        """A small pill in the thumbnail's lower left corner: "cached" (green) or "new"."""
+        fm = QFontMetrics(painter.font())
+        w, h = fm.horizontalAdvance(word) + 10, fm.height() + 2
+        pill = QRectF(thumb.left() + 4, thumb.bottom() - h - 3, w, h)
+        painter.save()
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor(31, 138, 85, 225) if word == "cached" else QColor(40, 40, 40, 200))
+        painter.drawRoundedRect(pill, h / 2, h / 2)
+        painter.setPen(QColor("white"))
+        painter.drawText(pill, Qt.AlignmentFlag.AlignCenter, word)
+        painter.restore()
+
+    def helpEvent(self, event, view, option, index) -> bool:
+        """A thumbnail's tooltip says whether the picture is encoded and cached."""
+        if event.type() == QEvent.Type.ToolTip and index.isValid():
+            words = self.picture_mark_at(index, event.pos() - option.rect.topLeft())
+            if words is not None:
+                QToolTip.showText(event.globalPos(), words[1], view)
+                return True
+        return super().helpEvent(event, view, option, index)
+
+    def picture_mark_at(self, index, point) -> tuple[str, str] | None:
+        """The mark of the picture under a point in item coordinates (what the tooltip says)."""
+        it, _ = self._item(index)
+        for i, (_path, rect) in enumerate(self.geometry(index).thumbs):
+            if rect.contains(point) and i < len(it.digests):
+                return self.picture_words(it.digests[i])
+        return None
 
     # ------------------------------------------------------------ mouse
 

@@ -1,24 +1,32 @@
-"""The sidebar: conversations newest first, search, new chat, rename, delete with undo."""
+"""The sidebar: conversations newest first, search, new chat, rename, delete with undo; each row
+marks where that chat's memory is (in memory, on SSD, restoring…, not cached: app/memory_marks.py)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QRect, QRectF, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QFont, QFontMetrics, QKeySequence, QPainter, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView, QFrame, QHBoxLayout, QLabel, QLineEdit, QListView, QMenu, QPushButton,
     QStyle, QStyledItemDelegate, QToolButton, QVBoxLayout, QWidget,
 )
 
-from .history import History
+from engine.protocol.events import KVPlace
 
+from .history import History
 from .icons import icon
+from .memory_marks import ChatMemoryMarks, Mark
 from .message_delegate import mix
 
 IdRole = Qt.ItemDataRole.UserRole + 1
 SubtitleRole = Qt.ItemDataRole.UserRole + 2
+MarkRole = Qt.ItemDataRole.UserRole + 3  # a memory_marks.Mark, or None (no model, or a server in use)
 UNDO_SECONDS = 10
+# a mark's dot: filled while the KV is in memory or on the SSD, a ring while it moves, hollow when gone
+MARK_COLORS = {KVPlace.HOT: "#2fb171", KVPlace.SPILLING: "#2fb171", KVPlace.ON_SSD: "#4f7cff",
+               KVPlace.RESTORING: "#4f7cff", KVPlace.NOT_CACHED: ""}
+MARK_FILLED = {KVPlace.HOT, KVPlace.ON_SSD}
 
 
 @dataclass
@@ -41,9 +49,10 @@ def when(ts: float, now: float | None = None) -> str:
 class ConversationListModel(QAbstractListModel):
     renameRequested = Signal(str, str)
 
-    def __init__(self, parent=None):
+    def __init__(self, marks: ChatMemoryMarks | None = None, parent=None):
         super().__init__(parent)
         self.rows: list[Row] = []
+        self.marks = marks
 
     def rowCount(self, parent=QModelIndex()) -> int:
         return 0 if parent.isValid() else len(self.rows)
@@ -54,9 +63,10 @@ class ConversationListModel(QAbstractListModel):
         r = self.rows[index.row()]
         if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
             return r.title
+        mark = self.marks.mark(r.id) if self.marks is not None else None
         if role == Qt.ItemDataRole.ToolTipRole:
-            return r.title
-        return {IdRole: r.id, SubtitleRole: r.subtitle}.get(role)
+            return f"{r.title}\n{mark.tooltip}" if mark else r.title
+        return {IdRole: r.id, SubtitleRole: r.subtitle, MarkRole: mark}.get(role)
 
     def flags(self, index):
         return super().flags(index) | Qt.ItemFlag.ItemIsEditable
@@ -110,11 +120,38 @@ class TwoLineDelegate(QStyledItemDelegate):
         title = QFontMetrics(f).elidedText(index.data() or "", Qt.TextElideMode.ElideMiddle, r.width())
         painter.drawText(QRect(r.left(), r.top(), r.width(), fm.height()), Qt.AlignmentFlag.AlignLeft, title)
         painter.setFont(option.font)
+        line = QRect(r.left(), r.top() + fm.height() + 2, r.width(), fm.height())
+        mark = index.data(MarkRole)
+        if mark is not None:  # the mark keeps its words; the date or search snippet gives way
+            line.setRight(line.right() - self._paint_mark(painter, mark, line, fm, pal) - 8)
         painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
-        sub = fm.elidedText(index.data(SubtitleRole) or "", Qt.TextElideMode.ElideRight, r.width())
-        painter.drawText(QRect(r.left(), r.top() + fm.height() + 2, r.width(), fm.height()),
-                         Qt.AlignmentFlag.AlignLeft, sub)
+        sub = fm.elidedText(index.data(SubtitleRole) or "", Qt.TextElideMode.ElideRight, max(0, line.width()))
+        painter.drawText(line, Qt.AlignmentFlag.AlignLeft, sub)
         painter.restore()
+
+    @staticmethod
+    def _paint_mark(painter, mark: Mark, line: QRect, fm: QFontMetrics, pal) -> int:
+        """A dot and the mark's words at the right end of `line`; returns the width they took."""
+        words_w = fm.horizontalAdvance(mark.words)
+        d = max(6, fm.height() // 2 - 1)
+        width = d + 5 + words_w
+        x = line.right() - width
+        colour = QColor(MARK_COLORS[mark.place]) if MARK_COLORS[mark.place] else pal.color(
+            QPalette.ColorRole.PlaceholderText)
+        dot = QRectF(x + 0.5, line.center().y() - d / 2 + 0.5, d - 1, d - 1)
+        painter.setPen(colour)
+        painter.setBrush(colour if mark.place in MARK_FILLED else Qt.BrushStyle.NoBrush)
+        if mark.place in (KVPlace.SPILLING, KVPlace.RESTORING):  # half full: on its way
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawEllipse(dot)
+            painter.setBrush(colour)
+            painter.drawPie(dot, 90 * 16, 180 * 16 if mark.place == KVPlace.RESTORING else -180 * 16)
+        else:
+            painter.drawEllipse(dot)
+        painter.setPen(colour if mark.place != KVPlace.NOT_CACHED else pal.color(QPalette.ColorRole.PlaceholderText))
+        painter.drawText(QRect(x + d + 5, line.top(), words_w + 2, line.height()), Qt.AlignmentFlag.AlignLeft,
+                         mark.words)
+        return width
 
 
 class Sidebar(QWidget):
@@ -124,7 +161,7 @@ class Sidebar(QWidget):
     undoRequested = Signal(str)
     renameRequested = Signal(str, str)
 
-    def __init__(self, history: History, parent=None):
+    def __init__(self, history: History, marks: ChatMemoryMarks | None = None, parent=None):
         super().__init__(parent)
         self.history = history
         self.setObjectName("sidebar")
@@ -147,7 +184,7 @@ class Sidebar(QWidget):
         top.addWidget(self.new_button)
         lay.addLayout(top)
 
-        self.model = ConversationListModel(self)
+        self.model = ConversationListModel(marks, self)
         self.model.renameRequested.connect(self.renameRequested)
         self.list = QListView()
         self.list.setObjectName("conversationList")
@@ -162,6 +199,8 @@ class Sidebar(QWidget):
         self.list.clicked.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
         self.list.activated.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
         lay.addWidget(self.list, 1)
+        if marks is not None:  # the rows' marks are read when painted: a repaint shows the news
+            marks.changed.connect(self.list.viewport().update)
 
         self.undo_bar = QFrame()
         self.undo_bar.setObjectName("undoBar")

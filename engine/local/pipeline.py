@@ -111,6 +111,8 @@ class TurnPipeline:
             max_new_tokens=result.max_new_tokens,
             prefill_s=round(result.prefill_s, 6),
             restore_s=round(restore_s, 6),
+            restore_ahead_s=0.0,
+            reread_estimate_s=None,
             draft_tokens=result.drafts.drafted,
             draft_accepted=result.drafts.accepted,
             draft_acceptance=round(result.drafts.acceptance, 4),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+
 from .turn_stats import TurnStats
 
 from ..pictures.ref import PictureRef
@@ -190,3 +191,66 @@ class ServerReport(Event):
     prompt_tokens: int = 0
     turns: int = 0
     last_error: str = ""
+
+
+# ---------------------------------------------------------------- where each chat's memory is
+
+class KVPlace(StrEnum):
+    """Where a conversation's KV cache is, as the sidebar marks it."""
+    HOT = "hot"                # in memory: its next turn starts at once
+    SPILLING = "spilling"      # being written to the SSD store; still in memory meanwhile
+    ON_SSD = "on_ssd"          # in the SSD store only: read back before (or at) its next turn
+    RESTORING = "restoring"    # being read back from the SSD store
+    NOT_CACHED = "not_cached"  # nowhere: its next turn re-reads (prefills) the whole conversation
+
+
+@dataclass
+class MeasuredRates:
+    """Running averages measured on this machine (kept across restarts in the data folder);
+    None until the first measurement."""
+    restore_mib_s: float | None = None  # KV read back from the SSD store, verified, in memory
+    prefill_tok_s: float | None = None  # prompt tokens the loaded model reads per second
+
+    def restore_s(self, nbytes: int) -> float | None:
+        return nbytes / (self.restore_mib_s * (1 << 20)) if self.restore_mib_s else None
+
+    def prefill_s(self, tokens: int) -> float | None:
+        return tokens / self.prefill_tok_s if self.prefill_tok_s else None
+
+
+@dataclass
+class ChatMemory:
+    conversation_id: str
+    place: KVPlace
+    tokens: int = 0     # tokens its KV holds (in memory, or in the store when on the SSD)
+    kv_bytes: int = 0   # bytes of that KV (in memory, or on the SSD)
+    resume_s: float | None = None  # on the SSD: estimated restore time at the measured rate
+    reread_s: float | None = None  # estimated time to re-read the same tokens (measured prefill rate)
+    restored_tokens: int = 0  # restoring: tokens read back so far
+    held_back: str = ""  # on the SSD and not restored ahead of its turn: why (memory is short, ...)
+
+
+@dataclass
+class ChatMemoryReport(Event):
+    """Every conversation whose KV is somewhere (memory or the SSD store of the loaded model); a
+    conversation not listed has none (not cached). Sent whenever one of them changes place."""
+    chats: list[ChatMemory]
+    rates: MeasuredRates = field(default_factory=MeasuredRates)
+
+    def of(self, conversation_id: str) -> ChatMemory:
+        for c in self.chats:
+            if c.conversation_id == conversation_id:
+                return c
+        return ChatMemory(conversation_id, KVPlace.NOT_CACHED)
+
+
+class PicturePlace(StrEnum):
+    """Where a picture's encoded features are."""
+    RAM = "ram"                # cached in memory: no encoder, no file read
+    DISK = "disk"              # cached on disk: no encoder
+    NOT_CACHED = "not_cached"  # the vision encoder will read it on its next turn
+
+
+@dataclass
+class PictureMarks(Event):
+    places: dict[str, PicturePlace]  # picture digest (PictureRef.digest) -> where its features are

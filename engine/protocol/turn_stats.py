@@ -15,7 +15,7 @@ class TurnStats:
     """A turn stopped before it began reports this, all zero."""
     prompt_tokens: int = 0      # the whole prompt the model saw, the cached opening included
     generated_tokens: int = 0   # reply tokens
-    first_token_s: float = 0.0  # turn start -> first reply token (prefill, or the server's wait)
+    first_token_s: float = 0.0  # turn start -> first reply token: restore, encode and prefill, or the server's wait
     decode_s: float = 0.0       # first reply token -> last
     tokens_per_s: float = 0.0   # reply decode speed
 
@@ -31,7 +31,11 @@ class LocalTurnStats(TurnStats):
     prefill_tokens: int
     max_new_tokens: int  # the reply limit after the cut to the model's context, if any
     prefill_s: float
-    restore_s: float
+    restore_s: float  # spent in this turn reading KV back from the SSD store
+    restore_ahead_s: float  # spent before it: the restore that began when the chat was opened
+    # what re-reading the opening it did not prefill (reused + restored) would have taken at the
+    # prefill rate measured on this machine; None until a rate was measured
+    reread_estimate_s: float | None
     # prompt-lookup decoding: draft tokens sent for verification, kept, and the kept share
     draft_tokens: int
     draft_accepted: int

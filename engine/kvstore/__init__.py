@@ -7,6 +7,7 @@ One-way chain, each module using only the ones before it:
   index                                              StoreIndex: manifest, pins, counters, lock; eviction,
                                                      job commit, sweep, restore pinning
   spill_job                                          SpillJob: copies and writes, given index + writer + pool
+  session_restore                                    SessionRestoreJob: one session's own KV back, a blob a step
   store                                              KVStore: the thin facade the engine uses
 """
 from .errors import KVStoreError, StoreUnavailable, UnsupportedCache
@@ -15,7 +16,8 @@ from .keys import BlockKey, block_keys, namespace_digest
 from .layout import KVLayout, model_refusal
 from .restore import RestoreResult
 from .spill_job import SpillJob, SpillResult
-from .store import KVStore
+from .session_restore import SessionRestore, SessionRestoreJob
+from .store import KVStore, StoredSession
 
-__all__ = ["KVStore", "SpillJob", "SpillResult", "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache",
+__all__ = ["KVStore", "StoredSession", "SessionRestore", "SessionRestoreJob", "SpillJob", "SpillResult", "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache",
            "PictureSpan", "BlockKey", "KVLayout", "block_keys", "namespace_digest", "model_refusal"]

@@ -61,6 +61,7 @@ class StoreIndex:
         self._active: Counter = Counter()      # session ids with an in-flight spill job
         self._jobs: set = set()
         self._counters: Counter = Counter({k: 0 for k in COUNTER_NAMES})
+        self._generation = 0  # bumped whenever the set of session rows changes
         self._closed = False
 
     # ------------------------------------------------------------------ lifetime
@@ -120,6 +121,18 @@ class StoreIndex:
         with self._lock:
             return self._manifest.session(session_id)
 
+    @property
+    def generation(self) -> int:
+        """Changes whenever a session row is installed or dropped (a listing can be kept until then)."""
+        with self._lock:
+            return self._generation
+
+    def sessions_of(self, ns: bytes, block_tokens: int) -> tuple[int, list[SessionRow]]:
+        """(generation, the rows written under this namespace and block size): what a restore can use."""
+        with self._lock:
+            rows = self._manifest.sessions() if not self._closed else []
+            return self._generation, [r for r in rows if r.namespace == ns and r.block_tokens == block_tokens]
+
     def snapshot(self) -> tuple[list[SessionRow], dict[bytes, tuple[int, int]]]:
         """Every session row and every blob row (key -> (size, refcount)), read together."""
         with self._lock:
@@ -173,6 +186,7 @@ class StoreIndex:
                 raise KVStoreError(job.failed)
             # old blobs only this session held go in the same transaction, their files right after
             freed = self._manifest.install(row, written, referenced, keep=self._pinned)
+            self._generation += 1
             for key in freed:
                 unlink_quiet(self.path(key))
             s = job.stats
@@ -214,6 +228,7 @@ class StoreIndex:
                 if job.session_id == session_id:
                     job.fail("session dropped")
             old = self._manifest.drop_session(session_id)
+            self._generation += 1
             self._collect_garbage()
         return old is not None
 
@@ -229,6 +244,17 @@ class StoreIndex:
             choice = choose_blobs(keys, row, present, ns, block_tokens, limit)
             self._read_pins.update(choice.pins)
         return choice
+
+    def pin_session(self, session_id: str, ns: bytes, block_tokens: int) -> SessionRow | None:
+        """A session's own row, its blobs pinned against deletion until unpin_reads(row.keys());
+        None when the store holds no usable row of it."""
+        with self._lock:
+            self._check_open()
+            row = self._manifest.session(session_id)
+            if row is None or row.namespace != ns or row.block_tokens != block_tokens or not row.keys():
+                return None
+            self._read_pins.update(row.keys())
+            return row
 
     def unpin_reads(self, pins: list[bytes]) -> None:
         with self._lock:
@@ -301,6 +327,7 @@ class StoreIndex:
         for sid, _ in self._manifest.lru_sessions():
             if sid not in protect and sid not in self._active:
                 self._manifest.drop_session(sid)
+                self._generation += 1
                 self._collect_garbage()
                 self._counters["evicted_sessions"] += 1
                 return True

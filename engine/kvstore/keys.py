@@ -92,9 +92,15 @@ def block_keys(ns: bytes, tokens: np.ndarray, pictures: Sequence[PictureSpan],
     parent = ZERO_KEY
     for i in range(n_blocks):
         a = i * block_tokens
-        parent = _chunk_key(_BLOCK_TAG, ns, parent, tokens, a, a + block_tokens, pictures)
+        parent = block_key(ns, parent, tokens, a, block_tokens, pictures)
         keys.append(parent)
     return keys
+
+
+def block_key(ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int, block_tokens: int,
+              pictures: Sequence[PictureSpan]) -> BlockKey:
+    """Key of the one block at `start` (block_keys' step: checks a stored block against its name)."""
+    return _chunk_key(_BLOCK_TAG, ns, parent, tokens, start, start + block_tokens, pictures)
 
 
 def tail_key(ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int,

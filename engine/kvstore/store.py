@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import math
+from dataclasses import dataclass
 import os
 import sqlite3
 import time
@@ -27,10 +28,11 @@ from .blob import KIND_BLOCK, KIND_TAIL, blob_size
 from .errors import BadBlob, KVStoreError, MissingBlob, StoreUnavailable
 from .index import StoreIndex
 from .keys import ZERO_KEY, block_keys, namespace_digest, normalize_pictures, normalize_tokens, tail_key
-from .layout import build_cache, inspect_cache
+from .layout import KVLayout, build_cache, inspect_cache
 from .manifest import encode_state
 from .reader import BlobReader, read_layout, read_prefix
 from .restore import RestoreResult, RestoreStats, plan_reads
+from .session_restore import SessionRestoreJob, kv_bytes
 from .spill_job import BlobPlan, SpillJob, SpillResult
 from .sweep import free_bytes, is_damage, open_manifest, unavailable_reason, verify
 from .writer import BufferPool, WriterThread
@@ -40,6 +42,20 @@ _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 GiB = 1 << 30
 DEFAULT_CAP = 20 * GiB
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """A session this store can restore (its row was written under the store's namespace)."""
+    id: str
+    n_tokens: int
+    disk_bytes: int  # its blobs on disk (shared ones counted in full)
+    last_used: float
+    layout: KVLayout
+
+    def memory_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Memory its KV takes once restored (in `dtype`, else as stored)."""
+        return kv_bytes(self.layout, self.n_tokens, dtype)
 
 
 def default_cap(free: int, held: int) -> int:
@@ -105,6 +121,7 @@ class KVStore:
         self._pool = BufferPool(self._buffer_bytes, count=2, pin=pin_memory)
         self._writer = WriterThread()
         self._reader: ThreadPoolExecutor | None = None
+        self._listing: tuple[int, list[StoredSession]] | None = None  # (index generation, sessions)
         try:
             self.sweep_report = self.index.sweep()
         except Exception as e:
@@ -193,6 +210,17 @@ class KVStore:
     def sessions(self) -> list[str]:
         return self.index.session_ids()
 
+    def stored_sessions(self) -> list[StoredSession]:
+        """The sessions a restore under this store's namespace can use, most recently used first
+        (read again from the manifest only after a spill, drop or eviction changed them)."""
+        if self._listing is not None and self._listing[0] == self.index.generation:
+            return self._listing[1]
+        generation, rows = self.index.sessions_of(self._ns(None), self.block_tokens)
+        listing = sorted((StoredSession(r.id, r.n_tokens, r.bytes, r.last_used, r.layout) for r in rows),
+                         key=lambda s: -s.last_used)
+        self._listing = (generation, listing)
+        return listing
+
     def session_info(self, session_id: str) -> dict | None:
         row = self.index.session(session_id)
         if row is None:
@@ -264,6 +292,30 @@ class KVStore:
         return job.result()
 
     # ------------------------------------------------------------------ restore
+    def begin_session_restore(self, session_id: str, device: str | torch.device = "cpu",
+                              dtype: torch.dtype | None = None) -> SessionRestoreJob | None:
+        """Start restoring a session's own stored KV, all of it, one blob per step() (no prompt
+        needed: each blob is checked against its chained key). None when the store holds no row of
+        it under this namespace. Its blobs stay pinned until the job finishes or is cancelled."""
+        ns = self._ns(None)
+        row = self.index.pin_session(session_id, ns, self.block_tokens)
+        if row is None:
+            return None
+
+        def failed(item, why: str, detail: str) -> None:
+            self.index.blob_failed(item.key, why, detail)
+
+        def done(job: SessionRestoreJob) -> None:
+            self.index.unpin_reads(row.keys())
+            if job.done_tokens:
+                self.index.restored(job.done_tokens, job.bytes_read, session_id)
+
+        try:
+            return SessionRestoreJob(row, ns, self.index.path, device, dtype, failed, done)
+        except BaseException:
+            self.index.unpin_reads(row.keys())
+            raise
+
     def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *,
                 namespace: bytes | str | None = None, max_tokens: int | None = None,

@@ -166,6 +166,18 @@ class EngineBridge(QObject):
     def spill_now(self, conversation_id: str) -> None:
         self.engine.spill_now(conversation_id)
 
+    def open_chat(self, conversation_id: str | None) -> None:
+        """The chat the window shows: the built-in engine restores its KV from the SSD ahead of
+        its next turn (a server keeps its own caches: nothing to do there)."""
+        if self.engine is self.builtin:
+            self.builtin.open_chat(conversation_id)
+
+    def check_pictures(self, refs: list, draft: bool = False) -> None:
+        """Ask which of these pictures are encoded and cached (PictureMarks comes back); `draft`:
+        they are in the message being written, so an encoder they need may start loading."""
+        if self.engine is self.builtin and refs:
+            self.builtin.check_pictures(list(refs), draft)
+
     def forget(self, conversation_id: str) -> None:
         self.builtin.forget(conversation_id)
 

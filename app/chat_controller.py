@@ -308,6 +308,10 @@ class ChatController(QObject):
         a = self._active.get(turn_id)
         return a.tokens if a else 0
 
+    def stored_messages(self) -> list[StoredMessage]:
+        """The open conversation's messages as the history holds them."""
+        return self.history.messages(self.current_id) if self.current_id else []
+
     def message(self, message_id: int) -> StoredMessage | None:
         return self.history.get_message(message_id)
 

@@ -120,6 +120,7 @@ class Composer(QFrame):
     sendRequested = Signal(str, list)  # text, picture refs
     stopRequested = Signal()
     editCancelled = Signal()
+    picturesAdded = Signal(list)  # picture refs newly in the draft (the engine may get ready for them)
 
     def __init__(self, intake: PictureIntake, parent=None):
         super().__init__(parent)
@@ -227,14 +228,26 @@ class Composer(QFrame):
 
     def add_attachments(self, atts: list[Attachment]) -> None:
         have = {a.ref for a in self.attachments()}
+        added = []
         for att in atts:
             if att.ref in have:
                 continue
             have.add(att.ref)
+            added.append(att.ref)
             chip = AttachmentChip(att)
             chip.removeRequested.connect(self._remove_chip)
             self.chips.insertWidget(self.chips.count() - 1, chip)
         self.chips_row.setVisible(bool(have))
+        if added:
+            self.picturesAdded.emit(added)
+
+    def set_picture_notes(self, notes: dict[str, str]) -> None:
+        """A line per attached picture (by ref) for its tooltip: cached, or new and to be encoded."""
+        for i in range(self.chips.count()):
+            chip = self.chips.itemAt(i).widget()
+            if isinstance(chip, AttachmentChip):
+                note = notes.get(chip.attachment.ref)
+                chip.setToolTip(f"{chip.attachment.name}\n{note}" if note else chip.attachment.name)
 
     def _remove_chip(self, chip: AttachmentChip) -> None:
         self.chips.removeWidget(chip)

@@ -145,6 +145,8 @@ class MainWindow(QMainWindow):
         b.pictureMarks.connect(self.picture_marks.on_marks)
         b.engineChanged.connect(self._on_engine_changed)
         self.picture_marks.changed.connect(self.chat.viewport().update)
+        self.picture_marks.changed.connect(self._mark_draft_pictures)
+        self.composer.picturesAdded.connect(self._on_draft_pictures)
         b.notice.connect(self._on_notice)
         self.memory_dock.reportWanted.connect(b.request_memory_report)
         self.memory_dock.unloadEncoderRequested.connect(b.unload_encoder)
@@ -347,11 +349,37 @@ class MainWindow(QMainWindow):
         builtin = engine is self.bridge.builtin
         self.chat_marks.set_active(builtin)
         self.picture_marks.set_active(builtin)
+        if builtin:
+            self.bridge.open_chat(self.controller.current_id)
+            self._check_chat_pictures()
 
     def _on_current_changed(self, conversation_id: str) -> None:
         self.composer.switch_draft(conversation_id or None)
         self.sidebar.select(conversation_id or None)
         self.memory_dock.on_current_chat(conversation_id or None)
+        self.bridge.open_chat(conversation_id or None)  # on the SSD: restored before the next turn
+        self._check_chat_pictures()
+
+    def _check_chat_pictures(self) -> None:
+        """Ask the engine which of the open chat's pictures are encoded and cached."""
+        refs = {}
+        for m in self.controller.stored_messages():
+            for name in m.pictures:
+                ref = self.history.picture_ref(name)
+                refs[ref.digest] = ref
+        self.bridge.check_pictures(list(refs.values()))
+
+    def _on_draft_pictures(self, refs: list[str]) -> None:
+        """Pictures just attached: marked cached or new; a new one starts the encoder loading now."""
+        self.bridge.check_pictures([self.history.picture_ref(r) for r in refs], draft=True)
+
+    def _mark_draft_pictures(self) -> None:
+        notes = {}
+        for att in self.composer.attachments():
+            words = self.picture_marks.words(self.history.picture_ref(att.ref).digest)
+            if words is not None:
+                notes[att.ref] = words[1]
+        self.composer.set_picture_notes(notes)
         self._update_title()
         self._update_hints()
 
@@ -371,6 +399,8 @@ class MainWindow(QMainWindow):
         if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
             self.status.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
         self.memory_dock.on_turn_stats(ev.stats)
+        if ev.conversation_id == self.controller.current_id:
+            self._check_chat_pictures()  # its pictures are encoded and cached now
 
     def _on_notice(self, ev: Notice) -> None:
         if ev.level == "info":

@@ -182,7 +182,7 @@ def test_unwritable_store_keeps_conversations_hot(tiny_model, tmp_path):
         # past spill_idle_s the idle spill_scheduler has nothing it can spill (the store folder cannot be
         # made), and the engine says so: nothing lost, the conversation stays hot
         time.sleep(max(0.0, engine.sessions["c"].last_used + 0.1 - time.monotonic()))  # the idle time passes
-        assert engine.spill_scheduler.due(engine.sessions, None) is None
+        assert engine.spill_scheduler.due(engine.sessions, set()) is None
         report = wait_report(engine)
         assert report.sessions_kv["c"] > 0 and report.store_status.startswith("unavailable: ")
         assert engine.sessions["c"].cache is not None

@@ -56,11 +56,14 @@ def kv_bytes(layout: KVLayout, n_tokens: int, dtype: torch.dtype | None) -> int:
 
 class SessionRestoreJob:
     def __init__(self, row: SessionRow, ns: bytes, path_of: Callable[[bytes], str], device, dtype,
-                 on_fail: Callable[[ReadItem, str, str], None], on_done: Callable[["SessionRestoreJob"], None]):
+                 on_fail: Callable[[ReadItem, str, str], None], on_done: Callable[["SessionRestoreJob"], None],
+                 blobs: int | None = None):
         self.row = row
         self.ns = ns
         self.B = row.block_tokens
-        self.n_tokens = row.n_tokens  # planned
+        self._items = self._plan(path_of)[:blobs]  # `blobs`: only the first few (a speed probe)
+        self.probe = blobs is not None  # read to time the disk, never used as a restore
+        self.n_tokens = sum(it.n for it in self._items)  # planned
         self.tokens = np.zeros(row.n_tokens, dtype=np.int64)
         self.done_tokens = 0
         self.bytes_read = 0
@@ -69,14 +72,14 @@ class SessionRestoreJob:
         self._on_done = on_done  # counts the restore and unpins, once
         self._finished = False
         self._failed = False
+        self.cancelled = False  # let go before the end: nothing of it is used
         dev = torch.device(device)
         self.device = dev
         out_dtype = dtype or row.layout.dtype
-        self.dest = [(torch.empty((1, kh, row.n_tokens, kd), dtype=out_dtype, device=dev),
-                      torch.empty((1, vh, row.n_tokens, vd), dtype=out_dtype, device=dev))
+        self.dest = [(torch.empty((1, kh, self.n_tokens, kd), dtype=out_dtype, device=dev),
+                      torch.empty((1, vh, self.n_tokens, vd), dtype=out_dtype, device=dev))
                      for kh, kd, vh, vd in row.layout.shapes]
         self._reader = BlobReader(row.layout, self.dest, None)
-        self._items = self._plan(path_of)
         self._next = 0
 
     @property
@@ -152,6 +155,7 @@ class SessionRestoreJob:
         """Stop here; the memory of the tensors is let go with the job."""
         if not self._finished:
             self._failed = True
+            self.cancelled = True
             self._finish()
         self.dest = []
 

@@ -293,10 +293,11 @@ class KVStore:
 
     # ------------------------------------------------------------------ restore
     def begin_session_restore(self, session_id: str, device: str | torch.device = "cpu",
-                              dtype: torch.dtype | None = None) -> SessionRestoreJob | None:
-        """Start restoring a session's own stored KV, all of it, one blob per step() (no prompt
-        needed: each blob is checked against its chained key). None when the store holds no row of
-        it under this namespace. Its blobs stay pinned until the job finishes or is cancelled."""
+                              dtype: torch.dtype | None = None, blobs: int | None = None) -> SessionRestoreJob | None:
+        """Start restoring a session's own stored KV, all of it (or its first `blobs`), one blob per
+        step() (no prompt needed: each blob is checked against its chained key). None when the
+        store holds no row of it under this namespace. Its blobs stay pinned until the job finishes
+        or is cancelled."""
         ns = self._ns(None)
         row = self.index.pin_session(session_id, ns, self.block_tokens)
         if row is None:
@@ -307,11 +308,11 @@ class KVStore:
 
         def done(job: SessionRestoreJob) -> None:
             self.index.unpin_reads(row.keys())
-            if job.done_tokens:
+            if job.done_tokens and not job.cancelled and not job.probe:  # counted only when used
                 self.index.restored(job.done_tokens, job.bytes_read, session_id)
 
         try:
-            return SessionRestoreJob(row, ns, self.index.path, device, dtype, failed, done)
+            return SessionRestoreJob(row, ns, self.index.path, device, dtype, failed, done, blobs)
         except BaseException:
             self.index.unpin_reads(row.keys())
             raise

@@ -9,13 +9,16 @@ a window can show before they are loaded.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
+from ..pictures.ref import PictureRef
 from ..protocol.events import (
-    Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, SpillState, SpillStatus, Turn, TurnDone,
+    Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, PictureMarks, SpillState, SpillStatus, Turn,
+    TurnDone,
 )
 from .conversations import Conversations
 from ..device.heap_trim import keep_one_heap
@@ -27,6 +30,7 @@ from ..protocol.worker import (
 )
 
 if TYPE_CHECKING:
+    from .chat_memory import ChatMemoryBoard
     from .memory_manager import MemoryManager
     from .spill_scheduler import SpillScheduler
     from .pipeline import TurnPipeline
@@ -40,7 +44,7 @@ def _torch_parts() -> None:
     """The engine's torch-backed modules, imported with torch under heavy_imports' lock."""
     from ..model import load  # noqa: F401
     from ..vision import gate  # noqa: F401
-    from . import memory_manager, pipeline, spill_scheduler  # noqa: F401
+    from . import chat_memory, memory_manager, pipeline, spill_scheduler  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,19 @@ class ChangeSettings(Request):
     changes: dict
 
 
+@dataclass(frozen=True)
+class OpenChat(Request):
+    name: ClassVar[str] = "open chat"
+    conversation_id: str | None  # None: no chat is open
+
+
+@dataclass(frozen=True)
+class CheckPictures(Request):
+    name: ClassVar[str] = "check pictures"
+    pictures: tuple[PictureRef, ...]
+    draft: bool  # pictures of a message being written: an encoder they need starts loading now
+
+
 class LoggedListeners(Listeners):
     """Notices reach the log too, each distinct one once: headless commands have no window to
     show them in, and a store failing every spill would otherwise flood the log."""
@@ -73,12 +90,17 @@ class LoggedListeners(Listeners):
     def __init__(self) -> None:
         super().__init__()
         self._logged: set[str] = set()
+        # called after each SpillState, so where each chat's KV is follows a spill step by step
+        # (set while a model is loaded; cleared with it, as it holds the model's parts)
+        self.after_spill_state: Callable[[], None] | None = None
 
     def emit(self, event: Event) -> None:
         if isinstance(event, Notice) and event.message not in self._logged:
             self._logged.add(event.message)
             log.log(logging.INFO if event.level == "info" else logging.WARNING, "%s", event.message)
         super().emit(event)
+        if isinstance(event, SpillState) and self.after_spill_state is not None:
+            self.after_spill_state()
 
 
 class Engine(EngineWorker):
@@ -95,6 +117,8 @@ class Engine(EngineWorker):
         self.spill_scheduler: SpillScheduler | None = None
         self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions
         self.pipeline: TurnPipeline | None = None     # one turn, from pictures to stats
+        self.board: ChatMemoryBoard | None = None     # where each conversation's KV is, told to listeners
+        self.open_cid: str | None = None  # the chat open in the window (also before a model is loaded)
         self.sessions = Conversations()
 
     # ------------------------------------------------------------ public API (any thread)
@@ -114,6 +138,16 @@ class Engine(EngineWorker):
     def update_settings(self, **changes) -> None:
         self.settings.with_changes(changes)  # validate now, in the caller's thread
         self._put(ChangeSettings(changes))
+
+    def open_chat(self, conversation_id: str | None) -> None:
+        """The person opened this conversation: if its KV is on the SSD it is restored in the
+        background (between requests, as memory allows), so its next turn starts hot."""
+        self._put(OpenChat(conversation_id))
+
+    def check_pictures(self, pictures: list[PictureRef], draft: bool = False) -> None:
+        """Say which of these pictures are encoded and cached (a PictureMarks event). `draft`: they
+        are in a message being written, so if one is not cached the vision encoder starts loading."""
+        self._put(CheckPictures(tuple(pictures), draft))
 
     # ------------------------------------------------------------ owner thread
 
@@ -140,6 +174,7 @@ class Engine(EngineWorker):
                 return
             self._dispatch(request)  # the loop survives anything a request does
             try:
+                self._publish_places()
                 self._on_idle()  # timers are due even while requests keep coming
             except Exception:
                 log.exception("idle work failed")
@@ -152,13 +187,22 @@ class Engine(EngineWorker):
                 self._do_load(path)
             case ReportState():
                 self._emit(self._report())
+                self._publish_places(again=True)
             case UnloadEncoder():
                 self._do_unload_encoder()
             case SpillNow(conversation_id=cid):
                 self._do_spill(cid)
             case Forget(conversation_id=cid):
                 self.sessions.pop(cid, None)
+                if self.memory is not None:
+                    self.memory.resume.forget(cid)
                 self._emit(self._report())
+            case OpenChat(conversation_id=cid):
+                self.open_cid = cid
+                if self.memory is not None:
+                    self.memory.resume.open(cid)
+            case CheckPictures(pictures=pictures, draft=draft):
+                self._do_check_pictures(pictures, draft)
             case ChangeSettings(changes=changes):
                 self._do_settings(changes)
             case _:
@@ -170,9 +214,14 @@ class Engine(EngineWorker):
         return self.memory.tick_s() if self.memory is not None else idle_tick_s(self.settings)
 
     def _on_idle(self) -> None:
-        """Timers that run between requests (encoder unload, session spill)."""
+        """Timers that run between requests (encoder unload, session spill, the open chat's restore)."""
         if self.memory is not None and self.memory.on_idle(more=self._nothing_waiting):
             self._emit(self._report())
+            self._publish_places()
+
+    def _publish_places(self, again: bool = False) -> None:
+        if self.board is not None:
+            self.board.publish(again)
 
     def _on_shutdown(self) -> None:
         self._release_model()
@@ -184,18 +233,21 @@ class Engine(EngineWorker):
         model by reference counting at once, not whenever the collector runs."""
         from ..model.load import free_device_cache
 
+        self.events.after_spill_state = None  # it holds the board, which holds the model's parts
         if self.memory is not None:
             self.memory.close()  # exit and model switch spill what is hot: nothing lost
         if self.gate is not None:
             self.gate.close()
         self.sessions.clear()  # KV of another model is meaningless
         device = self.loaded.device if self.loaded is not None else None
-        self.loaded = self.gate = self.spill_scheduler = self.memory = self.pipeline = None
+        self.loaded = self.gate = self.spill_scheduler = self.memory = self.pipeline = self.board = None
         free_device_cache(device)
 
     def _do_load(self, path: str) -> None:
         try:
+            from .chat_memory import ChatMemoryBoard
             from .memory_manager import MemoryManager
+            from .rates import RATES_FILE, RateBook
             from ..model.load import ModelLoadError, check_load, load_model
             from .spill_scheduler import SpillScheduler
             from .pipeline import TurnPipeline
@@ -225,15 +277,22 @@ class Engine(EngineWorker):
             return
         self.loaded = loaded
         emit = self.events.emit  # the parts emit events; none of them holds the engine
-        self.spill_scheduler = SpillScheduler(loaded, self.settings, self.data_dir, emit)
+        # rates measured on this machine: per model (and its weights and dtype) and device
+        rates = RateBook(self.data_dir / RATES_FILE, hashlib.blake2b(loaded.fingerprint, digest_size=16).hexdigest(),
+                         str(loaded.device))
+        self.spill_scheduler = SpillScheduler(loaded, self.settings, self.data_dir, emit, rates)
         if self.spill_scheduler.refusal:
             self._emit(Notice("warning", "Conversations will not be spilled to disk: " + self.spill_scheduler.refusal))
         elif self.spill_scheduler.error:
             self._emit(Notice("warning", f"The KV store is unavailable ({self.spill_scheduler.error}); "
                                          "idle conversations stay in memory."))
         self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache", emit=emit)
-        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.gate, self.settings, emit)
-        self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spill_scheduler, self.memory)
+        self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.gate, self.settings, emit, rates)
+        self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spill_scheduler, self.memory, rates)
+        self.board = ChatMemoryBoard(self.sessions, self.spill_scheduler, self.memory.resume, rates, emit)
+        self.memory.resume.measure()  # the first resume estimates come from this machine's disk
+        self.memory.resume.open(self.open_cid)  # opened while the model was loading: restored now
+        self.events.after_spill_state = self.board.publish
         # said before ModelReady, so whoever waits for "ready" has heard how the model was placed
         for note in loaded.notes:  # a device or dtype other than the usual one, and why
             self._emit(Notice("warning", note))
@@ -263,6 +322,18 @@ class Engine(EngineWorker):
             self.gate.apply_settings(self.settings)
             if changes.get("elastic") and self.gate.elastic_refused:
                 self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
+
+    def _do_check_pictures(self, pictures: tuple[PictureRef, ...], draft: bool) -> None:
+        if self.gate is None:
+            return
+        places = {p.digest: self.gate.place_of(p) for p in pictures}
+        self._emit(PictureMarks(places))
+        if draft and self.gate.warm_for(pictures):  # loading it now, while the person types
+            needed = self.gate.encoder_load_bytes()
+            if needed:
+                self.memory.make_room(needed)
+            self.gate.warm_up()
+            self._emit(self._report())
 
     def _do_unload_encoder(self) -> None:
         if self.gate is None:

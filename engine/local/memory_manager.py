@@ -15,16 +15,18 @@ from ..protocol.events import EncoderStatus, MemoryReport, SpillState, SpillStat
 from ..vision.gate import PictureGate
 from ..device.heap_trim import return_freed_heap
 from ..device.ledger import build_report, free_for_model
+from .rates import RateBook
+from .resume_ahead import ResumeAhead
 from .session import Session
 from .spill_scheduler import SpillScheduler
 
 log = logging.getLogger(__name__)
 
 
-def idle_tick_s(settings, spilling: bool = False) -> float:
+def idle_tick_s(settings, busy: bool = False) -> float:
     """How long the owner thread waits for a request before its timers are looked at."""
-    if spilling:
-        return 0.02  # a spill is waiting for its writer: look again soon
+    if busy:
+        return 0.02  # a spill waits for its writer, or a restore goes on between requests: soon
     return min(1.0, max(0.05, settings.elastic_idle_s / 4), max(0.05, settings.spill_idle_s / 4))
 
 
@@ -49,7 +51,7 @@ def memory_report(loaded, sessions: Conversations, gate=None,
 
 class MemoryManager:
     def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, gate: PictureGate,
-                 settings, emit: Callable):
+                 settings, emit: Callable, rates: RateBook):
         self.loaded = loaded
         self.sessions = sessions
         self.spill_scheduler = spill_scheduler
@@ -57,9 +59,12 @@ class MemoryManager:
         self.settings = settings
         self.emit = emit
         self.active_cid: str | None = None  # the conversation whose turn is running
+        # the chat open in the window, restored from the SSD before its turn
+        self.resume = ResumeAhead(loaded, sessions, spill_scheduler, rates, settings)
 
     def apply_settings(self, settings) -> None:
         self.settings = settings
+        self.resume.apply_settings(settings)
 
     # ------------------------------------------------------------ a turn's conversation
 
@@ -96,6 +101,7 @@ class MemoryManager:
 
     def spill_now(self, conversation_id: str) -> None:
         """The person asked to spill a conversation: try a full disk again now."""
+        self.resume.spilled_by_hand(conversation_id)
         session = self.sessions.get(conversation_id)
         sp = self.spill_scheduler
         if not sp.retry(now=True):
@@ -109,25 +115,29 @@ class MemoryManager:
     # ------------------------------------------------------------ timers
 
     def tick_s(self) -> float:
-        return idle_tick_s(self.settings, spilling=self.spill_scheduler.running is not None)
+        busy = self.spill_scheduler.running is not None or self.resume.running is not None
+        return idle_tick_s(self.settings, busy=busy)
 
     def on_idle(self, more: Callable[[], bool]) -> bool:
-        """Encoder unload and session spill, between requests; True when memory changed.
-        `more()` says no request is waiting: a turn is never held up for more than one unit's
-        copy."""
+        """Encoder unload, session spill and the open chat's restore, between requests; True when
+        memory changed. `more()` says no request is waiting: a turn is never held up for more
+        than one unit's copy or one blob's read."""
         changed = self.gate.unload_if_idle()
         sp = self.spill_scheduler
         if sp.available or sp.unavailable:  # due() retries an unavailable store
             if sp.running is None:
-                due = sp.due(self.sessions, self.active_cid)
+                due = sp.due(self.sessions, {self.active_cid, self.resume.open_cid})
                 if due is not None:
                     sp.begin(due)
             if sp.running is not None and sp.step(more=more):
                 changed = True
+        if sp.running is None and more() and self.resume.step(more):
+            changed = True
         return changed
 
     def close(self) -> None:
         """Exit or model switch: spill what is hot, so nothing is lost."""
+        self.resume.close()
         self.spill_scheduler.close(self.sessions)
         self.active_cid = None
 

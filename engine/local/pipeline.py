@@ -24,6 +24,7 @@ from .memory_manager import MemoryManager
 from .prompt import Prompt, build_prompt, render
 from .session import Session
 from .spill_scheduler import CommittedSpill, SpillScheduler
+from .rates import RateBook
 from .runner import TurnResult, reuse_prefix, run_turn
 from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
@@ -31,8 +32,9 @@ from ..vision.gate import GateTurnStats, PictureGate
 
 class TurnPipeline:
     def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spill_scheduler: SpillScheduler,
-                 memory: MemoryManager):
+                 memory: MemoryManager, rates: RateBook):
         self.loaded = loaded
+        self.rates = rates
         self.gate = gate
         self.sessions = sessions
         self.spill_scheduler = spill_scheduler
@@ -44,6 +46,7 @@ class TurnPipeline:
         touched."""
         if not turn.messages or turn.messages[-1].role != "user":
             raise ValueError("A turn must end with a user message.")
+        t_start = time.perf_counter()  # the first token's wait counts from here: restore and encode included
         gstats = GateTurnStats()
         entries = [self.gate.lookup(p, gstats) for m in turn.messages for p in m.images]
         prompt = build_prompt(self.loaded, render(self.loaded.processor, turn.messages, turn.system_prompt), entries)
@@ -54,6 +57,8 @@ class TurnPipeline:
         self.memory.turn_started(cid)
         try:
             self.spill_scheduler.cancel_for(cid)
+            self.memory.resume.before_turn(cid)  # a restore begun when the chat was opened ends now
+            ahead = self.memory.resume.take(cid)
             restored, restore_s = self._restore(session, prompt)
             spilled = self.spill_scheduler.take_committed(cid)
             reuse = reuse_prefix(self.loaded, session, prompt)
@@ -63,12 +68,20 @@ class TurnPipeline:
                 self.memory.make_room(needed)
             self.gate.ensure_features(todo, gstats)
             tid = turn.turn_id
+            before_run_s = time.perf_counter() - t_start
             result = run_turn(self.loaded, session, prompt, sampling, settings,
                               on_text=lambda text, tok: emit(Token(tid, cid, text, tok)), should_stop=should_stop)
         finally:
             self.memory.turn_ended()
         session.touch()
-        stats = self._stats(result, restored, restore_s, gstats, spilled)
+        if result.prefill_s > 0:
+            self.rates.record_prefill(result.prompt_tokens - result.prefix_tokens, result.prefill_s)
+        if not restored and ahead is not None:  # the KV this turn started from was restored when the chat was opened
+            restored = min(ahead.tokens, result.prefix_tokens)
+            restore_s, restore_ahead_s = ahead.waited_s, ahead.ahead_s
+        else:
+            restore_ahead_s = 0.0
+        stats = self._stats(result, restored, restore_s, restore_ahead_s, before_run_s, gstats, spilled)
         return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped)
 
     def _stateless_conversation(self, prompt: Prompt) -> str:
@@ -95,13 +108,14 @@ class TurnPipeline:
             sampling = replace(sampling, max_new_tokens=limit - n_prompt)
         return sampling
 
-    def _stats(self, result: TurnResult, restored: int, restore_s: float, gstats: GateTurnStats,
-               spilled: CommittedSpill) -> LocalTurnStats:
+    def _stats(self, result: TurnResult, restored: int, restore_s: float, restore_ahead_s: float,
+               before_run_s: float, gstats: GateTurnStats, spilled: CommittedSpill) -> LocalTurnStats:
         n_gen = len(result.token_ids)
         return LocalTurnStats(
             prompt_tokens=result.prompt_tokens,
             generated_tokens=n_gen,
-            first_token_s=round(result.first_token_s, 6),
+            # lookups, restore and encode come before the prefill: a first token never beats them
+            first_token_s=round(before_run_s + result.first_token_s, 6) if n_gen else 0.0,
             decode_s=round(result.decode_s, 6),
             tokens_per_s=round(n_gen / result.decode_s, 3) if result.decode_s > 0 and n_gen else 0.0,
             # the prefix the turn did not prefill: reused = hot in RAM, restored = read from the SSD store
@@ -111,8 +125,8 @@ class TurnPipeline:
             max_new_tokens=result.max_new_tokens,
             prefill_s=round(result.prefill_s, 6),
             restore_s=round(restore_s, 6),
-            restore_ahead_s=0.0,
-            reread_estimate_s=None,
+            restore_ahead_s=round(restore_ahead_s, 6),
+            reread_estimate_s=self.rates.rates().prefill_s(result.prefix_tokens) if result.prefix_tokens else None,
             draft_tokens=result.drafts.drafted,
             draft_accepted=result.drafts.accepted,
             draft_acceptance=round(result.drafts.acceptance, 4),

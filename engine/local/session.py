@@ -104,6 +104,16 @@ class Session:
         self._pictures = tuple(p for p in prompt.pictures if p.end <= n)
         self._rope_delta = rope_delta
 
+    def hold(self, ids: list[int], pictures: tuple[PictureSpan, ...], cache, rope_delta: int = 0) -> None:
+        """Hold a cache restored from the store ahead of any prompt: it holds exactly `ids`, with
+        `pictures` over them (a picture the restore ended inside is not held)."""
+        if cache is None or not ids:
+            raise ValueError("nothing to hold")
+        self._cache = cache
+        self._ids = list(ids)
+        self._pictures = tuple(p for p in pictures if p.end <= len(ids))
+        self._rope_delta = rope_delta
+
     def grow_to(self, prompt: Prompt, end: int) -> None:
         """The cache was given `prompt`'s tokens up to `end` (the session held a prefix of it)."""
         self._ids.extend(prompt.ids[len(self._ids):end])

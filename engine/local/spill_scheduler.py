@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..protocol.events import Notice, SpillState, SpillStatus
 from ..kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
+from .rates import RateBook
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ class _Running:
 
 
 class SpillScheduler:
-    def __init__(self, loaded, settings, data_dir: Path, emit: Callable):
+    def __init__(self, loaded, settings, data_dir: Path, emit: Callable, rates: RateBook):
         self.emit = emit
+        self.rates = rates  # every restore measures how fast this machine gives KV back
         self.loaded = loaded
         self.settings = settings
         self.store: KVStore | None = None
@@ -170,14 +172,15 @@ class SpillScheduler:
         self._finish(self.running.job.result())
         return session.cache is None
 
-    def due(self, sessions: dict, active: str | None) -> Session | None:
-        """The longest-idle hot conversation past spill_idle_s (never the active one)."""
+    def due(self, sessions: dict, keep: set[str | None]) -> Session | None:
+        """The longest-idle hot conversation past spill_idle_s, never one in `keep` (the one whose
+        turn runs, the one open in the window)."""
         if self.running is not None or not self.retry():
             return None
         now = time.monotonic()
         idle = self.settings.spill_idle_s
         candidates = [s for c, s in sessions.items()
-                      if c != active and s.cache is not None and now - s.last_used >= idle
+                      if c not in keep and s.cache is not None and now - s.last_used >= idle
                       and now - self.failed_at.get(c, -1e9) >= max(idle, 30.0)]
         return min(candidates, key=lambda s: s.last_used, default=None)
 
@@ -194,6 +197,8 @@ class SpillScheduler:
         except KVStoreError as exc:
             log.warning("restore failed: %s", exc)
             return 0
+        if res.stats.bytes_read:
+            self.rates.record_restore(res.stats.bytes_read, res.stats.seconds)
         if res.cache is None or res.n_tokens <= 0:
             return 0
         session.reset_to(prompt, res.n_tokens, res.cache, rope_delta=int((res.state or {}).get("rope_delta", 0)))

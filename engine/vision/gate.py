@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..protocol.events import EncoderState, EncoderStatus, Event
+from ..protocol.events import EncoderState, EncoderStatus, Event, PicturePlace
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
@@ -110,6 +110,36 @@ class PictureGate:
         self.counters["misses"] += 1
         data = ref.read_checked()  # a file changed since it was attached fails this turn alone
         return prepare_entry(self.loaded, key, data, Path(ref.path).name)
+
+    def place_of(self, ref: PictureRef) -> PicturePlace:
+        """Where this picture's features are, asked without touching the caches' order or the file."""
+        key = picture_key(ref.digest, self.identity)
+        if key in self.ram:
+            return PicturePlace.RAM
+        if self.disk is not None and self.disk.contains(key):
+            return PicturePlace.DISK
+        return PicturePlace.NOT_CACHED
+
+    def warm_for(self, refs) -> bool:
+        """A picture of a message being written is not cached and the encoder is away: loading it
+        now, while the person types, takes that wait out of the turn."""
+        return (self.residency.state == EncoderStatus.UNLOADED and self.elastic_refused is None
+                and any(self.place_of(r) == PicturePlace.NOT_CACHED for r in refs))
+
+    def encoder_load_bytes(self) -> int:
+        """Device bytes loading the encoder takes now (0 when it is resident)."""
+        return 0 if self.residency.state == EncoderStatus.RESIDENT else self.residency.weight_bytes()
+
+    def warm_up(self) -> None:
+        """Load the encoder ahead of the turn that needs it; its idle clock starts now, so an
+        abandoned draft gives the memory back after elastic_idle_s."""
+        if self.residency.state != EncoderStatus.RESIDENT:
+            self.emit_state(EncoderStatus.LOADING)
+            try:
+                self.residency.ensure_loaded()
+                self.residency.touch()
+            finally:
+                self.emit_state()
 
     def load_bytes(self, entries: list[PictureEntry]) -> int:
         """Device bytes encoding `entries` would load (the encoder's weights), 0 when it need not load."""

@@ -305,3 +305,32 @@ def test_a_full_disk_pauses_spilling_and_loses_nothing(tiny_model, small_disk):
         assert d3.token_ids == ref.reply_ids(msgs, NEW)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_restore_ending_inside_a_picture_keeps_its_whole_blocks(family, tiny_model, tmp_path):
+    """The same first turn (picture + short question) in a second chat restores the first chat's
+    whole blocks, the last one ending inside the picture, and prefills only the rest: the
+    picture's remaining tokens get their feature rows, and the reply equals a fresh prefill's."""
+    model = tiny_model(family)
+    ref = Reference(model)
+    msgs = [Message("user", "What is in this picture?", pics(make_picture(tmp_path / "p.png", 3)))]
+    probe = open_engine(model, tmp_path / "probe", spill_idle_s=3600)
+    try:
+        first = expect_done(ask(probe, "a", msgs, NEW)).stats.prompt_tokens
+        span = probe.sessions["a"].pictures[0]
+    finally:
+        probe.shutdown()
+    # a block size whose last whole block (of the prompt less its last token) ends inside the picture
+    block = next(b for b in range(4, first) if span.start < (first - 1) // b * b < span.end)
+    engine = open_engine(model, tmp_path / "d", block_tokens=block, spill_idle_s=3600)
+    try:
+        expect_done(ask(engine, "a", msgs, NEW))
+        assert spill_now(engine, "a").state == "spilled"
+        d = expect_done(ask(engine, "b", msgs, NEW))  # another chat, the same opening: shared blocks
+        whole = (first - 1) // block * block
+        assert d.stats.restored_tokens == whole, (block, span, d.stats)  # not backed off to the picture's start
+        assert d.stats.prefill_tokens == first - whole
+        assert d.token_ids == ref.reply_ids(msgs, NEW)
+    finally:
+        engine.shutdown()

@@ -78,11 +78,23 @@ class Prompt:
         return tuple(c.span for c in self.picture_chunks)
 
     def pictures_from(self, start: int) -> list[PictureEntry]:
-        """The pictures whose tokens lie at or after `start` (a reused prefix needs none)."""
-        return [c.entry for c in self.picture_chunks if c.start >= start]
+        """The pictures with tokens at or after `start` (one wholly inside a reused prefix needs
+        nothing; one the prefix ends inside needs the features of its remaining tokens)."""
+        return [c.entry for c in self.picture_chunks if c.end > start]
 
-    def pictures_starting_in(self, a: int, b: int) -> list[PictureEntry]:
-        return [c.entry for c in self.picture_chunks if a <= c.start < b]
+    def picture_features_in(self, a: int, b: int, image_token_id: int) -> list:
+        """The feature rows of the picture tokens in [a, b), one tensor per picture there: a picture
+        the range begins inside gives only its rows from `a` on (the cache holds the others)."""
+        out = []
+        for c in self.picture_chunks:
+            if c.end <= a or c.start >= b:
+                continue
+            rows = c.entry.features
+            if c.start < a:
+                held = sum(1 for t in c.ids[:a - c.start] if t == image_token_id)
+                rows = rows.reshape(-1, rows.shape[-1])[held:]
+            out.append(rows)
+        return out
 
 
 def to_hf_messages(messages: list[Message], system_prompt: str | None) -> list[dict]:

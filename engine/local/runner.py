@@ -48,7 +48,8 @@ def _suffix_positions(full_pos: torch.Tensor | None, start: int, end: int, devic
 
 def prefill_chunks(start: int, end: int, pictures: tuple[PictureSpan, ...], chunk: int) -> list[tuple[int, int]]:
     """Split [start, end) into pieces of about `chunk` tokens, never cutting through a picture
-    (a picture longer than `chunk` is one piece)."""
+    (a picture longer than `chunk` is one piece). `start` may lie inside a picture (a restored
+    prefix ended there): the first piece then runs to that picture's end at least."""
     chunk = max(1, chunk)
     out = []
     a = start
@@ -113,9 +114,9 @@ def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> tor
     out = None
     for a, b in prefill_chunks(session.cached_tokens, len(prompt.ids), prompt.pictures, chunk_tokens):
         kwargs = {}
-        chunk_entries = prompt.pictures_starting_in(a, b)
-        if chunk_entries:
-            feats = [e.features.to(device=device, dtype=loaded.dtype) for e in chunk_entries]
+        features = prompt.picture_features_in(a, b, loaded.image_token_id)
+        if features:
+            feats = [f.to(device=device, dtype=loaded.dtype) for f in features]
             kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=feats)}
         try:
             out = model(

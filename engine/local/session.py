@@ -1,14 +1,16 @@
 """A conversation's hot state: the tokens its KV cache holds and the cache itself.
 
 Session is the only owner of that state. Its invariant: `cache` holds the KV of exactly `ids`
-with `pictures` at their places (cache None: nothing is held). Every change goes through a method here, each of which keeps
+with `pictures` at their places (cache None: nothing is held). `pictures` are the pictures the
+held tokens reach into, with their whole spans: a restore of whole blocks may end inside one, and
+the next turn prefills only its remaining tokens. Every change goes through a method here, each of which keeps
 the two together; the fields are read-only properties to everyone else.
 """
 from __future__ import annotations
 
 import time
 
-from ..pictures.span import PictureSpan, cut_before, pictures_agree
+from ..pictures.span import PictureSpan, pictures_agree
 from ..model.kv_growth import with_room
 from .prompt import Prompt
 
@@ -70,7 +72,8 @@ class Session:
 
     def reusable_prefix(self, prompt: Prompt) -> int:
         """Longest prefix of `prompt` whose KV this session holds, never the whole prompt (the
-        last token must be run to get logits) and never cutting through a picture."""
+        last token must be run to get logits), with the same pictures over it. It may end inside
+        a picture both hold: KV is causal, so the first tokens of the same picture are the same."""
         if self._cache is None:
             return 0
         limit = min(len(self._ids), len(prompt.ids) - 1)
@@ -78,7 +81,7 @@ class Session:
         old, new = self._ids, prompt.ids
         while n < limit and old[n] == new[n]:
             n += 1
-        return cut_before(pictures_agree(0, n, self._pictures, prompt.pictures), prompt.pictures)
+        return pictures_agree(0, n, self._pictures, prompt.pictures)
 
     # ------------------------------------------------------------ changes
 
@@ -101,23 +104,23 @@ class Session:
         elif len(self._ids) > n:
             self._cache.crop(n - len(self._ids))
         self._ids = prompt.ids[:n]
-        self._pictures = tuple(p for p in prompt.pictures if p.end <= n)
+        self._pictures = tuple(p for p in prompt.pictures if p.start < n)
         self._rope_delta = rope_delta
 
     def hold(self, ids: list[int], pictures: tuple[PictureSpan, ...], cache, rope_delta: int = 0) -> None:
         """Hold a cache restored from the store ahead of any prompt: it holds exactly `ids`, with
-        `pictures` over them (a picture the restore ended inside is not held)."""
+        `pictures` over them (whole spans, also of a picture the restore ended inside)."""
         if cache is None or not ids:
             raise ValueError("nothing to hold")
-        self._cache = cache
+        self._cache = with_room(cache)  # K/V grow in place, as in reset_to
         self._ids = list(ids)
-        self._pictures = tuple(p for p in pictures if p.end <= len(ids))
+        self._pictures = tuple(p for p in pictures if p.start < len(ids))
         self._rope_delta = rope_delta
 
     def grow_to(self, prompt: Prompt, end: int) -> None:
         """The cache was given `prompt`'s tokens up to `end` (the session held a prefix of it)."""
         self._ids.extend(prompt.ids[len(self._ids):end])
-        self._pictures = tuple(p for p in prompt.pictures if p.end <= end)
+        self._pictures = tuple(p for p in prompt.pictures if p.start < end)
 
     def append(self, tokens: list[int]) -> None:
         """The cache was given `tokens` (decoded text), perhaps followed by draft tokens that were
@@ -128,7 +131,7 @@ class Session:
     def crop(self, n: int) -> None:
         """Keep only the first `n` tokens (a reply stopped after its cache ran ahead)."""
         del self._ids[n:]
-        self._pictures = tuple(p for p in self._pictures if p.end <= n)
+        self._pictures = tuple(p for p in self._pictures if p.start < n)
         self._crop_cache(n)
 
     def drop_kv(self) -> None:

@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..protocol.events import Notice, SpillState, SpillStatus
 from ..kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
+from ..pictures.span import cut_before
 from .rates import RateBook
 from .session import Session
 
@@ -109,8 +110,12 @@ class SpillScheduler:
     def begin(self, session: Session, blocking: bool = False) -> bool:
         if self.store is None or session.cache is None or self.running is not None:
             return False
+        # a session may end inside a picture (a restore of whole blocks, then a failed prefill):
+        # what is spilled stops before it, as a stored picture span must end within its tokens
+        n = cut_before(len(session.ids), session.pictures)
         try:
-            job = self.store.begin_spill(session.conversation_id, session.ids, session.pictures, session.cache,
+            job = self.store.begin_spill(session.conversation_id, session.ids[:n],
+                                         [p for p in session.pictures if p.end <= n], session.cache,
                                          {"rope_delta": session.rope_delta})
         except UnsupportedCache as exc:
             self.emit(SpillState(session.conversation_id, SpillStatus.REFUSED, str(exc)))
@@ -192,8 +197,10 @@ class SpillScheduler:
         if self.store is None or session.cache is not None or len(prompt.ids) < 2:
             return 0
         try:
+            # whole blocks, even where the last one ends inside a picture: the turn prefills only
+            # that picture's remaining tokens (its features sliced), not the whole picture again
             res = self.store.restore(session.conversation_id, prompt.ids, prompt.pictures, device=self.loaded.device,
-                                     dtype=self.loaded.dtype, max_tokens=len(prompt.ids) - 1)
+                                     dtype=self.loaded.dtype, max_tokens=len(prompt.ids) - 1, cut_pictures=False)
         except KVStoreError as exc:
             log.warning("restore failed: %s", exc)
             return 0

@@ -1,11 +1,13 @@
-"""Where a picture sits in a token sequence, and the one rule about it: never cut through a picture.
+"""Where a picture sits in a token sequence, and the rules about cutting through one.
 
-A picture's features go into the model with all of its tokens at once, and a KV prefix that
-ended inside a picture would hold half of one. So every boundary drawn in a token sequence (the
-prefix a session reuses, a prefill piece, a prefix restored from the KV store, the part of a
-stored tail a new prompt shares) is moved out of pictures by `cut_before` / `cut_after`, here and
-nowhere else. The same PictureSpan goes from the prompt (engine/local/prompt.py) to the KV store's
-block keys and manifest (engine/kvstore/). Torch-free.
+A picture's features go into the model with its tokens, so a prefill piece never cuts through a
+picture, and a stored session never ends inside one (a stored span lies within its tokens): those
+boundaries are moved out of pictures by `cut_before` / `cut_after`, here and nowhere else. A KV
+prefix may end inside a picture, though: KV is causal, so the first tokens of the same picture
+(same key) hold the same KV whatever follows, and a restore of whole blocks keeps the picture
+tokens they hold; the turn then feeds only the remaining feature rows. The same PictureSpan goes
+from the prompt (engine/local/prompt.py) to the KV store's block keys and manifest
+(engine/kvstore/). Torch-free.
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ from engine.protocol.turn_stats import LocalTurnStats, RemoteTurnStats, TurnStat
 
 
 def duration(seconds: float) -> str:
-    """A measured time: "0.41 s", "12 s", "3.2 min"."""
+    """A measured time: "8 ms", "0.41 s", "12 s", "3.2 min"."""
+    if seconds < 0.1:
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 10:
         return f"{seconds:.2f} s" if seconds < 1 else f"{seconds:.1f} s"
     if seconds < 90:

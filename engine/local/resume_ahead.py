@@ -112,33 +112,34 @@ class ResumeAhead:
         self.running = _Running(cid, job, need)
         return True
 
-    def measure(self) -> None:
+    def measure(self) -> bool:
         """No restore speed was measured on this machine yet while the store holds a chat: read one
         blob of it back (verified, then let go) and time it, so the first estimate shown is a
-        measured one."""
+        measured one. True when it measured."""
         store = self.spill_scheduler.store
         if self.rates.restore.rate is not None or store is None:
-            return
+            return False
         stored = store.stored_sessions()
         job = store.begin_session_restore(stored[0].id, self.loaded.device, self.loaded.dtype, blobs=1) \
             if stored else None
         if job is None:
-            return
+            return False
         job.step()
         job.cancel()
         if job.bytes_read:
             self.rates.record_restore(job.bytes_read, job.seconds)
+        return bool(job.bytes_read)
 
     def step(self, more: Callable[[], bool]) -> bool:
         """Begin or go on restoring: blobs are read while `more()` says no request waits, for at
         most PROGRESS_EVERY_S (then the caller says how far it got and calls again). True when
         something changed."""
-        self.measure()
+        measured = self.measure()
         if self.start():
             return True  # said before the first blob: the mark shows "restoring" at once
         r = self.running
         if r is None:
-            return False
+            return measured  # a new estimate to show
         until = time.monotonic() + PROGRESS_EVERY_S
         while not r.job.finished and more():
             if self._memory_short(r):

@@ -238,7 +238,8 @@ class MessageDelegate(QStyledItemDelegate):
         painter.drawRoundedRect(geo.bubble, 10, 10)
 
         dpr = painter.device().devicePixelRatioF() if painter.device() else 1.0
-        for path, rect in geo.thumbs:
+        for i, (path, rect) in enumerate(geo.thumbs):
+            words = self.picture_words(it.digests[i]) if i < len(it.digests) else None
             pm = self.thumbs.get(path, THUMB, dpr)
             if pm is None:  # still decoding
                 painter.setPen(Qt.PenStyle.NoPen)
@@ -254,10 +255,8 @@ class MessageDelegate(QStyledItemDelegate):
             size = pm.deviceIndependentSize().toSize()
             target = QRect(rect.topLeft(), size)
             painter.drawPixmap(target, pm)
-        for i, (_path, rect) in enumerate(geo.thumbs):
-            words = self.picture_words(it.digests[i]) if i < len(it.digests) else None
-            if words is not None:
-                self._paint_badge(painter, rect, words[0])
+            if words is not None:  # on the picture itself, which may be shorter than its box
+                self._paint_badge(painter, target, words[0])
 
         if geo.doc is not None and it.text:
             painter.save()
@@ -304,15 +303,16 @@ class MessageDelegate(QStyledItemDelegate):
 
     @staticmethod
     def _paint_badge(painter: QPainter, thumb: QRect, word: str) -> None:
-        """A small pill in the thumbnail's lower left corner: "cached" (green) or "new"."""
+        """A small dark pill in the picture's lower left corner, readable on any picture: "cached"
+        in green, "new" in white."""
         fm = QFontMetrics(painter.font())
         w, h = fm.horizontalAdvance(word) + 10, fm.height() + 2
         pill = QRectF(thumb.left() + 4, thumb.bottom() - h - 3, w, h)
         painter.save()
         painter.setPen(Qt.PenStyle.NoPen)
-        painter.setBrush(QColor(31, 138, 85, 225) if word == "cached" else QColor(40, 40, 40, 200))
+        painter.setBrush(QColor(20, 20, 20, 205))
         painter.drawRoundedRect(pill, h / 2, h / 2)
-        painter.setPen(QColor("white"))
+        painter.setPen(QColor("#7ee2a8") if word == "cached" else QColor("white"))
         painter.drawText(pill, Qt.AlignmentFlag.AlignCenter, word)
         painter.restore()
 

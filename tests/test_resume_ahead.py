@@ -43,7 +43,8 @@ class Places:
     def wait(self, predicate, timeout: float = 30.0) -> ChatMemoryReport:
         with self._cv:
             ok = self._cv.wait_for(lambda: self.reports and predicate(self.reports[-1]), timeout)
-            assert ok, f"no such report; last: {self.reports[-1] if self.reports else None}"
+            assert ok, (f"no such report; last: {self.reports[-1] if self.reports else None}; "
+                        f"places of c: {self.history('c')}")
             return self.reports[-1]
 
 
@@ -149,20 +150,25 @@ def test_switching_away_or_another_chats_turn_stops_the_restore(spilled_chat, tm
     engine.add_listener(switch_away)
     try:
         engine.open_chat("c")
-        places.wait(lambda r: r.of("c").place == KVPlace.ON_SSD and len(places.history("c")) > 2)
-        assert places.history("c")[-2:] == [KVPlace.RESTORING, KVPlace.ON_SSD]
+        places.wait(lambda r: places.history("c")[-2:] == [KVPlace.RESTORING, KVPlace.ON_SSD])
         assert "c" not in engine.sessions or engine.sessions["c"].cache is None
         assert engine.spill_scheduler.store.counters["restores"] == 0  # a cancelled restore is no restore
 
         # back to the chat: a turn of another chat cancels its restore; it begins again afterwards
+        other: dict = {}
+
         def other_turn(ev):
             if isinstance(ev, ChatMemoryReport) and ev.of("c").place == KVPlace.RESTORING:
                 engine.remove_listener(other_turn)
-                threading.Thread(target=lambda: ask(engine, "x", [Message("user", "Hello there.")], 2)).start()
+                other["thread"] = threading.Thread(
+                    target=lambda: other.setdefault("done", ask(engine, "x", [Message("user", "Hello there.")], 2)))
+                other["thread"].start()
 
         engine.add_listener(other_turn)
         engine.open_chat("c")
         places.wait(lambda r: r.of("c").place == KVPlace.HOT and r.of("x").place == KVPlace.HOT)
+        other["thread"].join(60)
+        expect_done(other["done"])
         assert places.history("c")[-4:] == [KVPlace.RESTORING, KVPlace.ON_SSD, KVPlace.RESTORING, KVPlace.HOT]
     finally:
         engine.shutdown()

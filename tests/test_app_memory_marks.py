@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import QPoint, Qt
 
+from app.sidebar import MarkRole
 from engine.protocol.events import EncoderStatus, KVPlace
 from tests.fixtures.pictures import make_picture
 from tests.test_app_support import TIMEOUT_MS, make_window, send, wait_reply  # noqa: F401
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def mark_of(w, cid):
     row = w.sidebar.model.row_of(cid)
-    return w.sidebar.model.index(row, 0).data(Qt.ItemDataRole.UserRole + 3)  # sidebar.MarkRole
+    return w.sidebar.model.index(row, 0).data(MarkRole)
 
 
 def tooltip_of(w, cid) -> str:

@@ -56,6 +56,10 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         wait_reply(qtbot, w)
         user, reply = w.messages.items()
         assert reply.status == COMPLETE and reply.text
+        # the server keeps its caches to itself: no memory mark, no picture mark; the line is the server's
+        cid = w.controller.current_id
+        assert w.chat_marks.mark(cid) is None and w.picture_marks.words(user.digests[0]) is None
+        assert reply.note.startswith("first text after ") or reply.note.startswith("The server had ")
         # the server's own answer to the same request, asked directly
         client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
         url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()

@@ -14,7 +14,7 @@ question, as after a real pause). The chats hold a picture and distinct filler w
 text for prompt-lookup drafts to find); the never-spilled chat has its own picture and words of
 the same length, so it shares no KV block with the spilled one.
 
-    python tests/bench/resume_prefetch.py [--tokens 2048] [--repeats 3] [--json PATH] [--quick]
+    python tests/bench/resume_prefetch.py [--tokens 2048] [--repeats 5] [--json PATH] [--quick]
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def opening(engine, words: list[str], picture, n_tokens: int) -> list[Message]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=2048, help="the chats' length before the follow-up")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = parse_args(ap, quick={"tokens": 300, "repeats": 1})
     reduce = QUICK if args.quick else {}
@@ -143,7 +143,8 @@ def main() -> None:
     print(f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}: {t['num_hidden_layers']}-layer "
           f"{t['hidden_size']}-wide LM, bf16 on CPU")
     print(f"chats of {rows[0]['tokens']:,} tokens ({rows[0]['kv_bytes'] / (1 << 20):.1f} MiB of KV on the SSD), "
-          f"a picture each; {len(rows)} follow-ups of {QUESTION_WORDS} words, {NEW} new tokens; pair 1 right "
+          f"a picture each; {len(rows)} follow-up{'s' if len(rows) != 1 else ''} of {QUESTION_WORDS} words, "
+          f"{NEW} new tokens; pair 1 right "
           "after the restart")
     for x in rows:
         print(f"  pair {x['repeat']}: selected -> in memory {x['select_to_hot_s']:.2f} s (restore {x['restore_s']:.3f} s,"
@@ -153,12 +154,16 @@ def main() -> None:
               f"{x['prefill_hot_s']:.2f} s; {x['restored_tokens']:,} restored)")
     print(ratio_line("first token after select-and-restore / never spilled (median)", ratio, at_most=1.15))
     if est:
-        first_est = est[0]
-        inside = all(0.5 <= e <= 2.0 for e in est)
-        print(ratio_line("resume estimate shown / measured restore, after the restart", first_est, at_least=0.5,
+        print(ratio_line("resume estimate shown / measured restore, after the restart", est[0], at_least=0.5,
                          at_most=2.0))
-        print(ratio_line("resume estimate shown / measured restore, median of all", statistics.median(est),
-                         at_least=0.5, at_most=2.0, also=("every pair within 0.5-2", inside)))
+        print(ratio_line("resume estimate shown / measured restore, median of all pairs", statistics.median(est),
+                         at_least=0.5, at_most=2.0))
+        print(ratio_line("resume estimate shown / measured restore, lowest", min(est),
+                         note=f"highest {max(est):.3f}; the same restore took "
+                              f"{min(x['restore_s'] for x in rows):.3f}-{max(x['restore_s'] for x in rows):.3f} s"))
+        times = [x["ttft_resumed_s"] / x["ttft_hot_s"] for x in rows]
+        print(ratio_line("first token resumed / never spilled, lowest pair", min(times),
+                         note=f"highest {max(times):.3f}"))
     else:
         print("resume estimate shown / measured restore: 0.000  (goal within 0.5-2: no)  [no estimate was shown]")
     if args.json:

@@ -7,7 +7,7 @@ contradicting itself."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import Qt
 
 from app.sidebar import MarkRole
 from engine.protocol.events import EncoderStatus, KVPlace

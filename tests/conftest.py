@@ -1,6 +1,7 @@
 """Shared pytest fixtures: tiny model folders built once per test session."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,17 @@ def pytest_report_header(config):
         return (f"parley platform simulation: {SIMULATED_PLATFORM} "
                 f"(absent: {', '.join(MISSING[SIMULATED_PLATFORM])})")
     return "parley platform simulation: off"
+
+
+@pytest.fixture(autouse=True)
+def _qt_garbage_collected_on_the_main_thread(request):
+    """Widgets a window test leaves in reference cycles are collected here, on the main thread.
+    Left for later, a collection may run on a worker thread (a Models page fit, an engine thread):
+    shiboken then hands their deletion to the main thread, where it crashed in
+    BindingManager::runDeletionInMainThread during test_models_page after the window tests."""
+    yield
+    if "qtbot" in request.fixturenames:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

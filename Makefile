@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-report setup clean install-desktop uninstall-desktop bundle
+.PHONY: run test bench bench-report bench-tools setup clean install-desktop uninstall-desktop bundle
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ bench: $(STAMP)
 		$(PY) -u $$b $(BENCH_ARGS) 2>&1 | tee -a $$log || { echo "== $$b failed"; rm -f $$log; exit 1; }; \
 	done; \
 	echo "== goals"; grep -E '\(goal .*: (yes|no)\)' $$log; rm -f $$log
+
+# llama.cpp for tests/bench/vs_llamacpp.py, built once from the pinned llama-cpp-python sdist into
+# ~/.cache/parley-bench (benchmark only; the test suite's quick run skips it where it is not built)
+bench-tools: $(STAMP)
+	$(PY) tests/bench/_llamacpp.py
 
 # Run the benchmarks (full size unless BENCH_ARGS=--quick; BENCH_ONLY="restore_real image_gate_real"
 # for a subset) and write docs/benchmarks.md with a table of every figure, the machine and charts.

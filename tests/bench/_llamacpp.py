@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -73,10 +74,19 @@ def _locked(folder: Path):
 
 
 def _run(cmd: list[str], log: Path, **kw) -> None:
+    """Run a build step in its own process group, killed whole if this process is interrupted, so
+    no compiler outlives a stopped benchmark and writes into the next build's folder."""
     with open(log, "a") as out:
         out.write(f"$ {' '.join(map(str, cmd))}\n")
         out.flush()
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, **kw)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+        try:
+            proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        done = subprocess.CompletedProcess(cmd, proc.returncode)
     if done.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         raise Unavailable(f"{Path(cmd[0]).name} failed (exit {done.returncode}; log {log}): {tail[0][:200]}")
@@ -161,12 +171,18 @@ class LlamaCpp:
             raise RuntimeError(f"llama-mtmd-cli's log has no timestamps where expected:\n{log[-1500:]}")
         return end - start
 
-def ensure(say=lambda line: print(line, file=sys.stderr, flush=True)) -> LlamaCpp:
-    """The built llama.cpp of the pinned version, building it on first use (minutes: said first)."""
+NOT_BUILT = "llama.cpp is not built on this machine: `make bench-tools` builds it once"
+
+
+def ensure(say=lambda line: print(line, file=sys.stderr, flush=True), build: bool = True) -> LlamaCpp:
+    """The built llama.cpp of the pinned version, building it on first use (minutes: said first)
+    unless `build` is False (the test suite's quick run: a build does not belong in `make test`)."""
     root = cache_root()
     with _locked(root):
         if (root / "built.json").exists():
             return LlamaCpp(root)
+        if not build:
+            raise Unavailable(NOT_BUILT)
         cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
         if cmake is None or not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
             raise Unavailable("llama.cpp cannot be built here: cmake and a C++ compiler are needed")
@@ -192,10 +208,14 @@ def ensure(say=lambda line: print(line, file=sys.stderr, flush=True)) -> LlamaCp
             os.replace(tmp, src)
         t0 = time.monotonic()
         say(f"llama.cpp: building {', '.join(TARGETS)} into {root} (once; ~15-25 min on 2 cores)")
-        build = root / "build"
+        # built aside and moved into place whole: a build cut short never passes for a finished one
+        build, part = root / "build", root / "build.part"
+        shutil.rmtree(part, ignore_errors=True)
         gen = ["-G", "Ninja"] if ninja else []
-        _run([cmake, "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS], log)
-        _run([cmake, "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TARGETS], log)
+        _run([cmake, "-S", str(src), "-B", str(part), *gen, *CMAKE_FLAGS], log)
+        _run([cmake, "--build", str(part), "-j", str(os.cpu_count() or 2), "--target", *TARGETS], log)
+        shutil.rmtree(build, ignore_errors=True)
+        os.replace(part, build)  # the tools are linked statically: nothing in them names the folder
         (root / "built.json").write_text(json.dumps({
             "llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_flags": CMAKE_FLAGS, "build_s": round(time.monotonic() - t0),
             "commit": _vendored_commit(src)}, indent=1))
@@ -219,3 +239,10 @@ def _vendored_commit(src: Path) -> str:
     found = [line.split(":", 1)[1].strip() for line in (src.parent / "build.log").read_text(errors="replace").splitlines()
              if line.startswith(("-- ggml version:", "-- ggml commit:"))]
     return "ggml " + ", commit ".join(found[:2]) if found else "unknown"
+
+
+if __name__ == "__main__":  # `make bench-tools`: build it now, outside any benchmark
+    try:
+        print(f"llama.cpp ready in {ensure().root}")
+    except Unavailable as exc:
+        raise SystemExit(str(exc))

@@ -29,6 +29,7 @@ short prompts, bf16 and int8 only.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -165,7 +166,7 @@ def main() -> None:
     ap.add_argument("--keep-gguf", action="store_true", help="keep the converted GGUF files (next to the model)")
     args = parse_args(ap, {"formats": "bf16,int8", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"})
     try:
-        llama = ensure()
+        llama = ensure(build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1")
     except Unavailable as exc:
         print(f"skipped: {exc}")
         return

@@ -21,8 +21,22 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from engine.local.engine import Engine
 from engine.protocol.engine_like import EngineLike
 from engine.protocol.events import (
-    ChatMemoryReport, EncoderState, Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice,
-    PictureMarks, ServerReport, SpillState, Token, Turn, TurnDone, TurnFailed, TurnStarted,
+    ChatMemoryReport,
+    EncoderState,
+    Event,
+    MemoryReport,
+    ModelFailed,
+    ModelLoading,
+    ModelReady,
+    Notice,
+    PictureMarks,
+    ServerReport,
+    SpillState,
+    Token,
+    Turn,
+    TurnDone,
+    TurnFailed,
+    TurnStarted,
 )
 from engine.protocol.settings import EngineSettings
 
@@ -76,7 +90,7 @@ class EngineBridge(QObject):
 
     @classmethod
     def create(cls, settings: EngineSettings | None = None, data_dir: Path | None = None,
-               parent: QObject | None = None, start: bool = True) -> "EngineBridge":
+               parent: QObject | None = None, start: bool = True) -> EngineBridge:
         """An Engine wrapped in a bridge, started unless `start=False` (then `start()` it later:
         requests made before wait in its queue)."""
         bridge = cls(Engine(settings, data_dir), parent=parent)

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, replace
 from PySide6.QtCore import QObject, Signal
 
 from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
-from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 
 from .bridge import EngineBridge
 from .chat_titles import title_from, title_from_reply
-from .turn_line import turn_line
+from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 from .message_model import MessageItem, MessageListModel
 from .preferences import Preferences
+from .turn_line import turn_line
 
 SAVE_INTERVAL_S = 1.0
 

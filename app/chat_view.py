@@ -10,7 +10,7 @@ from PySide6.QtGui import QPainter, QPalette
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle
 
 from .message_delegate import MessageDelegate
-from .message_model import MessageIdRole, MessageListModel, RoleRole, StreamingRole, IsLastRole
+from .message_model import IsLastRole, MessageIdRole, MessageListModel, RoleRole, StreamingRole
 from .picture_intake import mime_has_pictures
 
 RELAYOUT_MIN_MS = 80  # a streaming reply that keeps growing re-flows the list at most this often

@@ -19,15 +19,16 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
-from .history_db import create_schema, open_database
-from engine.platform.paths import create_data_dir, private_dir
 from engine.pictures.ref import PictureRef
 from engine.pictures.store import NAME_RE, PictureStore, check_name
 from engine.platform.files import is_temp_name
+from engine.platform.paths import create_data_dir, private_dir
+
+from .history_db import create_schema, open_database
 
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
@@ -88,7 +89,7 @@ class History:
         database, the statements, COMMIT), the lock is released, no transaction stays open
         and synchronous is back to NORMAL."""
 
-        def __init__(self, history: "History", durable: bool):
+        def __init__(self, history: History, durable: bool):
             self.h, self.durable = history, durable
 
         def __enter__(self):
@@ -122,7 +123,7 @@ class History:
             finally:
                 self.h._lock.release()
 
-    def _tx(self, durable: bool = False) -> "History._Tx":
+    def _tx(self, durable: bool = False) -> History._Tx:
         return History._Tx(self, durable)
 
     def _query(self, sql: str, args: Iterable = ()) -> list[sqlite3.Row]:

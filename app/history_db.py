@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from engine.platform.paths import private_file
 from engine.platform.files import sqlite_durable
+from engine.platform.paths import private_file
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QtMsgType, QTimer, qInstallMessageHandler
+from PySide6.QtCore import QTimer, QtMsgType, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
 from engine.platform.paths import DEMO_MODEL, create_data_dir
@@ -125,8 +125,8 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         return 0
     apply_theme(app, prefs.theme())
 
-    from .history import History
     from .bridge import EngineBridge
+    from .history import History
     from .main_window import MainWindow
 
     try:

@@ -11,8 +11,14 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
-    QApplication, QInputDialog, QLabel, QMainWindow, QMessageBox, QSplitter,
-    QVBoxLayout, QWidget,
+    QApplication,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
 )
 
 from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
@@ -30,8 +36,8 @@ from .memory_marks import ChatMemoryMarks, PictureMarkBook
 from .message_model import MessageListModel
 from .model_picker import ModelPicker
 from .picture_intake import PictureIntake, mime_has_pictures
-from .retry_button import RetryButton
 from .preferences import ApiConfig, Preferences
+from .retry_button import RetryButton
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme

@@ -10,17 +10,32 @@ costs nothing and the encoder's idle countdown ticks smoothly between reports.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QDockWidget, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton,
-    QScrollArea, QToolButton, QVBoxLayout, QWidget,
+    QDockWidget,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from engine.protocol.events import (
-    STATELESS_PREFIX, EncoderState, EncoderStatus, KVPlace, MemoryReport, SpillState, SpillStatus,
+    STATELESS_PREFIX,
+    EncoderState,
+    EncoderStatus,
+    KVPlace,
+    MemoryReport,
+    SpillState,
+    SpillStatus,
 )
 from engine.protocol.turn_stats import LocalTurnStats, TurnStats
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
-    QAbstractTextDocumentLayout, QColor, QFontMetrics, QPainter, QPalette, QTextDocument,
+    QAbstractTextDocumentLayout,
+    QColor,
+    QFontMetrics,
+    QPainter,
+    QPalette,
+    QTextDocument,
 )
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QToolTip
 

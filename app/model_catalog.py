@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from engine.platform.paths import DEMO_MODEL
 from engine.library.installed import snapshot_for
+from engine.platform.paths import DEMO_MODEL
 
 
 @dataclass

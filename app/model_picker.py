@@ -5,13 +5,19 @@ Loading itself happens on the engine thread; this dialog only returns a path.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QPalette
 from PySide6.QtWidgets import (
-    QDialog, QDialogButtonBox, QFileDialog, QLabel, QListWidget, QListWidgetItem, QPushButton,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
     QVBoxLayout,
 )
 

@@ -12,8 +12,18 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import (
-    QComboBox, QDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox,
-    QTableWidget, QTableWidgetItem, QVBoxLayout,
+    QComboBox,
+    QDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
 )
 
 from engine.library import token_store
@@ -331,7 +341,7 @@ class ModelsPage(QDialog):
                 r = self._add_row(m.repo_id, m.model_type or "?", "", human_bytes(m.size_on_disk))
                 if fit_new_rows:
                     args = (self.precision.currentText(), self.context.value())
-                    self._background(lambda repo=m.repo_id: self._fit_one(repo, *args, with_plan=False))
+                    self._background(lambda repo=m.repo_id, args=args: self._fit_one(repo, *args, with_plan=False))
             self.table.item(r, COL_INSTALLED).setText(
                 f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):

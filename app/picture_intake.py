@@ -13,9 +13,9 @@ from pathlib import Path
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
-from .history import History
 from engine.pictures.file import MAX_PIXELS, PictureError, check
 
+from .history import History
 from .thumbnails import read_scaled
 
 MAX_FILE_BYTES = 64 << 20

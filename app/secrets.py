@@ -37,7 +37,7 @@ class Secrets:
         self.path = Path(folder) / f"{stem}.secrets.json"
 
     @classmethod
-    def beside(cls, qs: QSettings) -> "Secrets":
+    def beside(cls, qs: QSettings) -> Secrets:
         path = settings_file(qs)
         if path is None:
             import platformdirs

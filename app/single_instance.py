@@ -65,7 +65,7 @@ class SingleInstance(QObject):
         self._buffers: dict[QLocalSocket, bytearray] = {}
 
     @classmethod
-    def for_data_dir(cls, data_dir: Path, parent: QObject | None = None) -> "SingleInstance":
+    def for_data_dir(cls, data_dir: Path, parent: QObject | None = None) -> SingleInstance:
         return cls(server_name(data_dir), parent)
 
     def claim(self, message: dict | None = None, timeout_ms: int = 1500) -> bool:

@@ -55,7 +55,7 @@ def machine() -> dict:
             "python": platform.python_version(), "torch": versions[0] if versions else "?",
             "transformers": versions[1] if len(versions) > 1 else "?",
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -> None:
@@ -76,7 +76,7 @@ def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -
                 log.write(line)
             code = proc.wait()
         meta = {"args": bench_args, "exit": code, "seconds": round(time.monotonic() - t0, 1),
-                "finished": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+                "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
         (RUNS / f"{name}.meta.json").write_text(json.dumps(meta, indent=1))
         if code:
             print(f"== {name} failed (exit {code}); the report says so", flush=True)

@@ -36,21 +36,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
 os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
 
-import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)
+import shapes_world as world  # noqa: E402
 from PySide6.QtCore import QEventLoop, QMimeData, QPointF, QSettings, Qt, QTimer, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
-
-import shapes_world as world  # noqa: E402
 from shapes_questions import describe  # noqa: E402
+
+import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)
 from app.bridge import EngineBridge  # noqa: E402
+from app.history import History  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from engine.platform.paths import DEMO_MODEL  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
-from app.history import History  # noqa: E402
+from engine.platform.paths import DEMO_MODEL  # noqa: E402
 
 WINDOW = (1360, 860)
 LOAD_TIMEOUT_S = 180
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             w.memory_dock.hide()  # the conversation gets the room; the dock has its own screenshot
             turns = [(pictures["shapes.png"], "What is in the picture?"),
                      (pictures["more-shapes.png"], "What about this one?")]
-            for (picture, question), scene in zip(turns, SCENES.values()):
+            for (picture, question), scene in zip(turns, SCENES.values(), strict=False):
                 reply = ask(w, picture, question, done)
                 if failed:
                     raise SystemExit(f"screenshots: {failed[0]}")

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from engine.protocol.client import load_blocking, run_blocking
 from engine.local.engine import Engine
-from engine.protocol.events import MemoryReport, Message, Notice, Sampling, Turn, TurnDone
-from engine.model.load import load_model
 from engine.local.prompt import render
+from engine.model.load import load_model
+from engine.protocol.client import load_blocking, run_blocking
+from engine.protocol.events import MemoryReport, Message, Notice, Sampling, Turn, TurnDone
 from engine.protocol.settings import EngineSettings
 
 

@@ -25,7 +25,7 @@ def grow(kv, extra, seed):
     """The same conversation k tokens later: old K/V unchanged, new ones appended."""
     new = make_kv(extra, len(kv), kv[0][0].shape[1], kv[0][0].shape[3], kv[0][0].dtype, seed,
                   kv[0][1].shape[3])
-    return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(kv, new)]
+    return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(kv, new, strict=True)]
 
 
 def cache_of(kv):
@@ -43,7 +43,7 @@ def assert_prefix(result, kv, n):
         assert result.cache is None
         return
     assert len(result.cache.layers) == len(kv)
-    for layer, (k, v) in zip(result.cache.layers, kv):
+    for layer, (k, v) in zip(result.cache.layers, kv, strict=True):
         assert type(layer) is DynamicLayer
         assert torch.equal(layer.keys, k[:, :, :n]) and torch.equal(layer.values, v[:, :, :n])
     assert result.cache.get_seq_length() == n

@@ -17,8 +17,8 @@ import pytest
 from engine.api import ApiServer
 from engine.api.pictures import store_upload
 from engine.api.prompt_size import CHEAP_CHARS_PER_TOKEN
-from engine.protocol.events import TurnStarted
 from engine.pictures.store import PictureStore
+from engine.protocol.events import TurnStarted
 from tests.engine_helpers import open_engine
 from tests.fixtures.pictures import picture_bytes
 
@@ -158,7 +158,7 @@ def test_slow_loris_is_dropped_while_others_are_served(engine, serve):
                         if s.recv(1024) == b"":
                             closed.set()
                             return
-                    except socket.timeout:
+                    except TimeoutError:
                         pass
             except (BrokenPipeError, ConnectionResetError):
                 closed.set()
@@ -213,7 +213,7 @@ def test_a_30_mb_body_is_refused_while_another_request_completes(engine, serve, 
 def test_deeply_nested_json_is_a_400(engine, serve, where, turns_started):
     server = serve()
     deep = "[" * 100_000 + "]" * 100_000
-    raw = deep if where == "top" else '{"messages": [{"role": "user", "content": %s}]}' % deep
+    raw = deep if where == "top" else f'{{"messages": [{{"role": "user", "content": {deep}}}]}}'
     status, _, data = post(server, raw.encode())
     assert status == 400 and error_code(data) == "invalid_json"
     assert turns_started == []

@@ -12,9 +12,9 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
 from app.bridge import EngineBridge
+from app.history import History
 from app.main_window import MainWindow
 from app.settings_dialog import SettingsDialog
-from app.history import History
 from tests.test_app_support import make_prefs, make_window, send, wait_reply  # noqa: F401
 
 # no proxy from the environment may stand between the test and 127.0.0.1

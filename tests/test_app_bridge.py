@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import threading
 
-import app  # noqa: F401  (PySide6 refcount workaround)
 from PySide6.QtCore import QThread
 
+import app  # noqa: F401  (PySide6 refcount workaround)
 from app.bridge import EngineBridge
 from engine.protocol.events import Message, Sampling, Turn
 

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.bridge import EngineBridge
 from app.model_catalog import scan_hf_cache
-from app.model_picker import PathRole, ProblemRole, ModelPicker
+from app.model_picker import ModelPicker, PathRole, ProblemRole
 from app.settings_dialog import SettingsDialog
 from app.theme import apply_theme, is_dark
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401

@@ -2,7 +2,7 @@
 900×600 window keeps a usable conversation (the memory dock gives way first)."""
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtCore import QSize, QTimer
 from PySide6.QtWidgets import QApplication, QDialog, QMessageBox
 
 from tests.test_app_support import make_window  # noqa: F401
@@ -80,7 +80,7 @@ def test_a_small_window_keeps_the_chat_usable_and_the_dock_gives_way(make_window
     wide_dock = w.memory_dock.width()
     for width, height in ((1280, 720), (900, 600)):
         w.resize(width, height)
-        qtbot.waitUntil(lambda: w.width() == width)
+        qtbot.waitUntil(lambda width=width: w.width() == width)
         QApplication.processEvents()
         assert w.chat.width() >= CHAT_MIN_WIDTH, (width, w.chat.width(), w.memory_dock.width(), w.sidebar.width())
         assert w.composer.edit.width() >= CHAT_MIN_WIDTH - 100

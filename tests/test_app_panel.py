@@ -7,7 +7,14 @@ import dataclasses
 from PySide6.QtCore import Qt
 
 from engine.protocol.events import (
-    ChatMemory, ChatMemoryReport, EncoderState, EncoderStatus, KVPlace, MemoryReport, SpillState, SpillStatus,
+    ChatMemory,
+    ChatMemoryReport,
+    EncoderState,
+    EncoderStatus,
+    KVPlace,
+    MemoryReport,
+    SpillState,
+    SpillStatus,
     StoreCounters,
 )
 from tests.fixtures.pictures import make_picture

@@ -9,8 +9,8 @@ import base64
 import pytest
 
 from app.engine_choice import BUILTIN, REMOTE, load_choice
-from app.settings_dialog import SettingsDialog
 from app.history import COMPLETE
+from app.settings_dialog import SettingsDialog
 from tests.fixtures.pictures import make_picture
 from tests.remote_servers import ParleyServe
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401

@@ -8,15 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-import app  # noqa: F401  (applies the PySide6 refcount workaround before any signal)
 from PySide6.QtCore import QPoint, QSettings, Qt
 
+import app  # noqa: F401  (applies the PySide6 refcount workaround before any signal)
 from app.bridge import EngineBridge
+from app.history import History
 from app.main_window import MainWindow
 from app.preferences import Preferences
 from engine.protocol.events import Sampling
-from app.history import History
 
 TIMEOUT_MS = 60_000
 

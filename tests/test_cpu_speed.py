@@ -173,7 +173,7 @@ def test_a_growing_kv_layer_holds_what_concatenation_would_and_copies_only_when_
         k, v = torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
         want = plain.update(k, v)
         got = grown.update(k, v)
-        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
         buffers.add(grown.held()[0].data_ptr())
         if i == 20:  # a rejected draft is cropped away; the next tokens overwrite its room
             plain.crop(-7)

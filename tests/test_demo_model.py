@@ -6,8 +6,6 @@ would; one goes through Parley's own engine, the path the window takes.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from PIL import Image, ImageDraw
@@ -137,8 +135,7 @@ def test_hello_text_only(demo):
 def test_red_circle_through_the_engine(tmp_path):
     """The window's path: a picture file in a user message, the engine's prompt, cache and decode."""
     from engine.protocol.events import Message
-    from tests.engine_helpers import ask as engine_ask
-    from tests.engine_helpers import expect_done, open_engine
+    from tests.engine_helpers import ask as engine_ask, expect_done, open_engine
 
     path = tmp_path / "circle.png"
     picture("circle", "red").save(path)

@@ -23,7 +23,6 @@ PNG_SIZES = (16, 22, 24, 32, 48, 64, 128, 256, 512)
 sys.path.insert(0, str(ROOT / "packaging" / "linux"))
 import install_desktop  # noqa: E402
 
-
 # ------------------------------------------------------------ desktop entry, read as the spec says
 
 def parse_entry(text: str) -> dict[str, str]:
@@ -126,8 +125,9 @@ def test_rendered_exec_survives_awkward_paths():
 def test_install_and_uninstall_for_the_user(tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "HOME": str(home), "XDG_DATA_HOME": ""}
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), *a],
-                                    env=env, capture_output=True, text=True, timeout=60)
+    def run(*a):
+        return subprocess.run([sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), *a],
+                              env=env, capture_output=True, text=True, timeout=60)
     res = run("install")
     assert res.returncode == 0, res.stderr
     share = home / ".local" / "share"
@@ -286,7 +286,8 @@ def launch_twice(argv: list[str], env: dict, tmp_path: Path) -> None:
     from app.single_instance import server_name
 
     status, log_path, data = tmp_path / "status", tmp_path / "first.log", Path(argv[argv.index("--data-dir") + 1])
-    lines = lambda: status.read_text().splitlines() if status.exists() else []
+    def lines():
+        return status.read_text().splitlines() if status.exists() else []
     with open(log_path, "w") as log:
         first = subprocess.Popen(argv, env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -13,9 +13,9 @@ import torch
 import torch._dynamo  # noqa: F401  imported before the patches: it inspects torch.cuda.is_available once
 
 from engine.device import choice as devices
-from engine.protocol.events import Message
 from engine.device.ledger import build_report, device_totals
 from engine.model.load import ModelLoadError, load_model
+from engine.protocol.events import Message
 from engine.vision.residency import EncoderResidency
 from tests.engine_helpers import ask, open_engine
 from tests.test_app_support import make_window  # noqa: F401  (fixture)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.protocol.events import Message
 from engine.local.prompt import build_prompt, render
+from engine.protocol.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
@@ -62,8 +62,8 @@ def test_multi_turn_with_pictures_matches_full_prefill(family, tiny_model, tmp_p
 def test_prompt_ids_equal_the_processor(family, tiny_model, tmp_path, pictures):
     model_dir = tiny_model(family)
     ref = Reference(model_dir)
-    from engine.vision.gate import GateTurnStats, PictureGate
     from engine.protocol.settings import EngineSettings
+    from engine.vision.gate import GateTurnStats, PictureGate
 
     gate = PictureGate(ref.loaded, EngineSettings())
     messages = [Message("user", "two pictures", pics(pictures[0], pictures[1])),
@@ -75,7 +75,7 @@ def test_prompt_ids_equal_the_processor(family, tiny_model, tmp_path, pictures):
     assert [c.n_tokens for c in prompt.picture_chunks] == [e.n_tokens for e in entries]
     # the chunks tile the prompt in order: text, picture, ..., each picture whole and with its key
     assert [t for c in prompt.chunks for t in c.ids] == expected
-    assert all(a.end == b.start for a, b in zip(prompt.chunks, prompt.chunks[1:]))
+    assert all(a.end == b.start for a, b in zip(prompt.chunks, prompt.chunks[1:], strict=False))
     assert [c.key for c in prompt.picture_chunks] == [e.key for e in entries]
 
 

@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from engine.protocol.client import EngineError, load_blocking, run_blocking
 from engine.local.detok import IncrementalDetokenizer
 from engine.local.engine import Engine
 from engine.model.kv_growth import ROOM_MIN
-from engine.protocol.events import MemoryReport, Message, Sampling, Token, Turn, TurnDone, TurnFailed
 from engine.pictures.ref import PictureRef
+from engine.protocol.client import EngineError, load_blocking, run_blocking
+from engine.protocol.events import MemoryReport, Message, Sampling, Token, Turn, TurnDone, TurnFailed
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_broken_picture, make_not_a_picture, make_picture, pics
 

@@ -53,7 +53,7 @@ def test_a_decoded_row_is_the_same_alone_or_with_its_draft(dtype):
 
 
 def test_the_longest_draft_stays_on_the_decode_kernel():
-    assert PROMPT_ROWS > 1 + NgramDrafter([]).max_draft  # the runner uses the default cap
+    assert 1 + NgramDrafter([]).max_draft < PROMPT_ROWS  # the runner uses the default cap
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

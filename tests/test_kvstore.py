@@ -11,12 +11,18 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from engine.kvstore import KVStore, UnsupportedCache
-from engine.pictures.span import PictureKey, PictureSpan
 from engine.kvstore.blob import blob_path
+from engine.pictures.span import PictureKey, PictureSpan
 from tests.kv_helpers import (  # noqa: F401 (store: the fixture)
-    NS, assert_prefix, blob_files, cache_of, grow, make_kv, store, tokens,
+    NS,
+    assert_prefix,
+    blob_files,
+    cache_of,
+    grow,
+    make_kv,
+    store,
+    tokens,
 )
-
 
 # ---------------------------------------------------------------------- round trips
 
@@ -153,7 +159,7 @@ def test_session_sharing_an_opening_stores_shared_blocks_once(store):
     assert store.spill("a", toks_a, [], cache_of(kv_a)).ok           # 5 blocks
     # b opens with the same 50 tokens (3 full blocks), then differs
     kv_b = [(torch.cat([k[:, :, :50], nk], 2), torch.cat([v[:, :, :50], nv], 2))
-            for (k, v), (nk, nv) in zip(kv_a, make_kv(30, seed=2))]
+            for (k, v), (nk, nv) in zip(kv_a, make_kv(30, seed=2), strict=True)]
     toks_b = toks_a[:50] + tokens(30, seed=2)
     # a new conversation with the same opening restores the shared blocks from a's blobs
     pre = store.restore("b", toks_b)

@@ -8,8 +8,8 @@ import torch
 from transformers import DynamicCache
 
 from engine.kvstore import KVStore, KVStoreError
-from engine.pictures.span import PictureKey, PictureSpan
 from engine.kvstore.layout import build_cache
+from engine.pictures.span import PictureKey, PictureSpan
 
 NS = b"api-model"
 
@@ -47,7 +47,7 @@ def test_bf16_bit_patterns_survive_exactly(store):
     t = toks(40)
     assert store.spill("a", t, [], build_cache(kv)).ok
     out = store.restore("a", t)
-    for layer, (k, v) in zip(out.cache.layers, kv):
+    for layer, (k, v) in zip(out.cache.layers, kv, strict=True):
         assert torch.equal(layer.keys.view(torch.int16), k.view(torch.int16))
         assert torch.equal(layer.values.view(torch.int16), v.view(torch.int16))
 
@@ -60,7 +60,7 @@ def test_restore_mixes_own_and_shared_blocks(store):
     out = store.restore("short", t)
     assert out.n_tokens == 96 and out.stats.source == "session+shared"
     assert out.state == {"turns": 1} and not out.stats.state_complete
-    assert all(torch.equal(layer.keys, k) for layer, (k, _) in zip(out.cache.layers, kv))
+    assert all(torch.equal(layer.keys, k) for layer, (k, _) in zip(out.cache.layers, kv, strict=True))
     assert store.restore("short", t, shared=False).n_tokens == 48
 
 
@@ -149,7 +149,7 @@ def test_cuda_round_trip(tmp_path):
         assert s.spill("a", t, [], DynamicCache(ddp_cache_data=kv)).ok
         out = s.restore("a", t, device="cuda")
         assert out.n_tokens == 300
-        for layer, (k, v) in zip(out.cache.layers, kv):
+        for layer, (k, v) in zip(out.cache.layers, kv, strict=True):
             assert layer.keys.is_cuda and torch.equal(layer.keys, k) and torch.equal(layer.values, v)
         half = s.restore("a", t[:150] + [1] * 10, device="cuda")
         assert half.n_tokens == 150 and torch.equal(half.cache.layers[1].values, kv[1][1][:, :, :150])
@@ -167,4 +167,4 @@ def test_units_smaller_than_one_head_split_rows(tmp_path):
         assert s.counters["host_buffer_bytes"] <= 2 * 4096
         out = s.restore("a", t)
         assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-                   for layer, (k, v) in zip(out.cache.layers, kv))
+                   for layer, (k, v) in zip(out.cache.layers, kv, strict=True))

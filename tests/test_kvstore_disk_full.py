@@ -9,8 +9,7 @@ import sqlite3
 import pytest
 import torch
 
-from engine.kvstore import KVStore, StoreUnavailable
-from engine.kvstore import sweep as sweep_module
+from engine.kvstore import KVStore, StoreUnavailable, sweep as sweep_module
 from engine.kvstore.layout import build_cache
 
 NS = b"disk-full-model"
@@ -50,7 +49,7 @@ def assert_whole(root):
         for i, sid in enumerate(SESSIONS):
             back = s.restore(sid, toks(40, i))
             assert back.n_tokens == 40
-            for layer, (k, v_) in zip(back.cache.layers, kv_of(40, i)):
+            for layer, (k, v_) in zip(back.cache.layers, kv_of(40, i), strict=True):
                 assert torch.equal(layer.keys, k) and torch.equal(layer.values, v_)
 
 

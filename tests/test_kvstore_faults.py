@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+
 from engine.kvstore import KVStore
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the writers are forked (POSIX only)")
@@ -93,7 +94,7 @@ def disk_full(root, limit, out):
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     big = crash_tokens("s1", 2000)
     cache = crash_cache(big)
-    before = [(l.keys.clone(), l.values.clone()) for l in cache.layers]
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     second = s.spill("s1", big, [], cache)
     intact = all(torch.equal(l.keys, k) and torch.equal(l.values, v) for l, (k, v) in zip(cache.layers, before))
     back = s.restore("s0", small)
@@ -158,7 +159,7 @@ def _check_consistent(root: str) -> int:
         v = s.verify()
         assert not v["bad"] and not v["missing"] and not v["refcount_errors"], v
         names = set()
-        for dirpath, _, files in os.walk(s.blobs_dir):
+        for _, _, files in os.walk(s.blobs_dir):
             for name in files:
                 assert not name.endswith(".tmp"), name
                 names.add(name)
@@ -172,7 +173,7 @@ def _check_consistent(root: str) -> int:
             toks = crash_tokens(sid, n)
             out = s.restore(sid, toks, crash_pictures(n), cut_pictures=False)
             assert out.n_tokens == n and out.stats.bad_blobs == 0 and out.stats.missing_blobs == 0
-            for layer, (k, v) in zip(out.cache.layers, crash_kv(toks)):
+            for layer, (k, v) in zip(out.cache.layers, crash_kv(toks), strict=True):
                 assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
         return len(s.sessions())
 
@@ -215,10 +216,10 @@ def test_unwritable_blob_directory_fails_cleanly(tmp_path):
                     f.write("not a directory")
         toks = crash_tokens("s1", 100)
         cache = crash_cache(toks)
-        before = [(l.keys.clone(), l.values.clone()) for l in cache.layers]
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
         r = s.spill("s1", toks, [], cache)
         assert not r.ok and "writing blob failed" in r.error and "Not a directory" in r.error
-        for layer, (k, v) in zip(cache.layers, before):  # the caller's cache is untouched
+        for layer, (k, v) in zip(cache.layers, before, strict=True):  # the caller's cache is untouched
             assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
         assert s.sessions() == ["s0"] and s.counters["spill_failures"] == 1
         back = s.restore("s0", old)

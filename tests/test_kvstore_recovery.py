@@ -7,11 +7,10 @@ import os
 import pytest
 import torch
 
-from engine.kvstore import KVStore
-from engine.pictures.span import PictureKey, PictureSpan
+from engine.kvstore import KVStore, KVStoreError
 from engine.kvstore.blob import blob_path
+from engine.pictures.span import PictureKey, PictureSpan
 from tests.kv_helpers import NS, assert_prefix, cache_of, grow, make_kv, store, tokens  # noqa: F401 (fixture)
-
 
 # ---------------------------------------------------------------------- corruption
 
@@ -93,7 +92,7 @@ def test_persistence_across_restart(tmp_path):
     s = KVStore(root, NS, block_tokens=16, min_free_bytes=0)
     assert s.spill("a", toks[:70], [PictureSpan(3, 9, PictureKey(b"img"))], cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
                    {"rope_deltas": torch.tensor([[2]]), "note": "x"}).ok
-    with pytest.raises(Exception):
+    with pytest.raises(KVStoreError, match="in use by another process"):
         KVStore(root, NS)  # one process at a time
     s.close()
     s = KVStore(root, NS, block_tokens=16, min_free_bytes=0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.protocol.events import Message
 from engine.local.lookup_decode import PICTURE, NgramDrafter, accepted_prefix
+from engine.protocol.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES

@@ -167,7 +167,7 @@ def test_the_built_in_model_is_counted_to_its_last_weight():
 
     config = json.loads((DEMO_MODEL / "config.json").read_text())
     with safe_open(str(DEMO_MODEL / "model.safetensors"), "pt") as f:
-        saved = {k: f.get_slice(k).get_shape() for k in f.keys()}
+        saved = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118 (a safetensors file is not iterable)
     numel = lambda keys: sum(math.prod(saved[k]) for k in keys)  # noqa: E731
     # buffers (BatchNorm running statistics, LeViT's attention-bias index) are saved but are not parameters
     buffers = [k for k in saved if k.endswith(("running_mean", "running_var", "num_batches_tracked", "_idxs"))]

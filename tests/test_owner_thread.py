@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from engine.protocol.client import EngineError, load_blocking, run_blocking
 from engine.local.engine import Engine
+from engine.protocol.client import EngineError, load_blocking, run_blocking
 from engine.protocol.events import Message, ModelLoading, Sampling, Turn, TurnDone, TurnFailed
 from engine.protocol.settings import EngineSettings
 

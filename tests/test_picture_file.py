@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from engine.protocol.events import Message
-from tests.fixtures.pictures import pics
 from engine.pictures.file import PictureError, check, decode
+from engine.protocol.events import Message
 from engine.vision.entry import picture_key
 from tests.engine_helpers import ask, expect_done, open_engine
+from tests.fixtures.pictures import pics
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIF_ORIENTATION = 0x0112

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.platform import files as platform_io
 from app.history import History
 from engine.kvstore import KVStore, KVStoreError
 from engine.kvstore.blob import blob_path
+from engine.platform import files as platform_io
 from tests import platform_sim
 from tests.kv_helpers import NS, assert_prefix, cache_of, make_kv, tokens
 

@@ -106,7 +106,7 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
     client = openai.OpenAI(base_url=parley.url, api_key="x", max_retries=0, timeout=300)
     history: list[Message] = []
     for r, (text, pics) in zip(turns, [("What is in this picture?", [pictures[0]]),
-                                       ("And this one?", [pictures[1]]), ("Which of them is brighter?", [])]):
+                                       ("And this one?", [pictures[1]]), ("Which of them is brighter?", [])], strict=True):
         history.append(Message("user", text, picture_refs(*pics)))
         direct = client.chat.completions.create(model=ready.name, messages=as_openai(history),
                                                 max_tokens=N, temperature=0)
@@ -222,7 +222,7 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
         client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=300)
         history: list[Message] = []
         for r, (text, p) in zip(turns, [("What is in this picture?", [pics[0]]), ("And this one?", [pics[1]]),
-                                        ("Which of them is brighter?", [])]):
+                                        ("Which of them is brighter?", [])], strict=True):
             history.append(Message("user", text, picture_refs(*p)))
             direct = client.chat.completions.create(model=server.model, messages=as_openai(history),
                                                     max_tokens=N, temperature=0)

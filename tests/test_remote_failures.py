@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import pytest
 
+from engine.pictures.ref import PictureRef
 from engine.protocol.client import EngineError, load_blocking, run_blocking
 from engine.protocol.events import Message, Turn, TurnFailed
-from engine.pictures.ref import PictureRef
 from tests.fixtures.pictures import make_picture, pics as picture_refs
 from tests.remote_servers import (  # noqa: F401 (stub: the fixture)
-    DropsMidStream, Forbidden, NeverAnswers, PlainWebsite, Strict, Unauthorized, fail_turn, free_port, remote, stub,
+    DropsMidStream,
+    Forbidden,
+    NeverAnswers,
+    PlainWebsite,
+    Strict,
+    Unauthorized,
+    fail_turn,
+    free_port,
+    remote,
+    stub,
 )
 
 openai = pytest.importorskip("openai")

@@ -16,10 +16,19 @@ import time
 import pytest
 
 from engine.protocol.client import run_blocking
-from engine.protocol.events import Message, Sampling, TurnDone, TurnFailed, TurnStarted, Turn
+from engine.protocol.events import Message, Sampling, Turn, TurnDone, TurnFailed, TurnStarted
 from engine.remote.request import MARGIN_PIECES
 from tests.remote_servers import (  # noqa: F401 (stub: the fixture)
-    ROOT, BadChunkAfterText, BadUsage, Drips, EndlessEmpty, EndlessStream, EscapeCodes, NeverAnswers, remote, stub,
+    ROOT,
+    BadChunkAfterText,
+    BadUsage,
+    Drips,
+    EndlessEmpty,
+    EndlessStream,
+    EscapeCodes,
+    NeverAnswers,
+    remote,
+    stub,
 )
 
 openai = pytest.importorskip("openai")

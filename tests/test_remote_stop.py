@@ -3,7 +3,6 @@ for the server's next piece of text, which a slow server sends seconds later (he
 from __future__ import annotations
 
 import queue
-import socket
 
 import pytest
 
@@ -32,7 +31,7 @@ class OnePieceThenSilence(_Base):
         self.connection.settimeout(60)
         try:  # the client going away reads as end of file here
             gone = self.connection.recv(1) == b""
-        except (ConnectionError, socket.timeout):
+        except (TimeoutError, ConnectionError):
             gone = True
         self.server.client_gone.put(gone)
         self.server.release.wait(60)

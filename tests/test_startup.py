@@ -59,11 +59,12 @@ def test_window_shows_before_torch_is_imported(tmp_path, tiny_model):
 def test_the_window_says_loading_at_once_while_the_engine_is_still_starting(qtbot, tmp_path, tiny_model):
     # at launch the window is up before the engine thread has imported torch: a queued load must
     # read "Loading …" from the first frame, never "No model is loaded" with a "Get a model" button
+    from PySide6.QtWidgets import QPushButton
+
     import app  # noqa: F401  (the PySide6 refcount workaround before any signal)
     from app.bridge import EngineBridge
     from app.history import History
     from app.main_window import MainWindow
-    from PySide6.QtWidgets import QPushButton
     from tests.test_app_support import TIMEOUT_MS, make_prefs
 
     data = tmp_path / "data"

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.protocol.events import Message
 from engine.device.ledger import model_bytes
 from engine.model.load import load_model
-from engine.vision.residency import EncoderResidency
 from engine.model.packed_linear import PackedLinear
 from engine.model.weights import is_quantized
+from engine.protocol.events import Message
+from engine.vision.residency import EncoderResidency
 from tests.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
@@ -66,7 +66,7 @@ def _tied(folder) -> bool:
 
     for f in folder.glob("*.safetensors"):
         with safe_open(f, framework="pt") as sf:
-            if any(k.endswith("lm_head.weight") for k in sf.keys()):
+            if any(k.endswith("lm_head.weight") for k in sf.keys()):  # noqa: SIM118 (a safetensors file is not iterable)
                 return False
     return True
 

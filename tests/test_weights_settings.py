@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.protocol.events import Message, ModelFailed
-from engine.model.load import ModelLoadError, load_model
 from engine.headless.replay import run_replay
-from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
+from engine.model.load import ModelLoadError, load_model
 from engine.model.weights import estimate_bytes, plan_weights
+from engine.protocol.events import Message, ModelFailed
+from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 from tests.engine_helpers import ask, expect_done, open_engine
 
 ROOT = Path(__file__).resolve().parent.parent

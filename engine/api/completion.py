@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from ..protocol.events import Token, TurnDone, TurnFailed
 from ..protocol.turn_stats import LocalTurnStats
@@ -82,7 +82,7 @@ class ChatTurn:
                 batch = [first]
                 while not self.q.empty():
                     batch.append(self.q.get_nowait())
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 batch = []
             if self.gone or any(e is GONE for e in batch):
                 if not self.gone and not self.over:  # the server is stopping

@@ -142,7 +142,7 @@ class ApiApp:
             wait = min(api.client_timeout_s, deadline - loop.time())
             try:
                 message = await asyncio.wait_for(request.receive(), max(wait, 0.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 state["body_left"] = 0  # nothing more is read from this client: answer, then close
                 raise ApiError(408, f"The request body did not arrive in time (each part within "
                                     f"{api.client_timeout_s:g} s, the whole within {api.body_timeout_s:g} s).",

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..pictures.store import Hold, PictureStore
 from ..protocol.events import Message, Sampling
 from .errors import ApiError, bad
-from ..pictures.store import Hold, PictureStore
 from .pictures import decode_data_url, store_upload
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -18,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import anyio
 import uvicorn
 
+from ..pictures.store import PictureStore
+from ..platform.files import raise_open_file_limit
 from ..protocol.events import Token
 from .access import AccessCheck, check_bind
 from .activity import ApiActivity
@@ -32,8 +34,6 @@ from .completion import GONE
 from .errors import ApiConfigError, ApiError
 from .guard import guarded_protocol
 from .handler import ApiApp
-from ..pictures.store import PictureStore
-from ..platform.files import raise_open_file_limit
 from .pictures import drop_legacy_folder
 from .prompt_size import PromptMeter
 from .request import ChatRequest, parse_chat_request
@@ -101,7 +101,7 @@ class ApiServer:
         host, port = self.address
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
 
-    def start(self) -> "ApiServer":
+    def start(self) -> ApiServer:
         if self._thread is None:
             self.engine.add_listener(self._on_event)
             self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},

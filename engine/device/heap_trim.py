@@ -28,7 +28,7 @@ def _c_library():
         return None
     try:
         lib = ctypes.CDLL(None)  # the C library this process already runs on
-        lib.malloc_trim, lib.mallopt  # glibc only: musl and other C libraries lack malloc_trim
+        lib.malloc_trim, lib.mallopt  # glibc only: musl and other C libraries lack malloc_trim  # noqa: B018
     except (OSError, AttributeError):
         return None
     lib.malloc_trim.argtypes, lib.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int

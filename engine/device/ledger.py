@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from . import choice as devices
 from ..protocol.events import EncoderStatus, MemoryReport
+from . import choice as devices
 
 
 def _storage_parts(t):

@@ -10,9 +10,9 @@ from . import options
 def cmd_ask(args) -> int:
     from ..pictures.file import PictureError
     from ..pictures.ref import as_refs
+    from ..platform.terminal import terminal_safe
     from ..protocol.client import EngineError, load_blocking, run_blocking
     from ..protocol.events import Message, Sampling, Turn, TurnFailed
-    from ..platform.terminal import terminal_safe
     from ..remote import RemoteConfigError, RemoteEngine
 
     try:

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..protocol.client import EngineError, Interrupted, load_blocking, run_blocking
-from ..protocol.events import Message, Sampling, Turn, TurnFailed
 from ..pictures.file import PictureError
 from ..pictures.ref import as_refs
+from ..protocol.client import EngineError, Interrupted, load_blocking, run_blocking
+from ..protocol.events import Message, Sampling, Turn, TurnFailed
 from ..protocol.settings import EngineSettings
 from . import options
 

@@ -10,13 +10,13 @@ One-way chain, each module using only the ones before it:
   session_restore                                    SessionRestoreJob: one session's own KV back, a blob a step
   store                                              KVStore: the thin facade the engine uses
 """
-from .errors import KVStoreError, StoreUnavailable, UnsupportedCache
 from ..pictures.span import PictureSpan
+from .errors import KVStoreError, StoreUnavailable, UnsupportedCache
 from .keys import BlockKey, block_keys, namespace_digest
 from .layout import KVLayout, model_refusal
 from .restore import RestoreResult
-from .spill_job import SpillJob, SpillResult
 from .session_restore import SessionRestore, SessionRestoreJob
+from .spill_job import SpillJob, SpillResult
 from .store import KVStore, StoredSession
 
 __all__ = ["KVStore", "StoredSession", "SessionRestore", "SessionRestoreJob", "SpillJob", "SpillResult", "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache",

@@ -15,7 +15,8 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Callable, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from .blob import blob_path
 from .errors import KVStoreError

@@ -8,7 +8,8 @@ salted per process and far too short.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable, NewType, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NewType
 
 import blake3
 import numpy as np

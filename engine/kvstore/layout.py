@@ -69,7 +69,7 @@ class KVLayout:
         return {"dtype": DTYPE_NAMES[self.dtype], "shapes": [list(s) for s in self.shapes]}
 
     @staticmethod
-    def from_json(d: dict) -> "KVLayout":
+    def from_json(d: dict) -> KVLayout:
         return KVLayout(NAME_DTYPES[d["dtype"]], tuple(tuple(int(x) for x in s) for s in d["shapes"]))
 
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import blake3
 import numpy as np
 import torch
 
 from ..device.choice import synchronize
+from ..pictures.span import cut_before
 from ..platform.files import open_read, pread, read_into
 from .blob import blob_size, header_len, parse_fixed, parse_header
 from .errors import BadBlob, MissingBlob
 from .layout import KVLayout
-from ..pictures.span import cut_before
 from .restore import ReadItem, ReadPlan
 
 

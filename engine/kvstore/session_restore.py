@@ -15,8 +15,8 @@ checked that memory allows them); `cancel()` lets them go.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -56,7 +56,7 @@ def kv_bytes(layout: KVLayout, n_tokens: int, dtype: torch.dtype | None) -> int:
 
 class SessionRestoreJob:
     def __init__(self, row: SessionRow, ns: bytes, path_of: Callable[[bytes], str], device, dtype,
-                 on_fail: Callable[[ReadItem, str, str], None], on_done: Callable[["SessionRestoreJob"], None],
+                 on_fail: Callable[[ReadItem, str, str], None], on_done: Callable[[SessionRestoreJob], None],
                  blobs: int | None = None):
         self.row = row
         self.ns = ns

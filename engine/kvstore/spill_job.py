@@ -14,17 +14,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import blake3
 import numpy as np
 import torch
 
+from ..pictures.span import PictureSpan
 from ..platform.files import AtomicFile, sync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, encode_header, header_len
 from .index import StoreIndex
-from ..pictures.span import PictureSpan
 from .layout import KVLayout
 from .manifest import SessionRow
 from .writer import BufferPool, WriterThread

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import errno
 import math
-from dataclasses import dataclass
 import os
 import sqlite3
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..pictures.span import PictureSpan
-from ..platform.files import FolderBusy, FolderLock
-from ..platform.files import sync_dir as fsync_dir
+from ..platform.files import FolderBusy, FolderLock, sync_dir as fsync_dir
 from ..platform.paths import PRIVATE_DIR_MODE, private_dir
 from .blob import KIND_BLOCK, KIND_TAIL, blob_size
 from .errors import BadBlob, KVStoreError, MissingBlob, StoreUnavailable
@@ -177,7 +177,7 @@ class KVStore:
         self.index.close()
         self._lock_file.close()
 
-    def __enter__(self) -> "KVStore":
+    def __enter__(self) -> KVStore:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,7 +12,8 @@ import shutil
 import sqlite3
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import blake3
 

@@ -15,12 +15,11 @@ def _gb(n: int) -> str:
 
 
 def cmd_list(args) -> int:
+    from ..model.speed import describe
+    from ..platform.paths import default_data_dir
     from .fit import estimate_fit, estimate_fit_from_catalog, free_device_memory
     from .installed import installed_models
     from .remote import remote_config
-
-    from ..model.speed import describe
-    from ..platform.paths import default_data_dir
 
     data_dir = Path(args.data_dir).expanduser() if getattr(args, "data_dir", None) else default_data_dir()
     device = free_device_memory()

@@ -50,7 +50,7 @@ class RemoteFile:
     digest: Digest  # what its bytes hash to; digest.hex names its blob in the cache
 
     @classmethod
-    def listed(cls, sibling) -> "RemoteFile":
+    def listed(cls, sibling) -> RemoteFile:
         """A file as the hub's model info lists it, each value checked (HubValueError if not)."""
         name = hub_values.file_name(sibling.rfilename)
         if sibling.lfs is not None:

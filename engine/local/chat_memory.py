@@ -7,7 +7,7 @@ caller may publish after anything that might have moved a conversation.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..protocol.events import ChatMemory, ChatMemoryReport, KVPlace
 from .conversations import Conversations

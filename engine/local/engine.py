@@ -11,30 +11,47 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ..pictures.ref import PictureRef
-from ..protocol.events import (
-    Event, MemoryReport, ModelFailed, ModelLoading, ModelReady, Notice, PictureMarks, SpillState, SpillStatus, Turn,
-    TurnDone,
-)
-from .conversations import Conversations
 from ..device.heap_trim import keep_one_heap
 from ..model.heavy_imports import heavy, import_with_torch
+from ..pictures.ref import PictureRef
 from ..platform.paths import create_data_dir, default_data_dir
+from ..protocol.events import (
+    Event,
+    MemoryReport,
+    ModelFailed,
+    ModelLoading,
+    ModelReady,
+    Notice,
+    PictureMarks,
+    SpillState,
+    SpillStatus,
+    Turn,
+    TurnDone,
+)
 from ..protocol.settings import EngineSettings
 from ..protocol.worker import (
-    EngineWorker, Listeners, LoadModel, ReportState, Request, RunTurn, Shutdown, TurnFailure,
+    EngineWorker,
+    Listeners,
+    LoadModel,
+    ReportState,
+    Request,
+    RunTurn,
+    Shutdown,
+    TurnFailure,
 )
+from .conversations import Conversations
 
 if TYPE_CHECKING:
+    from ..vision.gate import PictureGate
     from .chat_memory import ChatMemoryBoard
     from .memory_manager import MemoryManager
-    from .spill_scheduler import SpillScheduler
     from .pipeline import TurnPipeline
-    from ..vision.gate import PictureGate
+    from .spill_scheduler import SpillScheduler
 
 log = logging.getLogger(__name__)
 
@@ -245,13 +262,13 @@ class Engine(EngineWorker):
 
     def _do_load(self, path: str) -> None:
         try:
+            from ..model.load import ModelLoadError, check_load, load_model
+            from ..vision.gate import PictureGate
             from .chat_memory import ChatMemoryBoard
             from .memory_manager import MemoryManager
-            from .rates import RATES_FILE, RateBook
-            from ..model.load import ModelLoadError, check_load, load_model
-            from .spill_scheduler import SpillScheduler
             from .pipeline import TurnPipeline
-            from ..vision.gate import PictureGate
+            from .rates import RATES_FILE, RateBook
+            from .spill_scheduler import SpillScheduler
         except ImportError as exc:  # a broken install: the window leaves "Loading…" with this line
             self._emit(ModelFailed(path, f"Cannot load {path}: the engine's libraries do not import ({exc})"))
             return

@@ -9,8 +9,8 @@ step costs one ordinary decode pass.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..pictures.span import PictureSpan
 
@@ -51,7 +51,7 @@ class NgramDrafter:
             self.append(t)
 
     @classmethod
-    def over(cls, ids: Iterable[int], pictures: Iterable[PictureSpan], **kwargs) -> "NgramDrafter":
+    def over(cls, ids: Iterable[int], pictures: Iterable[PictureSpan], **kwargs) -> NgramDrafter:
         """A drafter over a sequence whose picture positions never match text."""
         seq = list(ids)
         for p in pictures:

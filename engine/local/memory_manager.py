@@ -8,13 +8,13 @@ it to make room before the encoder loads. It calls only downwards (the spill sch
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
-from .conversations import Conversations
-from ..protocol.events import EncoderStatus, MemoryReport, SpillState, SpillStatus, StoreCounters
-from ..vision.gate import PictureGate
 from ..device.heap_trim import return_freed_heap
 from ..device.ledger import build_report, free_for_model
+from ..protocol.events import EncoderStatus, MemoryReport, SpillState, SpillStatus, StoreCounters
+from ..vision.gate import PictureGate
+from .conversations import Conversations
 from .rates import RateBook
 from .resume_ahead import ResumeAhead
 from .session import Session

@@ -14,20 +14,20 @@ stop requests and failures around it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
-from .conversations import Conversations
-from ..protocol.events import EncoderStatus, Token, Turn, TurnDone
 from ..device.ledger import model_bytes
-from .memory_manager import MemoryManager
-from .prompt import Prompt, build_prompt, render
-from .session import Session
-from .spill_scheduler import CommittedSpill, SpillScheduler
-from .rates import RateBook
-from .runner import TurnResult, reuse_prefix, run_turn
+from ..protocol.events import EncoderStatus, Token, Turn, TurnDone
 from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
+from .conversations import Conversations
+from .memory_manager import MemoryManager
+from .prompt import Prompt, build_prompt, render
+from .rates import RateBook
+from .runner import TurnResult, reuse_prefix, run_turn
+from .session import Session
+from .spill_scheduler import CommittedSpill, SpillScheduler
 
 
 class TurnPipeline:

@@ -11,8 +11,8 @@ KV is changed (a restore began, moved on, ended or was held back), for the engin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..device.ledger import free_for_model
 from ..kvstore import SessionRestoreJob

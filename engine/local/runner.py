@@ -8,18 +8,18 @@ serves the window, `ask`, `replay` and the API.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from transformers import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from ..model.kv_growth import full_attention
-from .detok import IncrementalDetokenizer
+from ..pictures.span import PictureSpan, cut_after, cut_before
 from ..protocol.events import Sampling
 from ..protocol.settings import EngineSettings
-from ..pictures.span import PictureSpan, cut_after, cut_before
+from .detok import IncrementalDetokenizer
 from .lookup_decode import DraftStats, NgramDrafter, accepted_prefix
 from .prompt import Prompt
 from .sampling import Sampler

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from ..pictures.span import PictureSpan, pictures_agree
 from ..model.kv_growth import with_room
+from ..pictures.span import PictureSpan, pictures_agree
 from .prompt import Prompt
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from ..protocol.events import Notice, SpillState, SpillStatus
 from ..kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
 from ..pictures.span import cut_before
+from ..protocol.events import Notice, SpillState, SpillStatus
 from .rates import RateBook
 from .session import Session
 

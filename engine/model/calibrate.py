@@ -96,8 +96,8 @@ def _time_format(make, weights: list[torch.Tensor], dtype: torch.dtype, shape: L
     copies = [first] + [make() for _ in range(n - 1)]
     one = [torch.randn(1, w.shape[1], dtype=dtype) for w in weights]
     many = [torch.randn(PROMPT, w.shape[1], dtype=dtype) for w in weights]
-    decode_calls = [(lambda m, x: lambda: m(x))(m, x) for layer in copies for m, x in zip(layer, one)]
-    prompt_calls = [(lambda m, x: lambda: m(x))(m, x) for m, x in zip(first, many)]
+    decode_calls = [functools.partial(m, x) for layer in copies for m, x in zip(layer, one, strict=True)]
+    prompt_calls = [functools.partial(m, x) for m, x in zip(first, many, strict=True)]
     for c in prompt_calls + decode_calls[:len(weights)]:  # first calls set kernels up
         c()
     decode = _seconds(decode_calls) / len(copies)

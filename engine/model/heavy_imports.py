@@ -12,7 +12,7 @@ this module names nothing above it.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _LOCK = threading.RLock()
 _done = False
@@ -41,7 +41,7 @@ def heavy() -> None:
         import transformers
 
         # the names the engine reads resolve transformers' lazy submodules: do it here, locked
-        transformers.AutoModelForImageTextToText, transformers.AutoProcessor, transformers.AutoConfig
+        transformers.AutoModelForImageTextToText, transformers.AutoProcessor, transformers.AutoConfig  # noqa: B018
         for importer in list(_importers):
             importer()
         _done = True

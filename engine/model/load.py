@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 # Imported here, not inside load_model: the first import of transformers pulls in torchvision,
 # whose torch.fx.wrap() calls leave frame reference cycles behind. Made under load_model's call
 # stack, those cycles would hold its frame -- and so the loaded model -- until the garbage

@@ -58,7 +58,7 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> "PackedLinear":
+    def of(cls, linear: nn.Linear) -> PackedLinear:
         return cls(pack_weight(linear.weight), linear.in_features, linear.out_features, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ class LayerShape:
     vocab: int
 
     @classmethod
-    def of(cls, text) -> "LayerShape":
+    def of(cls, text) -> LayerShape:
         """From a text config (object or dict) with the usual transformers names."""
         get = (lambda k: text.get(k)) if isinstance(text, dict) else (lambda k: getattr(text, k, None))
         h, heads = int(get("hidden_size")), int(get("num_attention_heads"))
@@ -46,7 +46,7 @@ class LayerShape:
                    int(get("num_hidden_layers")), int(get("vocab_size")))
 
     @classmethod
-    def of_config(cls, config: dict) -> "LayerShape | None":
+    def of_config(cls, config: dict) -> LayerShape | None:
         """From a folder's raw config.json: text_config, else the top level (older Qwen2-VL
         files); None when it does not spell the sizes out."""
         text = config.get("text_config") or config

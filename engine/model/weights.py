@@ -17,12 +17,12 @@ import torch
 from safetensors import safe_open
 
 from ..device import choice as devices
+from ..protocol.settings import WEIGHT_FORMATS
 from . import packed_linear
-from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
 from .families import FAMILIES
 from .folder_check import ModelLoadError
+from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
 from .speed import FormatSpeed
-from ..protocol.settings import WEIGHT_FORMATS
 
 
 def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
@@ -120,7 +120,7 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype, pack
     head = False
     for f in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(f, framework="pt") as sf:
-            for key in sf.keys():
+            for key in sf.keys():  # noqa: SIM118 (a safetensors file is not iterable)
                 shape = sf.get_slice(key).get_shape()
                 n = 1
                 for d in shape:

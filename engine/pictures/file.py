@@ -12,7 +12,6 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-
 MAX_PIXELS = 64_000_000  # beyond this a "picture" is almost surely a decompression bomb
 
 # Our own limit is below PIL's warning threshold (~89 MP), so every picture PIL would warn about

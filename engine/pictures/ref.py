@@ -25,7 +25,7 @@ class PictureRef:
             raise ValueError(f"not a picture digest (64 lowercase hex digits): {self.digest!r}")
 
     @classmethod
-    def of_file(cls, path: str | Path) -> "PictureRef":
+    def of_file(cls, path: str | Path) -> PictureRef:
         """Hash a file the user named (one clear PictureError when it is missing or unreadable)."""
         return cls(str(path), digest_of(read_bytes(str(path))))
 

@@ -11,8 +11,9 @@ from the prompt (engine/local/prompt.py) to the KV store's block keys and manife
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, NewType
+from typing import NewType
 
 # The picture cache's content key (engine/vision/entry.py: BLAKE3 over the picture's digest and the
 # encoder's identity). Whatever a picture came from, this names its features.

@@ -22,12 +22,12 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
+from ..platform.files import atomic_write, is_temp_name
 from ..platform.paths import private_dir
 from .ref import PictureRef, digest_of
-from ..platform.files import atomic_write, is_temp_name
 
 NAME_RE = re.compile(r"^[0-9a-f]{64}(\.[a-z0-9]{1,8})?$")
 _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
@@ -48,7 +48,7 @@ class Hold:
     """Pictures a turn in progress will read (`PictureStore.hold()`): never pruned until
     `release()` (safe to call more than once)."""
 
-    def __init__(self, store: "PictureStore"):
+    def __init__(self, store: PictureStore):
         self._store = store
         self.names: list[str] = []
         self._released = False

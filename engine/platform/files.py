@@ -22,7 +22,8 @@ import io
 import os
 import secrets
 import sys
-from typing import BinaryIO, Iterable
+from collections.abc import Iterable
+from typing import BinaryIO
 
 import filelock
 
@@ -290,7 +291,7 @@ class AtomicFile:
         except OSError:
             pass
 
-    def __enter__(self) -> "AtomicFile":
+    def __enter__(self) -> AtomicFile:
         return self
 
     def __exit__(self, exc_type, *_exc) -> None:

@@ -5,7 +5,8 @@ signatures); both build on `EngineWorker` (engine/protocol/worker.py). Turns go 
 out through listeners, on the engine's own thread."""
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from .events import Event, Turn
 from .settings import EngineSettings

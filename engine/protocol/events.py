@@ -7,10 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .turn_stats import TurnStats
-
 from ..pictures.ref import PictureRef
-
+from .turn_stats import TurnStats
 
 # Conversations the engine opens for stateless clients (the API) are named "api:N".
 STATELESS_PREFIX = "api:"

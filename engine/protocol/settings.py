@@ -28,7 +28,7 @@ class EngineSettings:
     unit_bytes: int = 32 << 20
     store_cap_bytes: int | None = None  # None: the KV store's default_cap (kvstore/store.py)
 
-    def with_changes(self, changes: dict[str, Any]) -> "EngineSettings":
+    def with_changes(self, changes: dict[str, Any]) -> EngineSettings:
         """A copy with `changes` applied; unknown names are a clear error, not a silent no-op."""
         known = {f.name: f.type for f in fields(self)}
         unknown = sorted(set(changes) - set(known))

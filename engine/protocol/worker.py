@@ -15,8 +15,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from .events import Event, ModelFailed, Notice, Turn, TurnDone, TurnFailed, TurnStarted
 from .turn_stats import TurnStats

@@ -6,7 +6,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..platform.terminal import hide_credentials
 
-
 # a server slower than this per token is not one a person waits on (llama.cpp runs a 70B model on a CPU at ~1)
 SLOWEST_TOKEN_S = 2.0
 
@@ -60,7 +59,7 @@ class RemoteConfig:
         return self.timeout_s + max_tokens * SLOWEST_TOKEN_S
 
     @classmethod
-    def make(cls, url: str, model: str = "", api_key: str = "", **kw) -> "RemoteConfig":
+    def make(cls, url: str, model: str = "", api_key: str = "", **kw) -> RemoteConfig:
         return cls(normalize_base_url(url), (model or "").strip(), (api_key or "").strip(), **kw)
 
     def __repr__(self) -> str:  # logs and tracebacks show this: no key, no user:password@

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..protocol.events import (
-    ModelFailed, ModelLoading, ModelReady, Notice, ServerReport, SpillState, SpillStatus, Turn, TurnDone, TurnFailed,
+    ModelFailed,
+    ModelLoading,
+    ModelReady,
+    Notice,
+    ServerReport,
+    SpillState,
+    SpillStatus,
+    Turn,
+    TurnDone,
+    TurnFailed,
 )
 from ..protocol.settings import EngineSettings
 from ..protocol.turn_stats import RemoteTurnStats

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from ..protocol.events import Sampling, Turn
 from ..pictures.file import PICTURE_NAMES, PICTURE_TYPES, PictureError
 from ..pictures.ref import PictureRef
+from ..protocol.events import Sampling, Turn
 
 _MIME = {fmt: t.mime for t in PICTURE_TYPES for fmt in t.pillow}
 

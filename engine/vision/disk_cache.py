@@ -11,12 +11,11 @@ from pathlib import Path
 
 import blake3
 import diskcache
-import torch
 from safetensors.torch import load as st_load, save as st_save
 
 from ..pictures.span import PictureKey
-from .entry import PictureEntry
 from ..platform.paths import private_dir
+from .entry import PictureEntry
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+from ..pictures.ref import PictureRef
 from ..protocol.events import EncoderState, EncoderStatus, Event, PicturePlace
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
 from .entry import PictureEntry, encoder_identity, picture_key
-from ..pictures.ref import PictureRef
 from .pictures import prepare_entry
 from .ram_cache import RamImageCache
 from .residency import EncoderResidency

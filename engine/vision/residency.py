@@ -82,7 +82,7 @@ class EncoderResidency:
         else:
             for f in sorted(folder.glob("*.safetensors")):
                 with safe_open(f, framework="pt") as sf:
-                    for key in sf.keys():
+                    for key in sf.keys():  # noqa: SIM118 (a safetensors file is not iterable)
                         where[key] = f
         out: dict[str, tuple[Path, str]] = {}
         for name in self._param_names():

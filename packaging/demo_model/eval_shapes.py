@@ -25,6 +25,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: e
 import shapes_data as sd  # noqa: E402
 import shapes_drawn  # noqa: E402
 import shapes_grid  # noqa: E402
+
 from engine.platform.paths import DEMO_MODEL  # noqa: E402
 
 DEFAULT_MODEL = DEMO_MODEL

@@ -26,14 +26,20 @@ Rules of the world (the answers are exact strings):
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from PIL import Image
-
 from shapes_questions import visual_question
-from shapes_replies import (NO_PICTURE_REPLY, OFF_TOPIC_FIXED, OFF_TOPIC_REPLY, ONE_PICTURE_REPLY, SMALLTALK,
-                            SYSTEM_PROMPTS, smalltalk)
+from shapes_replies import (
+    NO_PICTURE_REPLY,
+    OFF_TOPIC_FIXED,
+    OFF_TOPIC_REPLY,
+    ONE_PICTURE_REPLY,
+    SMALLTALK,
+    SYSTEM_PROMPTS,
+    smalltalk,
+)
 from shapes_unknown import random_unknown
 from shapes_world import Scene, random_scene, render
 

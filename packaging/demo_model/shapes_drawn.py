@@ -15,7 +15,6 @@ import math
 import random
 
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
-
 from shapes_unknown import FONT_DIR, WORDS
 from shapes_world import SHAPES, Obj, Scene, cell_of
 

@@ -11,7 +11,6 @@ import math
 import random
 
 from PIL import Image, ImageDraw
-
 from shapes_world import Obj, Scene
 
 SHAPES = ["circle", "square", "triangle", "star", "diamond", "heart"]
@@ -47,7 +46,7 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
     else:
         cells = rng.sample(range(9), n)
     objects = []
-    for kind, colour, cell in zip(kinds, colours, cells):
+    for kind, colour, cell in zip(kinds, colours, cells, strict=True):
         r, c = divmod(cell, 3)
         cx = (c + 0.5) / 3 + rng.uniform(-0.05, 0.05)
         cy = (r + 0.5) / 3 + rng.uniform(-0.05, 0.05)

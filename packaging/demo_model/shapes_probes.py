@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 import shapes_world as world
+import torch
 
 BACKGROUND_CLASSES = [(a,) for a in world.BACKGROUND_NAMES] + [
     (a, b) for a in world.BACKGROUND_NAMES for b in world.BACKGROUND_NAMES if a != b]
@@ -50,7 +49,7 @@ class CellHead(torch.nn.Module):
                    torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes])]
         logits = self(feats)
         ce = torch.nn.functional.cross_entropy
-        loss = sum(ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets))
+        loss = sum(ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets, strict=True))
         with torch.no_grad():
             filled = targets[0] > 0
             acc = (logits[0].argmax(-1) == targets[0])[filled].float().mean().item()

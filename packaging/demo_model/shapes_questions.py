@@ -8,8 +8,8 @@ whole-picture answer. Used by shapes_data.py.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from shapes_replies import UNKNOWN_REPLY, style
 from shapes_world import COLOUR_NAMES, SHAPES, Obj, Scene, random_scene

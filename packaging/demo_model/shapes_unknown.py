@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
-
 from shapes_world import Scene
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")

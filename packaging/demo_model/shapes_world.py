@@ -109,7 +109,7 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
     colours = rng.sample(COLOUR_NAMES, n)
     objects: list[Obj] = []
     cells = rng.sample(range(9), n)
-    for kind, colour, cell in zip(kinds, colours, cells):
+    for kind, colour, cell in zip(kinds, colours, cells, strict=True):
         r, c = divmod(cell, 3)
         if n == 1 and rng.random() < 0.35:
             r, c = 1, 1  # a lone shape near the middle, as people often draw it
@@ -205,7 +205,7 @@ def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: 
 def _wobble(rng: random.Random, pts: list[tuple[float, float]], amount: float) -> list[tuple[float, float]]:
     """A hand-drawn look: more points along each edge, pushed sideways by a smooth random wave."""
     dense = []
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:] + pts[:1]):
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:] + pts[:1], strict=True):
         steps = max(1, int(math.hypot(x1 - x0, y1 - y0) / max(2.0, amount * 2)))
         dense += [(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps) for i in range(steps)]
     phase, freq = rng.uniform(0, 2 * math.pi), rng.randint(2, 5)

@@ -45,8 +45,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: e
 import shapes_data as sd  # noqa: E402
 import shapes_replies as replies  # noqa: E402
 import shapes_world as world  # noqa: E402
-from engine.platform.paths import DEMO_MODEL  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
+
+from engine.platform.paths import DEMO_MODEL  # noqa: E402
 
 DEFAULT_OUT = DEMO_MODEL  # where the app looks for its built-in model
 

@@ -88,7 +88,7 @@ def install(base: Path, python: str, main: str) -> list[Path]:
     os.replace(tmp, entry)
     svg.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(ICONS / "parley.svg", svg)
-    for size, dest in zip(PNG_SIZES, pngs):
+    for size, dest in zip(PNG_SIZES, pngs, strict=True):
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ICONS / "app" / f"parley-{size}.png", dest)
     _refresh_caches(base)

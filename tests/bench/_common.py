@@ -61,8 +61,8 @@ def same_length_text(processor, n_tokens: int, opening: str, seed: int = 0) -> t
     own processor) is the shortest at least `n_tokens` long: (text, its prompt tokens). The filler
     never repeats a word: a repeated one would let prompt-lookup drafts (or any n-gram cache) speed
     up a turn over it; `seed` gives another filler of the same length."""
-    from engine.protocol.events import Message
     from engine.local.prompt import render
+    from engine.protocol.events import Message
 
     words = distinct_words(processor.tokenizer, n_tokens, seed)
 

@@ -245,4 +245,4 @@ if __name__ == "__main__":  # `make bench-tools`: build it now, outside any benc
     try:
         print(f"llama.cpp ready in {ensure().root}")
     except Unavailable as exc:
-        raise SystemExit(str(exc))
+        raise SystemExit(str(exc)) from None

@@ -124,7 +124,7 @@ def main() -> None:
         server.stop()
         engine.shutdown()
     med = {k: statistics.median(v) for k, v in times.items()}
-    paired = {k: statistics.median(a / w for a, w in zip(times[k], times["window"])) for k in ("api", "stream")}
+    paired = {k: statistics.median(a / w for a, w in zip(times[k], times["window"], strict=True)) for k in ("api", "stream")}
     print(f"picture 640×480 PNG ({pic.stat().st_size // 1024} KiB, re-sent as base64 each turn); "
           f"{NEW} new tokens; {args.repeats} conversations")
     print(f"turn 3 medians: window {med['window'] * 1000:.1f} ms | API {med['api'] * 1000:.1f} ms | "

@@ -11,9 +11,8 @@ import argparse
 import statistics
 import time
 
-from _common import parse_args, ratio_line, workdir
-
 import torch
+from _common import parse_args, ratio_line, workdir
 
 from engine.protocol.events import Message
 from tests.engine_helpers import Reference, ask, open_engine

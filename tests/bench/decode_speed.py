@@ -14,9 +14,8 @@ import argparse
 import statistics
 import time
 
-from _common import parse_args, ratio_line, workdir
-
 import torch
+from _common import parse_args, ratio_line, workdir
 
 from engine.platform.paths import DEMO_MODEL
 from engine.protocol.events import Message

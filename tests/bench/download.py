@@ -28,12 +28,11 @@ BIG = "model.safetensors"
 
 def plain_get(client, url: str, dest) -> int:
     n = 0
-    with open(dest, "wb") as out:
-        with client.stream("GET", url) as r:
-            r.raise_for_status()
-            for chunk in r.iter_bytes():
-                out.write(chunk)
-                n += len(chunk)
+    with open(dest, "wb") as out, client.stream("GET", url) as r:
+        r.raise_for_status()
+        for chunk in r.iter_bytes():
+            out.write(chunk)
+            n += len(chunk)
     return n
 
 

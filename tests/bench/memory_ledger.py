@@ -21,10 +21,10 @@ import json
 
 from _common import parse_args, ratio_line, workdir
 
-from engine.protocol.client import load_blocking
-from engine.local.engine import Engine
-from engine.protocol.events import Message
 from engine.device.heap_trim import return_freed_heap
+from engine.local.engine import Engine
+from engine.protocol.client import load_blocking
+from engine.protocol.events import Message
 from engine.protocol.settings import EngineSettings
 from tests.engine_helpers import ask, expect_done, wait_report
 from tests.fixtures.pictures import make_picture, pics

@@ -21,9 +21,8 @@ import shutil
 import statistics
 import time
 
-from _common import ratio_line, workdir
-
 import torch
+from _common import ratio_line, workdir
 from transformers import DynamicCache
 
 from engine.device.ledger import model_bytes
@@ -111,10 +110,10 @@ def measure(folder, formats: list[str], prompt: torch.Tensor, device: str, quick
         for f, lm in loaded.items():
             runs[f]["rates"].append(decode_rate(lm, prompt, DECODE[quick]))
             runs[f]["prefill"].append(prefill_rate(lm, prompt))
-    for f, r in runs.items():
+    for r in runs.values():
         r["tok_s"] = statistics.median(r["rates"])
-        r["speed"] = statistics.median(x / b for x, b in zip(r["rates"], runs["bf16"]["rates"]))
-        r["prefill_speed"] = statistics.median(x / b for x, b in zip(r["prefill"], runs["bf16"]["prefill"]))
+        r["speed"] = statistics.median(x / b for x, b in zip(r["rates"], runs["bf16"]["rates"], strict=True))
+        r["prefill_speed"] = statistics.median(x / b for x, b in zip(r["prefill"], runs["bf16"]["prefill"], strict=True))
     del loaded
     gc.collect()
     if device == "cuda":

@@ -18,9 +18,8 @@ import statistics
 import tempfile
 import time
 
-from _common import parse_args, ratio_line  # noqa: E402  (puts the project root on sys.path)
-
 import torch  # noqa: E402
+from _common import parse_args, ratio_line  # noqa: E402  (puts the project root on sys.path)
 
 from engine.kvstore import KVStore  # noqa: E402
 from engine.kvstore.blob import blob_path  # noqa: E402
@@ -43,7 +42,7 @@ def plain_read(paths: list[str], sizes: list[int], buf=None) -> float:
     if buf is None:
         buf = torch.empty(sum(sizes), dtype=torch.uint8).numpy()  # same allocator as the restore's tensors
     off = 0
-    for p, n in zip(paths, sizes):
+    for p, n in zip(paths, sizes, strict=True):
         with open(p, "rb", buffering=0) as f:
             got = f.readinto(memoryview(buf)[off:off + n])
             assert got == n
@@ -83,7 +82,7 @@ def main() -> None:
         assert out.n_tokens == n and all(  # bit patterns (random bits include NaNs)
             torch.equal(layer.keys.view(torch.int16), k.view(torch.int16))
             and torch.equal(layer.values.view(torch.int16), v.view(torch.int16))
-            for layer, (k, v) in zip(out.cache.layers, kv))
+            for layer, (k, v) in zip(out.cache.layers, kv, strict=True))
         del out
         del kv
         print(f"session: {n} tokens, {len(paths)} blobs, {total / 2**30:.2f} GiB "

@@ -16,9 +16,8 @@ import statistics
 import tempfile
 import time
 
-from _common import parse_args, ratio_line  # noqa: E402  (puts the project root on sys.path)
-
 import torch  # noqa: E402
+from _common import parse_args, ratio_line  # noqa: E402  (puts the project root on sys.path)
 
 from engine.kvstore import KVStore  # noqa: E402
 from engine.kvstore.layout import build_cache  # noqa: E402

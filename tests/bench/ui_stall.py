@@ -23,15 +23,15 @@ if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import app  # noqa: E402,F401  (PySide6 refcount workaround)
 from PySide6.QtCore import QElapsedTimer, QEventLoop, QSettings, QTimer  # noqa: E402
 
+import app  # noqa: E402,F401  (PySide6 refcount workaround)
 from app.bridge import EngineBridge  # noqa: E402
+from app.history import History  # noqa: E402
 from app.main import make_application  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from engine.protocol.events import Sampling  # noqa: E402
-from app.history import History  # noqa: E402
 from tests.fixtures.pictures import make_picture  # noqa: E402
 from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402
 
@@ -133,7 +133,7 @@ def main() -> int:
             w.bridge.turnFailed.connect(failed.append)
             beat.start()
             w.composer.submit()
-            run_until(qapp, lambda: bool(done or failed))
+            run_until(qapp, lambda done=done, failed=failed: bool(done or failed))
             beat.stop()
             w.bridge.turnDone.disconnect(done.append)
             w.bridge.turnFailed.disconnect(failed.append)

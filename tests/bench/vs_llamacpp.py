@@ -150,7 +150,7 @@ def auto_pick(model_dir, data_dir) -> tuple[str, str]:
 
 
 def paired(a: list[float], b: list[float]) -> float:
-    return statistics.median(x / y for x, y in zip(a, b))
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def main() -> None:
@@ -216,13 +216,13 @@ def main() -> None:
         print(line)
     print(f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | {'decode tok/s':>19} {'ratio':>6}")
     for fmt, by_len in results.items():
-        for n, (ours, theirs, length) in by_len.items():
+        for ours, theirs, length in by_len.values():
             pr, dr = paired(ours.prefill, theirs.prefill), paired(ours.decode, theirs.decode)
             print(f"{fmt + ' vs ' + GGUF[fmt][0]:>20} {length:>6} | {statistics.median(ours.prefill):9.1f} / "
                   f"{statistics.median(theirs.prefill):9.1f} {pr:6.2f} | {statistics.median(ours.decode):8.2f} / "
                   f"{statistics.median(theirs.decode):8.2f} {dr:6.2f}")
     for fmt, by_len in results.items():
-        for n, (ours, theirs, length) in by_len.items():
+        for ours, theirs, length in by_len.values():
             label = f"{fmt} vs {GGUF[fmt][0]}, {length}-token prompt"
             print(ratio_line(f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode), at_least=0.8))
             print(ratio_line(f"prefill tok/s Parley / llama.cpp, {label}", paired(ours.prefill, theirs.prefill),

@@ -64,7 +64,8 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parley", description="Chat with a local vision-language model about pictures.")
+    parser = argparse.ArgumentParser(prog="parley",
+                                     description="Chat with a local vision-language model about pictures.")
     parser.add_argument("--model", help="model folder or a Hub repo id in the HF cache "
                                          "(default: the built-in Parley Shapes demo model)")
     parser.add_argument("--data-dir", help="keep history, caches and the KV store in this folder")

@@ -229,7 +229,8 @@ class MainWindow(QMainWindow):
         self.status.progress.hide()
         self.status.model_label.setText(f"{ev.name} ({ev.family})")
         # a server's "device" is its address, which the engine label already shows
-        self.status.device_label.setText("" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
+        self.status.device_label.setText(
+            "" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
         self.status.device_label.setVisible(bool(self.status.device_label.text()))
         self.composer.set_ready(True)
         self.memory_dock.on_model(ev.device, ev.name, ev.dtype if ev.family != "remote" else "")

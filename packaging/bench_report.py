@@ -4,8 +4,9 @@ Each benchmark's output goes to docs/bench-runs/NAME.log (and NAME.json where th
 --json: the series the charts are drawn from); the machine it ran on goes to
 docs/bench-runs/machine.json. The report is then rendered from every log in that folder, so a
 benchmark run by hand (same folder, same names) is reported too, `--render` alone redraws the
-report without running anything, and docs/bench-runs/notes.md (if any) is included as written. Figures are the lines the benchmarks print with
-tests/bench/_common.ratio_line: "label: value [unit]  (goal ...: yes|no)" or "label: value  (note)".
+report without running anything, and docs/bench-runs/notes.md (if any) is included as written.
+Figures are the lines the benchmarks print with tests/bench/_common.ratio_line:
+"label: value [unit]  (goal ...: yes|no)" or "label: value  (note)".
 
     python packaging/bench_report.py [--only NAME ...] [--bench-args "--quick"] [--render]
 """

@@ -3,7 +3,8 @@
 What the simulation does, before any engine module is imported:
 - removes what the target OS's Python lacks: Windows has no os.pread / pwrite / preadv /
   pwritev / readv / writev / fdatasync / O_DIRECTORY / O_CLOEXEC / getuid and no `fcntl`
-  module (getuid / geteuid too, in the import test: pytest needs them); macOS has no os.fdatasync (and, on older builds, no preadv / pwritev);
+  module (getuid / geteuid too, in the import test: pytest needs them); macOS has no os.fdatasync
+  (and, on older builds, no preadv / pwritev);
 - on macOS, `fcntl` is the real module plus F_FULLFSYNC, which this kernel lacks: the call is
   answered with fsync and counted (`full_fsync_calls`), so tests see the macOS path taken;
 - engine.platform.files is imported with sys.platform set to the target, so it picks that OS's

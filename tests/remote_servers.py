@@ -135,7 +135,8 @@ class Strict(_Base):
     def do_POST(self):
         body = self._body()
         if len(body) > self.LIMIT:
-            return self._error(413, f"Request body too large ({len(body)} > {self.LIMIT} bytes).", "invalid_request_error")
+            return self._error(413, f"Request body too large ({len(body)} > {self.LIMIT} bytes).",
+                               "invalid_request_error")
         model = json.loads(body).get("model")
         if model != "big-vlm":
             return self._error(404, f"The model `{model}` does not exist.", "NotFoundError")

@@ -108,8 +108,9 @@ def test_distinct_pictures_past_the_cap_keep_it_at_every_step(engine, tmp_path):
             pic.write_bytes(bmp(i))
             r = client.chat.completions.create(
                 model=engine.loaded.name, max_tokens=1, temperature=0,
-                messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"},
-                                                       {"type": "image_url", "image_url": {"url": data_url(pic, "image/bmp")}}]}])
+                messages=[{"role": "user", "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": data_url(pic, "image/bmp")}}]}])
             assert r.usage.completion_tokens == 1
             assert on_disk(folder) <= cap, f"step {i}: {on_disk(folder)} bytes on disk, cap {cap}"
         assert server.pictures.pruned >= 8  # the oldest went first; the newest is there

@@ -61,7 +61,8 @@ def test_stop_of_a_queued_turn_means_it_never_runs(llava, tmp_path):
 
 @pytest.mark.parametrize("setup, needle", [
     (lambda d: d.mkdir(), "no config.json"),
-    (lambda d: (d.mkdir(), (d / "config.json").write_text(json.dumps({"model_type": "bert"}))), "Unsupported architecture"),
+    (lambda d: (d.mkdir(), (d / "config.json").write_text(json.dumps({"model_type": "bert"}))),
+     "Unsupported architecture"),
     (lambda d: (d.mkdir(), (d / "config.json").write_text("{not json")), "cannot be read as JSON"),
     (lambda d: None, "not found"),
 ])

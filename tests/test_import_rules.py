@@ -127,7 +127,8 @@ def test_torch_free_rooms_import_neither_torch_nor_qt(package):
 
 @pytest.mark.parametrize("module", TORCH_FREE_MODULES)
 def test_torch_free_modules_import_neither_torch_nor_qt(module):
-    code = f"import importlib, sys; importlib.import_module({module!r}); print(sorted(set({HEAVY!r}) & set(sys.modules)))"
+    code = (f"import importlib, sys; importlib.import_module({module!r}); "
+            f"print(sorted(set({HEAVY!r}) & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{module} is torch-free, but importing it imported {out.stdout.strip()}"

@@ -90,7 +90,8 @@ def test_persistence_across_restart(tmp_path):
     root = str(tmp_path / "kv")
     kv, toks = make_kv(100, dtype=torch.bfloat16), tokens(100)
     s = KVStore(root, NS, block_tokens=16, min_free_bytes=0)
-    assert s.spill("a", toks[:70], [PictureSpan(3, 9, PictureKey(b"img"))], cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
+    assert s.spill("a", toks[:70], [PictureSpan(3, 9, PictureKey(b"img"))],
+                   cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
                    {"rope_deltas": torch.tensor([[2]]), "note": "x"}).ok
     with pytest.raises(KVStoreError, match="in use by another process"):
         KVStore(root, NS)  # one process at a time

@@ -105,8 +105,9 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
         whole.shutdown()
     client = openai.OpenAI(base_url=parley.url, api_key="x", max_retries=0, timeout=300)
     history: list[Message] = []
-    for r, (text, pics) in zip(turns, [("What is in this picture?", [pictures[0]]),
-                                       ("And this one?", [pictures[1]]), ("Which of them is brighter?", [])], strict=True):
+    asked = [("What is in this picture?", [pictures[0]]), ("And this one?", [pictures[1]]),
+             ("Which of them is brighter?", [])]
+    for r, (text, pics) in zip(turns, asked, strict=True):
         history.append(Message("user", text, picture_refs(*pics)))
         direct = client.chat.completions.create(model=ready.name, messages=as_openai(history),
                                                 max_tokens=N, temperature=0)
@@ -164,7 +165,8 @@ def test_headless_ask_and_replay_against_a_server(parley, pictures, tmp_path):
     client = openai.OpenAI(base_url=parley.url, api_key="x", max_retries=0, timeout=300)
     name = client.models.list().data[0].id
     direct = client.chat.completions.create(
-        model=name, messages=as_openai([Message("user", "Describe it.", picture_refs(pictures[0]))]), max_tokens=N, temperature=0)
+        model=name, messages=as_openai([Message("user", "Describe it.", picture_refs(pictures[0]))]),
+        max_tokens=N, temperature=0)
     ask = subprocess.run([sys.executable, str(ROOT / "main.py"), "ask", "--remote", url_without_v1, "--model", name,
                           "--image", str(pictures[0]), "--max-new-tokens", str(N), "Describe it."],
                          capture_output=True, text=True, timeout=300)
@@ -213,8 +215,8 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
                 streamed.stop(ev.turn_id)
                 got.set()
 
-            stopped = run_blocking(streamed, Turn("x", [Message("user", "Go on and on.")], Sampling(max_new_tokens=300)),
-                                   on_token=on_token, timeout=300)
+            turn = Turn("x", [Message("user", "Go on and on.")], Sampling(max_new_tokens=300))
+            stopped = run_blocking(streamed, turn, on_token=on_token, timeout=300)
             assert isinstance(stopped, TurnDone) and stopped.stopped and got.is_set()
         finally:
             streamed.shutdown()

@@ -117,5 +117,6 @@ def test_stream_dropped_mid_reply_keeps_the_partial_reply(stub):
 
 def test_unreadable_picture_fails_the_turn_alone(tmp_path, stub):
     s = stub(Strict)
-    r = check(s.root, "Picture not found", messages=[Message("user", "look", [PictureRef(str(tmp_path / "gone.png"), "0" * 64)])])
+    gone = PictureRef(str(tmp_path / "gone.png"), "0" * 64)
+    r = check(s.root, "Picture not found", messages=[Message("user", "look", [gone])])
     assert r.partial == ""

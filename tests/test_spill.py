@@ -117,7 +117,8 @@ def test_follow_up_spill_writes_only_new_blocks_and_openings_are_shared(tiny_mod
         d = expect_done(ask(engine, "c", msgs, NEW))
         spill_now(engine, "c")
         first = engine.spill_scheduler.store.counters["blocks_written"]
-        n_before = len(engine.sessions["c"].ids) if engine.sessions["c"].cache is not None else d.stats.prompt_tokens + NEW - 1
+        session = engine.sessions["c"]
+        n_before = len(session.ids) if session.cache is not None else d.stats.prompt_tokens + NEW - 1
         msgs += [Message("assistant", d.reply), Message("user", "A short follow-up.")]
         d3 = expect_done(ask(engine, "c", msgs, NEW))
         n_after = len(engine.sessions["c"].ids)

@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 def train(out: Path, *extra: str) -> None:
     subprocess.run(
-        [sys.executable, str(ROOT / "packaging" / "demo_model" / "train_shapes.py"), "--vision-steps", "6", "--steps", "6",
-         "--batch", "4", "--vision-batch", "8", "--threads", "1", "--out", str(out), *extra],
+        [sys.executable, str(ROOT / "packaging" / "demo_model" / "train_shapes.py"),
+         "--vision-steps", "6", "--steps", "6", "--batch", "4", "--vision-batch", "8", "--threads", "1",
+         "--out", str(out), *extra],
         check=True, capture_output=True, timeout=240)
 
 

@@ -72,7 +72,8 @@ class ApiServer:
         # turn id -> (the loop its request waits on, its event queue, wants tokens)
         self._turns: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, bool]] = {}
         self._turns_lock = threading.Lock()
-        self._chats = _Places(max_pending, "requests in progress")  # chat requests: reading, parsing, queued or generating
+        # chat requests: reading, parsing, queued or generating
+        self._chats = _Places(max_pending, "requests in progress")
         self._requests = _Places(max_requests, "requests being served")  # requests of any kind
         self.closing = False
         self._thread: threading.Thread | None = None

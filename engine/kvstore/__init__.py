@@ -19,5 +19,6 @@ from .session_restore import SessionRestore, SessionRestoreJob
 from .spill_job import SpillJob, SpillResult
 from .store import KVStore, StoredSession
 
-__all__ = ["KVStore", "StoredSession", "SessionRestore", "SessionRestoreJob", "SpillJob", "SpillResult", "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache",
-           "PictureSpan", "BlockKey", "KVLayout", "block_keys", "namespace_digest", "model_refusal"]
+__all__ = ["KVStore", "StoredSession", "SessionRestore", "SessionRestoreJob", "SpillJob", "SpillResult",
+           "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache", "PictureSpan", "BlockKey",
+           "KVLayout", "block_keys", "namespace_digest", "model_refusal"]

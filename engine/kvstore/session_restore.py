@@ -92,7 +92,8 @@ class SessionRestoreJob:
         items = []
         parent: BlockKey = ZERO_KEY
         for i, key in enumerate(row.block_keys):
-            items.append(ReadItem(key, path_of(key), KIND_BLOCK, i * B, B, B, None, self._check_block(i * B, parent, key)))
+            items.append(ReadItem(key, path_of(key), KIND_BLOCK, i * B, B, B, None,
+                                  self._check_block(i * B, parent, key)))
             parent = key
         if row.tail_key is not None and row.tail_tokens:
             start = len(row.block_keys) * B

@@ -64,7 +64,8 @@ class Session:
             return 0
         total = 0
         for layer in getattr(self._cache, "layers", []):
-            held = layer.held() if hasattr(layer, "held") else (getattr(layer, "keys", None), getattr(layer, "values", None))
+            held = (layer.held() if hasattr(layer, "held")
+                    else (getattr(layer, "keys", None), getattr(layer, "values", None)))
             for t in held:  # a growing layer's spare room is held memory too
                 if t is not None and hasattr(t, "numel"):
                     total += t.numel() * t.element_size()

@@ -148,7 +148,8 @@ def expected(data_dir: Path | str, config: dict) -> tuple[dict[str, FormatSpeed]
         return exact, True
     try:
         doc = json.loads((Path(data_dir) / FILE).read_text())
-        known = [(LayerShape(**e["shape"]), e["formats"]) for e in doc["machines"][_machine_key(machine())]["shapes"].values()]
+        shapes = doc["machines"][_machine_key(machine())]["shapes"]
+        known = [(LayerShape(**e["shape"]), e["formats"]) for e in shapes.values()]
         base, rows = max(known, key=lambda kr: kr[0].params)
         measured = _speeds(rows)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

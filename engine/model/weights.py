@@ -194,7 +194,8 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
         why = refusal(fmt, device)
         if why:
             raise ModelLoadError(why)
-        return _plan(fmt, quantized_dtype[fmt], device, speeds, NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else "")
+        return _plan(fmt, quantized_dtype[fmt], device, speeds,
+                     NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else "")
     full = format_name(dtype)
     # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
     # (fp16 is not: its narrow range overflows in some models)
@@ -212,8 +213,9 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
             return _plan(c, dtypes[c], device, speeds, f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
                                                f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
     smallest = min(candidates, key=need.get)
-    return _plan(smallest, dtypes[smallest], device, speeds, f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
-                                                     f"free (smallest needs {_gib(need[smallest])}); loading may fail")
+    return _plan(smallest, dtypes[smallest], device, speeds,
+                 f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
+                 f"free (smallest needs {_gib(need[smallest])}); loading may fail")
 
 
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
@@ -224,7 +226,8 @@ def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
         from torchao.quantization import Int8WeightOnlyConfig
         from transformers import TorchAoConfig
 
-        return {"quantization_config": TorchAoConfig(Int8WeightOnlyConfig(), modules_to_not_convert=skip_modules(family))}
+        return {"quantization_config": TorchAoConfig(Int8WeightOnlyConfig(),
+                                                     modules_to_not_convert=skip_modules(family))}
     if plan.format == "4bit":
         from transformers import BitsAndBytesConfig
 
@@ -283,6 +286,7 @@ def check_quantized(model, family: str, fmt: str) -> None:
     quantized = [n for n, p in model.named_parameters() if is_quantized(p)]
     bad = [n for n in quantized if n.startswith(vision)]
     if bad:
-        raise ModelLoadError(f"{fmt} quantized part of the vision encoder ({bad[0]}); Parley keeps it in full precision")
+        raise ModelLoadError(
+            f"{fmt} quantized part of the vision encoder ({bad[0]}); Parley keeps it in full precision")
     if not quantized:
         raise ModelLoadError(f"{fmt}: no language-model weight was quantized (module names not recognised)")

@@ -65,7 +65,8 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", mod
     where = cfg.server
     if isinstance(exc, openai.APITimeoutError):
         if during == "stream":
-            return f"The server at {where} stopped sending mid-reply (nothing for {cfg.timeout_s:.0f} s); the partial reply is kept."
+            return (f"The server at {where} stopped sending mid-reply (nothing for {cfg.timeout_s:.0f} s); "
+                    "the partial reply is kept.")
         return f"The server at {where} did not answer within {cfg.timeout_s:.0f} s."
     if isinstance(exc, openai.APIConnectionError):
         if during == "stream":
@@ -85,7 +86,8 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", mod
         if code == 404:
             return f"The server at {where} has no model named {model or cfg.model!r} (404){tail}."
         if code == 413:
-            return f"The server at {where} refused the request as too large (413){tail}. Send fewer or smaller pictures."
+            return (f"The server at {where} refused the request as too large (413){tail}. "
+                    "Send fewer or smaller pictures.")
         if code == 429:
             return f"The server at {where} is busy (429){tail}. Try again in a moment."
         if 400 <= code < 500:

@@ -30,7 +30,10 @@ def encode_entry(loaded, entry: PictureEntry) -> torch.Tensor:
         inputs[k] = v
     out = loaded.model.model.get_image_features(**inputs, return_dict=True)
     pooled = out.pooler_output
-    feats = torch.cat(list(pooled), dim=0) if isinstance(pooled, (list, tuple)) else pooled.reshape(-1, pooled.shape[-1])
+    if isinstance(pooled, (list, tuple)):
+        feats = torch.cat(list(pooled), dim=0)
+    else:
+        feats = pooled.reshape(-1, pooled.shape[-1])
     if feats.shape[0] != entry.n_tokens:
         raise RuntimeError(f"encoder gave {feats.shape[0]} feature rows for a picture of {entry.n_tokens} tokens")
     return feats.detach().to("cpu")

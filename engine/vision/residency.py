@@ -3,8 +3,8 @@ the model folder's safetensors when a picture needs encoding.
 
 Only parameters are released (replaced by empty tensors on the same device, not meta tensors:
 some models read `self.device` from their first parameter, which is often the vision tower's);
-small buffers such as position ids stay, because many are not in the checkpoint. On CUDA the cache allocator is emptied so the memory
-really goes back to the device.
+small buffers such as position ids stay, because many are not in the checkpoint. On CUDA the cache
+allocator is emptied so the memory really goes back to the device.
 """
 from __future__ import annotations
 

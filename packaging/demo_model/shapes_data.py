@@ -200,9 +200,9 @@ EVAL_TYPES = ["colour", "shape", "count", "where", "describe", "yesno", "backgro
 # ---------------------------------------------------------------- chat template
 
 # Each picture is announced by its number in the conversation ("Picture 2:<image>"), which helps
-# with "the second picture". Every message ends at a special token, so a rendering tokenizes the same whether it is cut at a
-# message boundary or not (the engine's prefix reuse relies on that). Assistant messages end with
-# the EOS token, which is what the model generates.
+# with "the second picture". Every message ends at a special token, so a rendering tokenizes the
+# same whether it is cut at a message boundary or not (the engine's prefix reuse relies on that).
+# Assistant messages end with the EOS token, which is what the model generates.
 CHAT_TEMPLATE = (
     "{%- set pictures = namespace(n=0) -%}"
     "{{ bos_token }}"
@@ -210,7 +210,8 @@ CHAT_TEMPLATE = (
     "{{ '<|' + message['role'] + '|>' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}"
-    "{% for item in message['content'] %}{% if item['type'] == 'image' %}{% set pictures.n = pictures.n + 1 %}{{ 'Picture ' ~ pictures.n ~ ':<image>' }}{% endif %}{% endfor %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}"
+    "{% set pictures.n = pictures.n + 1 %}{{ 'Picture ' ~ pictures.n ~ ':<image>' }}{% endif %}{% endfor %}"
     "{% for item in message['content'] %}{% if item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}"
     "{% endif %}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '<|end|>' }}{% endif %}"

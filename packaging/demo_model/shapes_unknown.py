@@ -64,7 +64,8 @@ def photo(g: np.random.Generator, w: int, h: int) -> Image.Image:
     corr = g.uniform(0.3, 1.0)  # channels move together (brightness) more than apart (hue)
     grey = acc.mean(-1, keepdims=True)
     img = base + 40 * (corr * grey + (1 - corr) * acc)
-    img = img * np.linspace(g.uniform(0.6, 1.2), g.uniform(0.6, 1.2), h, dtype=np.float32)[:, None, None]  # light falls off
+    # light falls off
+    img = img * np.linspace(g.uniform(0.6, 1.2), g.uniform(0.6, 1.2), h, dtype=np.float32)[:, None, None]
     img = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
     img = img.filter(ImageFilter.GaussianBlur(g.uniform(0.0, 0.02) * min(w, h)))
     arr = np.asarray(img, np.float32) + g.normal(0, g.uniform(0, 12), (h, w, 1))

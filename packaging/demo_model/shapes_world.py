@@ -258,7 +258,8 @@ def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None
         if style == "fill":
             draw.polygon(pts, fill=fill)
         elif style == "edged":  # a coloured shape with a dark (or white, on black) edge
-            edge = (255, 255, 255) if scene.background == ["black"] and rng.random() < 0.5 else _jitter(rng, (20, 20, 20), 20)
+            edge = ((255, 255, 255) if scene.background == ["black"] and rng.random() < 0.5
+                    else _jitter(rng, (20, 20, 20), 20))
             draw.polygon(pts, fill=fill, outline=edge, width=max(ss, line // 2))
         elif style == "outline":
             draw.polygon(pts, outline=fill, width=line)

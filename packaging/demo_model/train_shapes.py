@@ -320,7 +320,8 @@ def main(argv=None) -> None:
         if (step + 1) % args.log_every == 0 or step + 1 == args.vision_steps:
             el = time.time() - t0
             print(f"vision {step + 1:5d}/{args.vision_steps}  probe loss {loss.item():.3f}  "
-                  f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
+                  f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, "
+                  f"eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
                   flush=True)
 
     for p in list(vision.parameters()) + list(projector.parameters()):
@@ -379,7 +380,8 @@ def main(argv=None) -> None:
         if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.steps:
             el = time.time() - t0
             print(f"chat   {step + 1:5d}/{args.steps}  answer loss {loss:.4f} (avg {ema:.4f})  "
-                  f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  order {order_loss.item():.3f}  lr {lr:.2e}  "
+                  f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  "
+                  f"order {order_loss.item():.3f}  lr {lr:.2e}  "
                   f"{fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.steps - step - 1))}  "
                   f"(data {100 * t_data / el:.0f}%)", flush=True)
 

@@ -146,10 +146,12 @@ class LlamaCpp:
 
         done = run(gguf not in NO_REPACK)
         if done.returncode < 0 and gguf not in NO_REPACK:  # killed by a signal: a crash, not a refusal
-            NO_REPACK[gguf] = f"llama.cpp crashed (signal {-done.returncode}) with weight repacking on {gguf.name}: measured with --repack 0"
+            NO_REPACK[gguf] = (f"llama.cpp crashed (signal {-done.returncode}) with weight repacking on {gguf.name}: "
+                               "measured with --repack 0")
             done = run(False)
         if done.returncode != 0:
-            raise RuntimeError(f"llama-bench failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-400:]}")
+            tail = (done.stderr or done.stdout).strip()[-400:]
+            raise RuntimeError(f"llama-bench failed (exit {done.returncode}): {tail}")
         rows = json.loads(done.stdout)
         return float(rows[0]["avg_ts"])
 
@@ -236,7 +238,8 @@ def _stamp(log: str, marker: str) -> float | None:
 
 def _vendored_commit(src: Path) -> str:
     """The ggml version and commit the sdist vendors, as its CMake reports them."""
-    found = [line.split(":", 1)[1].strip() for line in (src.parent / "build.log").read_text(errors="replace").splitlines()
+    log = (src.parent / "build.log").read_text(errors="replace")
+    found = [line.split(":", 1)[1].strip() for line in log.splitlines()
              if line.startswith(("-- ggml version:", "-- ggml commit:"))]
     return "ggml " + ", commit ".join(found[:2]) if found else "unknown"
 

@@ -92,7 +92,8 @@ def main() -> None:
 
     def api(opening: str, stream: bool):
         """An API client's way: the whole conversation, picture included, every turn."""
-        child.stdin.write(json.dumps({"base_url": server.url, "model": engine.loaded.name, "url": url, "opening": opening, "stream": stream,
+        child.stdin.write(json.dumps({"base_url": server.url, "model": engine.loaded.name, "url": url,
+                                      "opening": opening, "stream": stream,
                                       "follow_ups": FOLLOW_UPS, "new": NEW}) + "\n")
         out = json.loads(child.stdout.readline())
         return out["t"], out["reply"], out["usage"], engine.last_turn_stats
@@ -124,7 +125,8 @@ def main() -> None:
         server.stop()
         engine.shutdown()
     med = {k: statistics.median(v) for k, v in times.items()}
-    paired = {k: statistics.median(a / w for a, w in zip(times[k], times["window"], strict=True)) for k in ("api", "stream")}
+    paired = {k: statistics.median(a / w for a, w in zip(times[k], times["window"], strict=True))
+              for k in ("api", "stream")}
     print(f"picture 640×480 PNG ({pic.stat().st_size // 1024} KiB, re-sent as base64 each turn); "
           f"{NEW} new tokens; {args.repeats} conversations")
     print(f"turn 3 medians: window {med['window'] * 1000:.1f} ms | API {med['api'] * 1000:.1f} ms | "

@@ -58,7 +58,8 @@ def main() -> None:
     finally:
         engine.shutdown()
     g, e = statistics.median(gen_rates), statistics.median(eng_rates)
-    print(f"model: {n_params / 1e6:.0f}M parameters, prompt {len(ids)} tokens, {N} new tokens, CPU threads {torch.get_num_threads()}")
+    print(f"model: {n_params / 1e6:.0f}M parameters, prompt {len(ids)} tokens, {N} new tokens, "
+          f"CPU threads {torch.get_num_threads()}")
     print(f"model.generate decode: {g:.1f} tok/s   engine decode: {e:.1f} tok/s")
     print(ratio_line("engine / generate decode tokens/s", e / g, at_least=0.95))
 

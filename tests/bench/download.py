@@ -49,7 +49,8 @@ def main() -> int:
     from engine.library.hub import hub_cache_dir
 
     repo = hub.add_repo("bench/model", {"config.json": b'{"model_type": "llava"}',
-                                        "chat_template.jinja": b"{{ messages }}", BIG: safetensors_bytes(size_mb << 20)})
+                                        "chat_template.jinja": b"{{ messages }}",
+                                        BIG: safetensors_bytes(size_mb << 20)})
     size = len(repo.files[BIG].data)
     url = f"{hub.cdn_url}/lfs/{repo.files[BIG].sha256}"
     print(f"model: {size / 1e6:.0f} MB of weights + 2 small files; {rounds} rounds; stand-in at {hub.url}")
@@ -83,7 +84,8 @@ def main() -> int:
         p_times.append(p)
         b_times.append(b)
     ratio = statistics.median(ratios)
-    print(f"parley pull: median {statistics.median(p_times):.3f} s ({size / statistics.median(p_times) / 1e6:.0f} MB/s); "
+    print(f"parley pull: median {statistics.median(p_times):.3f} s "
+          f"({size / statistics.median(p_times) / 1e6:.0f} MB/s); "
           f"plain GET: median {statistics.median(b_times):.3f} s ({size / statistics.median(b_times) / 1e6:.0f} MB/s)")
     print(ratio_line("pull / plain GET", ratio, at_most=1.10))
 
@@ -112,7 +114,8 @@ def main() -> int:
     except Cancelled:
         pass
     sent_before = hub.sent.get(BIG, 0)
-    kept = (hub_cache_dir() / "models--bench--model" / "blobs" / (repo.files[BIG].sha256 + ".parley-part")).stat().st_size
+    part = hub_cache_dir() / "models--bench--model" / "blobs" / (repo.files[BIG].sha256 + ".parley-part")
+    kept = part.stat().st_size
     hub.sent[BIG] = 0
     pull_mod.pull(pull_mod.plan_pull("bench/model"))
     again = hub.sent[BIG] / size

@@ -113,7 +113,8 @@ def measure(folder, formats: list[str], prompt: torch.Tensor, device: str, quick
     for r in runs.values():
         r["tok_s"] = statistics.median(r["rates"])
         r["speed"] = statistics.median(x / b for x, b in zip(r["rates"], runs["bf16"]["rates"], strict=True))
-        r["prefill_speed"] = statistics.median(x / b for x, b in zip(r["prefill"], runs["bf16"]["prefill"], strict=True))
+        r["prefill_speed"] = statistics.median(
+            x / b for x, b in zip(r["prefill"], runs["bf16"]["prefill"], strict=True))
     del loaded
     gc.collect()
     if device == "cuda":

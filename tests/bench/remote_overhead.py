@@ -155,7 +155,8 @@ def main() -> int:
             turn_ratios.append(e[0] / c[0])
             ttft_ratios.append(e[1] / c[1])
             handoffs.append(e[3])
-            print(f"repeat {i}: remote {e[0] * 1000:.1f} ms (first token {e[1] * 1000:.1f} ms, queued {e[3] * 1000:.2f} ms), "
+            print(f"repeat {i}: remote {e[0] * 1000:.1f} ms (first token {e[1] * 1000:.1f} ms, "
+                  f"queued {e[3] * 1000:.2f} ms), "
                   f"bare client {c[0] * 1000:.1f} ms (first token {c[1] * 1000:.1f} ms)", flush=True)
     finally:
         engine.shutdown()
@@ -164,8 +165,10 @@ def main() -> int:
         server.close()
     own_e, own_c = own_cost_ms(40 if args.quick else 200)
     turn_ratio, ttft_ratio = statistics.median(turn_ratios), statistics.median(ttft_ratios)
-    print(f"{repeats} repeats of paired runs (A B B A), {n} tokens per reply, Parley serve on a tiny LLaVA in a second process")
-    print(f"remote engine: submit -> its worker thread sends the request, median {statistics.median(handoffs) * 1000:.2f} ms "
+    print(f"{repeats} repeats of paired runs (A B B A), {n} tokens per reply, "
+          "Parley serve on a tiny LLaVA in a second process")
+    print("remote engine: submit -> its worker thread sends the request, "
+          f"median {statistics.median(handoffs) * 1000:.2f} ms "
           f"(part of its time to first token)")
     print(f"against a server that answers at once: first token {own_e:.2f} ms through the remote engine, "
           f"{own_c:.2f} ms bare (the engine's own cost: {own_e - own_c:+.2f} ms)")

@@ -95,7 +95,8 @@ def main() -> None:
     reduce = QUICK if args.quick else {}
     spec = spec_for(SHAPE, **reduce)
     t = spec["text"]
-    kv_per_token = (2 * t["num_hidden_layers"] * t["num_key_value_heads"] * (t["hidden_size"] // t["num_attention_heads"])
+    head_dim = t["hidden_size"] // t["num_attention_heads"]
+    kv_per_token = (2 * t["num_hidden_layers"] * t["num_key_value_heads"] * head_dim
                     * (2 if args.dtype == "bfloat16" else 4))
     t0 = time.perf_counter()
     model_dir = build_published(SHAPE, **reduce)
@@ -103,7 +104,8 @@ def main() -> None:
           f"{t['num_key_value_heads']} KV heads x {t['hidden_size'] // t['num_attention_heads']}, {args.dtype} on CPU, "
           f"KV {kv_per_token / 1024:.0f} KiB per token; model folder ready in {time.perf_counter() - t0:.0f} s")
     d = workdir("restore-real")
-    series = {"shape": SHAPE, "dtype": args.dtype, "quick": bool(args.quick), "lengths": [], "skipped": [], "spills": []}
+    series = {"shape": SHAPE, "dtype": args.dtype, "quick": bool(args.quick),
+              "lengths": [], "skipped": [], "spills": []}
     engine = open_engine(model_dir, d / "data", dtype=args.dtype, spill_idle_s=86400, elastic_idle_s=86400)
     measured = None  # (tokens, prefill seconds) of the last length that ran
     grow_from = None  # the shortest conversation: (id, messages, last reply, prompt tokens)

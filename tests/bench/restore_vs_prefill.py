@@ -30,7 +30,8 @@ QUICK_TEXT = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers":
 
 def spill(engine, cid):
     done = threading.Event()
-    engine.add_listener(lambda e: done.set() if isinstance(e, SpillState) and e.state in ("spilled", "failed") else None)
+    engine.add_listener(
+        lambda e: done.set() if isinstance(e, SpillState) and e.state in ("spilled", "failed") else None)
     engine.spill_now(cid)
     assert done.wait(600)
 

@@ -147,10 +147,12 @@ def main() -> None:
           f"{NEW} new tokens; pair 1 right "
           "after the restart")
     for x in rows:
-        print(f"  pair {x['repeat']}: selected -> in memory {x['select_to_hot_s']:.2f} s (restore {x['restore_s']:.3f} s,"
+        print(f"  pair {x['repeat']}: selected -> in memory {x['select_to_hot_s']:.2f} s "
+              f"(restore {x['restore_s']:.3f} s,"
               f" estimate shown {x['estimate_s'] if x['estimate_s'] is None else round(x['estimate_s'], 3)} s); "
               f"first token {x['ttft_resumed_s']:.2f} s resumed vs {x['ttft_hot_s']:.2f} s never spilled "
-              f"(prefilled {x['prefill_tokens']} vs {x['hot_prefill_tokens']} tokens in {x['prefill_resumed_s']:.2f} vs "
+              f"(prefilled {x['prefill_tokens']} vs {x['hot_prefill_tokens']} tokens "
+              f"in {x['prefill_resumed_s']:.2f} vs "
               f"{x['prefill_hot_s']:.2f} s; {x['restored_tokens']:,} restored)")
     print(ratio_line("first token after select-and-restore / never spilled (median)", ratio, at_most=1.15))
     if est:

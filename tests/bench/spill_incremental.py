@@ -53,7 +53,8 @@ def main() -> None:
             for _ in range(args.reps):
                 rep_seed += 1
                 # fresh token ids per repetition: nothing from a previous rep can be reused
-                toks = torch.randint(0, 150_000, (N + kmax,), generator=torch.Generator().manual_seed(rep_seed)).tolist()
+                gen = torch.Generator().manual_seed(rep_seed)
+                toks = torch.randint(0, 150_000, (N + kmax,), generator=gen).tolist()
                 sid = f"conv{rep_seed}"
                 c1 = build_cache([(k_[:, :, :N], v_[:, :, :N]) for k_, v_ in kv])
                 t = time.perf_counter()

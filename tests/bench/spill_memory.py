@@ -95,7 +95,8 @@ def main() -> None:
     assert res.ok, res.error
     extra_hwm = hwm() - base
     extra_sampled = peak_sampled[0] - base
-    print(f"KV {kv_bytes / 2**30:.2f} GiB ({n} tokens, {LAYERS}x{HEADS}x{DIM} {str(DTYPE)[6:]}), unit {args.unit_mib} MiB, "
+    print(f"KV {kv_bytes / 2**30:.2f} GiB ({n} tokens, {LAYERS}x{HEADS}x{DIM} {str(DTYPE)[6:]}), "
+          f"unit {args.unit_mib} MiB, "
           f"{steps + 1} units, {res.blocks_written} blocks + {res.tail_written} tail written in {dt:.2f} s "
           f"({res.bytes_written / dt / 2**20:.0f} MiB/s)")
     print(f"peak extra RSS (VmHWM)   : {extra_hwm / 2**20:8.1f} MiB = {extra_hwm / unit:.2f} x unit_bytes")

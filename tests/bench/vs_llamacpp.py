@@ -207,14 +207,16 @@ def main() -> None:
         if not args.keep_gguf:
             shutil.rmtree(gdir, ignore_errors=True)
 
-    shape = "quick: 2 text layers, 3 vision blocks, vocabulary 4096" if args.quick else "28 text layers, 32 vision blocks"
+    shape = ("quick: 2 text layers, 3 vision blocks, vocabulary 4096" if args.quick
+             else "28 text layers, 32 vision blocks")
     print(f"{SHAPE} shape ({shape}), random weights; llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON} "
           f"({llama.info.get('commit', '?')}); {threads} threads both; {args.new} new tokens; "
           f"{args.rounds} interleaved rounds; {time.perf_counter() - t0:.0f} s")
     print(f"CPU: {cpu_flags()}")
     for line in NO_REPACK.values():
         print(line)
-    print(f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | {'decode tok/s':>19} {'ratio':>6}")
+    print(f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | "
+          f"{'decode tok/s':>19} {'ratio':>6}")
     for fmt, by_len in results.items():
         for ours, theirs, length in by_len.values():
             pr, dr = paired(ours.prefill, theirs.prefill), paired(ours.decode, theirs.decode)
@@ -224,7 +226,8 @@ def main() -> None:
     for fmt, by_len in results.items():
         for ours, theirs, length in by_len.values():
             label = f"{fmt} vs {GGUF[fmt][0]}, {length}-token prompt"
-            print(ratio_line(f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode), at_least=0.8))
+            print(ratio_line(f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode),
+                             at_least=0.8))
             print(ratio_line(f"prefill tok/s Parley / llama.cpp, {label}", paired(ours.prefill, theirs.prefill),
                              at_least=1.0))
     if "int8" in results and "bf16" in results:
@@ -239,7 +242,8 @@ def main() -> None:
         for kind in ("decode", "prefill"):
             rate = {f: statistics.median(getattr(by_len[prompts[0]][0], kind)) for f, by_len in fulls.items()}
             best = max(rate, key=rate.get)
-            print(ratio_line(f"{kind} tok/s of auto's pick ({pick}) / fastest measured ({best}), {prompts[0]}-token prompt",
+            print(ratio_line(f"{kind} tok/s of auto's pick ({pick}) / fastest measured ({best}), "
+                             f"{prompts[0]}-token prompt",
                              rate[pick] / rate[best], at_least=0.95, note="format blocks run one after the other"))
     else:
         print(f"auto's pick: {pick or 'none'} ({why}); measure it with another full-precision format for the goal line")
@@ -247,7 +251,8 @@ def main() -> None:
         ours, theirs = pic
         print(f"picture turn {args.picture}: Parley first token {statistics.median(ours):.2f} s, "
               f"llama-mtmd-cli {statistics.median(theirs):.2f} s")
-        print(ratio_line(f"picture turn time to first token Parley / llama-mtmd-cli ({args.picture}, bf16 vs bf16 + f16 mmproj)",
+        print(ratio_line("picture turn time to first token Parley / llama-mtmd-cli "
+                         f"({args.picture}, bf16 vs bf16 + f16 mmproj)",
                          paired(ours, theirs), at_most=1.0))
 
 

@@ -33,7 +33,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return False
-    return bool(infos) and all(_ip_is_loopback(info[4][0]) for info in infos)
+    return bool(infos) and all(_ip_is_loopback(str(info[4][0])) for info in infos)
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -83,8 +83,8 @@ class ApiApp:
         except Exception as exc:
             log.exception("API request failed")
             api.activity.count("errors")
-            err = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", None, "internal_error")
-            response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
+            internal = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", None, "internal_error")
+            response = ErrorResponse(internal, state["body_left"], api.max_body_bytes, api.client_timeout_s,
                                      api.body_timeout_s)
         if response is not None:
             await response(scope, receive, send)

@@ -48,7 +48,7 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     return float(v)
 
 
-def _content(msg: dict, i: int, role: str) -> tuple[str, list[str]]:
+def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str]]]:
     """-> (text, image urls) of one message."""
     param = f"messages[{i}].content"
     content = msg.get("content")
@@ -60,7 +60,8 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[str]]:
         return content, []
     if not isinstance(content, list):
         raise bad(f"'{param}' must be a string or a list of content parts.", param, "invalid_type")
-    texts, urls = [], []
+    texts: list[str] = []
+    urls: list[tuple[str, str]] = []  # (data URL, its parameter path for error messages)
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):

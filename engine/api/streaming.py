@@ -50,8 +50,9 @@ async def sse_events(turn: ChatTurn):
                     pending.append(tail)
                 out.append(chunk({}, turn.finish_reason(ev)))
                 if req.include_usage:
-                    obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                           "system_fingerprint": None, "choices": [], "usage": usage(ev)}
+                    obj: dict[str, object] = {
+                        "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "system_fingerprint": None, "choices": [], "usage": usage(ev)}
                     out.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
                 out.append(b"data: [DONE]\n\n")
         now = loop.time()

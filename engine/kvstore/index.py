@@ -15,11 +15,12 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from .blob import blob_path
 from .errors import KVStoreError
+from .keys import BlockKey
 from .manifest import Manifest, SessionRow
 from .restore import RestoreChoice, choose_blobs
 from .sweep import free_bytes, list_blob_files
@@ -234,7 +235,7 @@ class StoreIndex:
         return old is not None
 
     # ------------------------------------------------------------------ restores
-    def pin_for_restore(self, session_id: str | None, keys: list[bytes], ns: bytes, block_tokens: int,
+    def pin_for_restore(self, session_id: str | None, keys: list[BlockKey], ns: bytes, block_tokens: int,
                         limit: int, shared: bool) -> RestoreChoice:
         """Choose the blobs a restore reads (restore.choose_blobs) and pin them against deletion
         until unpin_reads(choice.pins)."""
@@ -257,7 +258,7 @@ class StoreIndex:
             self._read_pins.update(row.keys())
             return row
 
-    def unpin_reads(self, pins: list[bytes]) -> None:
+    def unpin_reads(self, pins: Sequence[bytes]) -> None:
         with self._lock:
             self._read_pins.subtract(pins)
             self._read_pins += Counter()  # drop zero counts

@@ -186,7 +186,7 @@ class Manifest:
     # -- writes (each one transaction)
     def install(self, row: SessionRow, written: list[tuple[bytes, int, int]],
                 referenced: list[tuple[bytes, int, int]],
-                keep: Callable[[bytes], bool] = lambda k: False) -> list[bytes]:
+                keep: Callable[[bytes], bool] = lambda k: False) -> list[BlockKey]:
         """Upsert blob rows, swap the session row, and move refcounts from old keys to new keys,
         atomically. `written`/`referenced`: (key, size, kind). Blob rows the old row alone held
         are deleted in the same transaction (one commit, one fsync) unless keep(key); returns

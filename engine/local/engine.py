@@ -47,6 +47,7 @@ from ..protocol.worker import (
 from .conversations import Conversations
 
 if TYPE_CHECKING:
+    from ..model.load import LoadedModel
     from ..vision.gate import PictureGate
     from .chat_memory import ChatMemoryBoard
     from .memory_manager import MemoryManager
@@ -122,6 +123,7 @@ class LoggedListeners(Listeners):
 
 class Engine(EngineWorker):
     thread_name = "parley-model-owner"
+    events: LoggedListeners
 
     def __init__(self, settings: EngineSettings | None = None, data_dir: str | Path | None = None):
         super().__init__(LoggedListeners())
@@ -129,7 +131,7 @@ class Engine(EngineWorker):
         self.settings = settings or EngineSettings()
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
         create_data_dir(self.data_dir)
-        self.loaded = None
+        self.loaded: LoadedModel | None = None
         self.gate: PictureGate | None = None
         self.spill_scheduler: SpillScheduler | None = None
         self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions

@@ -35,8 +35,8 @@ class NgramDrafter:
     occurrence; an n-gram ending at the current end is registered only when the next token is
     appended, so a lookup never finds the suffix itself."""
 
-    def __init__(self, ids: list[int], max_ngram: int = 3, max_draft: int = 10, eos: set[int] = frozenset(),
-                 min_ngram: int = 2, max_rest: int = 64):
+    def __init__(self, ids: list[int], max_ngram: int = 3, max_draft: int = 10,
+                 eos: set[int] | frozenset[int] = frozenset(), min_ngram: int = 2, max_rest: int = 64):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram  # a single repeated token predicts little: a verify pass wasted
         self.max_draft = max_draft

@@ -9,17 +9,21 @@ the two together; the fields are read-only properties to everyone else.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..model.kv_growth import with_room
 from ..pictures.span import PictureSpan, pictures_agree
 from .prompt import Prompt
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 class Session:
     def __init__(self, conversation_id: str):
         self._conversation_id = conversation_id
         self._ids: list[int] = []
-        self._cache: object | None = None  # transformers DynamicCache
+        self._cache: DynamicCache | None = None
         self._rope_delta = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
         self._pictures: tuple[PictureSpan, ...] = ()
         self._last_used = time.monotonic()

@@ -40,7 +40,7 @@ def _float_layer(weights: list[torch.Tensor], dtype: torch.dtype, packed: bool):
     cast = [w.to(dtype) for w in weights]
 
     def make() -> list[nn.Module]:
-        out = []
+        out: list[nn.Module] = []
         for w in cast:
             lin = nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=dtype, device="meta")
             lin.weight = nn.Parameter(w.clone(), requires_grad=False)

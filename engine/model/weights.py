@@ -212,7 +212,7 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
                              f"Weights: {c} — fastest here ({why_fastest})" if why_fastest else "")
             return _plan(c, dtypes[c], device, speeds, f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
                                                f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
-    smallest = min(candidates, key=need.get)
+    smallest = min(candidates, key=lambda c: need[c])
     return _plan(smallest, dtypes[smallest], device, speeds,
                  f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
                  f"free (smallest needs {_gib(need[smallest])}); loading may fail")

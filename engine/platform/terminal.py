@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but \t and \n, DEL, C1 (0x9b starts CSI)
 
 
-def terminal_safe(text: str) -> str:
+def terminal_safe(text: object) -> str:
     return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text).replace("\r\n", "\n"))
 
 

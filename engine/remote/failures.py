@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import openai
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException | None):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -262,7 +262,7 @@ class TurnRequest:
         first = self.t_first or self.t_end
         generated = completion if completion is not None else self.pieces
         decode_s = max(0.0, self.t_end - first)
-        extra = (getattr(u, "model_extra", None) or {}).get("parley") if u is not None else None
+        extra: object = (getattr(u, "model_extra", None) or {}).get("parley") if u is not None else None
         if not isinstance(extra, dict):  # only another Parley says what its picture gate did
             extra = {}
         return RemoteTurnStats(

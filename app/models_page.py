@@ -6,6 +6,7 @@ functions returning numbers); results come back as queued Qt signals. No torch h
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from pathlib import Path
@@ -340,8 +341,8 @@ class ModelsPage(QDialog):
             if r is None:
                 r = self._add_row(m.repo_id, m.model_type or "?", "", human_bytes(m.size_on_disk))
                 if fit_new_rows:
-                    args = (self.precision.currentText(), self.context.value())
-                    self._background(lambda repo=m.repo_id, args=args: self._fit_one(repo, *args, with_plan=False))
+                    self._background(functools.partial(self._fit_one, m.repo_id, self.precision.currentText(),
+                                                       self.context.value(), with_plan=False))
             self.table.item(r, COL_INSTALLED).setText(
                 f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import blake3
 from PIL import Image
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QGuiApplication, QImage
 from PySide6.QtWidgets import QApplication
 
@@ -16,7 +16,7 @@ from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 
 def drop(widget, mime: QMimeData) -> bool:
     """Drag enter, move and drop on `widget`, as the platform delivers them; True if accepted."""
-    pos = QPoint(widget.width() // 2, widget.height() // 2)
+    pos = QPointF(widget.width() // 2, widget.height() // 2)  # the QPoint constructors are deprecated
     actions = Qt.DropAction.CopyAction
     enter = QDragEnterEvent(pos, actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(widget, enter)
@@ -24,7 +24,7 @@ def drop(widget, mime: QMimeData) -> bool:
         return False
     move = QDragMoveEvent(pos, actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(widget, move)
-    ev = QDropEvent(QPointF(pos), actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    ev = QDropEvent(pos, actions, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(widget, ev)
     return ev.isAccepted()
 

@@ -36,6 +36,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
 os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
 
+# isort: off
+import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)
+# isort: on
 import shapes_world as world  # noqa: E402
 from PySide6.QtCore import QEventLoop, QMimeData, QPointF, QSettings, Qt, QTimer, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E402
@@ -43,7 +46,6 @@ from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
 from shapes_questions import describe  # noqa: E402
 
-import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)
 from app.bridge import EngineBridge  # noqa: E402
 from app.history import History  # noqa: E402
 from app.main import make_application  # noqa: E402

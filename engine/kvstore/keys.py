@@ -54,7 +54,7 @@ def normalize_pictures(spans: Iterable[PictureSpan] | None) -> tuple[PictureSpan
     return tuple(sorted(out))
 
 
-def namespace_digest(namespace: bytes, block_tokens: int) -> bytes:
+def namespace_digest(namespace: bytes | str, block_tokens: int) -> bytes:
     """Fold the caller's model fingerprint, the block size and the format version into 32 bytes."""
     if isinstance(namespace, str):
         namespace = namespace.encode("utf-8")

@@ -15,8 +15,10 @@ import importlib.metadata
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..platform.files import atomic_write
 
@@ -38,7 +40,8 @@ class LayerShape:
     @classmethod
     def of(cls, text) -> LayerShape:
         """From a text config (object or dict) with the usual transformers names."""
-        get = (lambda k: text.get(k)) if isinstance(text, dict) else (lambda k: getattr(text, k, None))
+        get: Callable[[str], Any] = (
+            (lambda k: text.get(k)) if isinstance(text, dict) else (lambda k: getattr(text, k, None)))
         h, heads = int(get("hidden_size")), int(get("num_attention_heads"))
         head_dim = int(get("head_dim") or h // heads)
         kv = int(get("num_key_value_heads") or heads)

@@ -98,14 +98,19 @@ class Prompt:
 
 
 def to_hf_messages(messages: list[Message], system_prompt: str | None) -> list[dict]:
-    """Parley messages -> the HF chat-template shape (content parts, pictures first)."""
+    """Parley messages -> the HF chat-template shape (content parts, pictures first, each page or
+    frame after its caption)."""
     out: list[dict] = []
     if system_prompt:
         out.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
     for m in messages:
         if m.role not in ("system", "user", "assistant"):
             raise ValueError(f"unknown message role {m.role!r}")
-        parts: list[dict] = [{"type": "image"} for _ in m.images]
+        parts: list[dict] = []
+        for p in m.images:  # a page or frame is named just before it; a plain picture is not
+            if p.caption:
+                parts.append({"type": "text", "text": p.caption + " "})
+            parts.append({"type": "image"})
         parts.append({"type": "text", "text": m.text})
         out.append({"role": m.role, "content": parts})
     return out

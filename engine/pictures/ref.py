@@ -3,15 +3,44 @@
 The digest (BLAKE3 hex of the file's original bytes) is computed once, where the picture comes
 in (the window's import, the API's upload, `ask --image`, a replay script); the engine keys its
 image cache by it and reads the file only when it must encode the picture, checking the bytes
-still hash to the digest."""
+still hash to the digest.
+
+A page of a document (engine/pictures/document.py: PageRef) and a frame of a video
+(engine/pictures/video.py: FrameRef) are PictureRefs too: their `digest` is derived from the
+file's digest, the page or timestamp and the render or sampling settings, so the cache finds
+them without opening the file; only `picture()` (a cache miss) reads, renders or decodes."""
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
-from .file import PictureError, read_bytes
+from .file import PictureError, decode, read_bytes
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class PixelLimit:
+    """The most of a picture the model's processor uses (engine/vision/pictures.py reads it from
+    the processor): a page is rendered, a frame scaled, to no more than this. None: no limit."""
+    max_pixels: int | None = None  # area (Qwen2-VL family)
+    longest_edge: int | None = None
+    shortest_edge: int | None = None  # resized so its short side is this (then cropped)
+
+    def scale_for(self, width: float, height: float) -> float:
+        """The factor (at most 1) that brings a width × height picture within the limit."""
+        s = 1.0
+        if self.max_pixels and width * height > self.max_pixels:
+            s = min(s, (self.max_pixels / (width * height)) ** 0.5)
+        if self.longest_edge and max(width, height) > self.longest_edge:
+            s = min(s, self.longest_edge / max(width, height))
+        if self.shortest_edge and min(width, height) > self.shortest_edge:
+            s = min(s, self.shortest_edge / min(width, height))
+        return s
 
 
 @dataclass(frozen=True)
@@ -20,8 +49,7 @@ class PictureRef:
     digest: str  # BLAKE3 hex of the file's original bytes
 
     def __post_init__(self):
-        if not (isinstance(self.digest, str) and len(self.digest) == 64
-                and all(c in "0123456789abcdef" for c in self.digest)):
+        if not (isinstance(self.digest, str) and len(self.digest) == 64 and set(self.digest) <= _HEX):
             raise ValueError(f"not a picture digest (64 lowercase hex digits): {self.digest!r}")
 
     @classmethod
@@ -29,17 +57,81 @@ class PictureRef:
         """Hash a file the user named (one clear PictureError when it is missing or unreadable)."""
         return cls(str(path), digest_of(read_bytes(str(path))))
 
+    @property
+    def label(self) -> str:
+        """How a person names this picture in a sentence."""
+        return Path(self.path).name
+
+    @property
+    def caption(self) -> str | None:
+        """Text the model reads just before the picture (a page number, a frame's time); None for
+        a plain picture, whose prompt stays as it always was."""
+        return None
+
     def read_checked(self) -> bytes:
-        """The file's bytes, refused with one sentence when they no longer match the digest."""
+        """The picture file's bytes (a page or frame: PNG of it), refused with one sentence when
+        the file no longer matches its digest."""
         data = read_bytes(self.path)
         if digest_of(data) != self.digest:
-            raise PictureError(f"The picture {Path(self.path).name} changed on disk after it was attached; "
+            raise PictureError(f"The picture {self.label} changed on disk after it was attached; "
                                "attach it again.")
         return data
+
+    def picture(self, limit: PixelLimit | None = None):
+        """RGB pixels to encode (a plain picture as it is: its processor resizes it)."""
+        return decode(self.read_checked(), self.label)
 
 
 def digest_of(data: bytes) -> str:
     return blake3.blake3(data).hexdigest()
+
+
+def derived_digest(domain: bytes, source_digest: str, *parts: object) -> str:
+    """The digest of a picture made from a file (a page, a frame): BLAKE3 over a domain tag, the
+    file's digest and the settings that make the picture, each part length-prefixed."""
+    h = blake3.blake3(domain)
+    h.update(bytes.fromhex(source_digest))
+    for p in parts:
+        b = str(p).encode()
+        h.update(len(b).to_bytes(4, "little") + b)
+    return h.hexdigest()
+
+
+_checked: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> digest seen this run
+_checked_lock = threading.Lock()
+
+
+def file_digest(path: str, chunk: int = 8 << 20) -> str:
+    """BLAKE3 hex of a file read in pieces (a video may be gigabytes: memory stays bounded)."""
+    h = blake3.blake3()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    except FileNotFoundError:
+        raise PictureError(f"File not found: {path}") from None
+    except IsADirectoryError:
+        raise PictureError(f"Not a file (a folder): {path}") from None
+    except OSError as exc:
+        raise PictureError(f"Cannot read {path}: {exc.strerror or exc}") from None
+    return h.hexdigest()
+
+
+def check_file_digest(path: str, digest: str, label: str) -> None:
+    """Refuse a document or video that changed since it was attached. Hashed once per run while
+    its size and time stamp stay the same, so the pages of one miss-turn hash it once."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise PictureError(f"{label}: the file is gone ({path}); attach it again.") from None
+    stamp = (path, st.st_size, st.st_mtime_ns)
+    with _checked_lock:
+        if _checked.get(stamp) == digest:
+            return
+    if file_digest(path) != digest:
+        raise PictureError(f"{label}: the file changed on disk after it was attached; attach it again.")
+    with _checked_lock:
+        _checked[stamp] = digest
 
 
 def as_refs(images) -> list[PictureRef]:

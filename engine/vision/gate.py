@@ -108,8 +108,8 @@ class PictureGate:
             return entry
         stats.misses += 1
         self.counters["misses"] += 1
-        data = ref.read_checked()  # a file changed since it was attached fails this turn alone
-        return prepare_entry(self.loaded, key, data, Path(ref.path).name)
+        # the file is read only now; one changed since it was attached fails this turn alone
+        return prepare_entry(self.loaded, key, ref)
 
     def place_of(self, ref: PictureRef) -> PicturePlace:
         """Where this picture's features are, asked without touching the caches' order or the file."""

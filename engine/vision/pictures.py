@@ -1,9 +1,22 @@
 """A picture's first trip to the model: decode and the processor's per-picture step."""
 from __future__ import annotations
 
-from ..pictures.file import decode
+from ..pictures.ref import PictureRef, PixelLimit
 from ..pictures.span import PictureKey
 from .entry import PictureEntry
+
+
+def pixel_limit(loaded) -> PixelLimit:
+    """The most of a picture this model's processor uses: a page is rendered (a frame scaled) to
+    no more, since the processor would only shrink it. The Qwen2-VL family's size edges are pixel
+    areas; the others' are sides."""
+    size = getattr(loaded.processor.image_processor, "size", None)
+    get = (lambda k: getattr(size, k, None) if not isinstance(size, dict) else size.get(k))
+    if size is None:
+        return PixelLimit()
+    if loaded.family.mrope:
+        return PixelLimit(max_pixels=get("longest_edge") or get("max_pixels"))
+    return PixelLimit(longest_edge=get("longest_edge"), shortest_edge=get("shortest_edge"))
 
 
 def preprocess(loaded, image) -> tuple[dict, str]:
@@ -18,9 +31,10 @@ def preprocess(loaded, image) -> tuple[dict, str]:
     return dict(processed), replacements[0]
 
 
-def prepare_entry(loaded, key: PictureKey, data: bytes, name: str) -> PictureEntry:
-    """Decode + preprocess one picture into an entry that still needs encoding."""
-    image = decode(data, name)
+def prepare_entry(loaded, key: PictureKey, ref: PictureRef) -> PictureEntry:
+    """Read (a page: render, a frame: decode) + preprocess one picture into an entry that still
+    needs encoding."""
+    image = ref.picture(pixel_limit(loaded))
     processed, replacement = preprocess(loaded, image)
     grid = processed.get("image_grid_thw")
     grid_thw = [int(x) for x in grid[0].tolist()] if grid is not None else None

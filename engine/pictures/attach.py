@@ -1,0 +1,83 @@
+"""A dropped or attached file -> a typed attachment: a picture, a document's pages or a video's
+frames, each page or frame a PictureRef. Anything else, or a bad one, is one PictureError
+sentence; the caller keeps its draft and nothing else is touched. Torch-free, so the window,
+`ask`, `replay` and the API take files in with the same rules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from .document import DEFAULT_DPI, Document
+from .file import PICTURE_NAMES, PictureError, check, read_bytes
+from .ref import PictureRef, digest_of
+from .video import VIDEO_EXTENSIONS, FrameSampling, Video
+
+PDF_MAGIC = b"%PDF-"
+
+
+class AttachmentKind(Enum):
+    PICTURE = "picture"
+    DOCUMENT = "document"
+    VIDEO = "video"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One attached file and the pictures it stands for. `document`/`video` are set for that kind."""
+    kind: AttachmentKind
+    name: str
+    picture: PictureRef | None = None
+    document: Document | None = None
+    video: Video | None = None
+
+    @property
+    def count(self) -> int:
+        """Pictures it can give: 1, the document's pages (frames depend on the sampling)."""
+        return self.document.pages if self.document is not None else 1
+
+    def refs(self, pages: list[int] | None = None, dpi: int = DEFAULT_DPI,
+             sampling: FrameSampling = FrameSampling()) -> list[PictureRef]:
+        """The pictures to send: the chosen pages (all by default), the sampled frames, or the picture."""
+        if self.document is not None:
+            return list(self.document.page_refs(pages, dpi))
+        if self.video is not None:
+            return list(self.video.frame_refs(sampling))
+        assert self.picture is not None
+        return [self.picture]
+
+
+def kind_of(path: str | Path) -> AttachmentKind:
+    """What a file is, from its first bytes (a PDF) or its name (a video); else a picture."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        head = b""
+    if head.startswith(PDF_MAGIC):
+        return AttachmentKind.DOCUMENT
+    if p.suffix.lower() in VIDEO_EXTENSIONS:
+        return AttachmentKind.VIDEO
+    return AttachmentKind.PICTURE
+
+
+def attach(path: str | Path) -> Attachment:
+    """Check a file someone attached and type it (one PictureError sentence when it cannot be used)."""
+    p = Path(path)
+    name = p.name or str(p)
+    kind = kind_of(p)
+    if kind == AttachmentKind.DOCUMENT:
+        return Attachment(kind, name, document=Document.of_file(p))
+    if kind == AttachmentKind.VIDEO:
+        return Attachment(kind, name, video=Video.of_file(p))
+    data = read_bytes(str(p))
+    try:
+        check(data, name)
+    except PictureError as exc:
+        if "is not a picture" in str(exc):
+            raise PictureError(f"{name} is not a picture, PDF or video ({PICTURE_NAMES}; PDF; "
+                               f"{', '.join(e[1:].upper() for e in VIDEO_EXTENSIONS[:4])}…)") from None
+        raise
+    return Attachment(kind, name, picture=PictureRef(str(p), digest_of(data)))

@@ -1,0 +1,167 @@
+"""Videos: frames sampled at a rate and count, each frame a picture (FrameRef), decoded with
+PyAV one at a time (a seek to the nearest key frame, then forward to the timestamp), so memory
+stays bounded whatever the clip's length.
+
+A frame's digest is derived from the video's digest, its timestamp and the sampling settings,
+so a cached frame needs neither the file nor a decode. A video is checked once where it comes in
+(`Video.of_file`): one PictureError sentence for a file with no video stream, a codec this build
+cannot decode, or a clip longer than MAX_SECONDS. Torch-free.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+
+from .file import PictureError
+from .ref import PictureRef, PixelLimit, check_file_digest, derived_digest, file_digest
+
+FRAME_DOMAIN = b"parley.frame.v1\0"
+MAX_SECONDS = 3 * 3600  # a frame every few minutes of a longer clip tells a model little
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".ogv")
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """Frames per second, and the most frames taken (spread over the clip when it is longer)."""
+    fps: float = 1.0
+    max_frames: int = 16
+
+    def __post_init__(self):
+        if not (0.01 <= self.fps <= 30):
+            raise ValueError(f"frames are sampled at 0.01 to 30 per second, not {self.fps!r}")
+        if not (1 <= self.max_frames <= 512):
+            raise ValueError(f"a clip gives 1 to 512 frames, not {self.max_frames!r}")
+
+    def times(self, duration: float) -> list[float]:
+        """Timestamps (seconds) of the sampled frames, in order."""
+        n = max(1, int(duration * self.fps))
+        if n <= self.max_frames:
+            return [round(i / self.fps, 3) for i in range(n)]
+        n = self.max_frames
+        return [round(duration * (i + 0.5) / n, 3) for i in range(n)]
+
+
+def clock(t: float) -> str:
+    s = int(t)
+    h, m = divmod(s // 60, 60)
+    frac = f"{t - s:.1f}"[1:] if t != s else ""
+    return (f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}") + frac
+
+
+def _open(path: str, name: str):
+    try:
+        return av.open(path)
+    except av.error.InvalidDataError:
+        raise PictureError(f"{name} is not a video Parley can read (damaged, or an unknown format)") from None
+    except (av.error.FFmpegError, OSError) as exc:
+        raise PictureError(f"{name} cannot be opened as a video ({exc})") from None
+
+
+@dataclass(frozen=True)
+class Video:
+    """A checked video: where it is, its content digest, its length and picture size."""
+    path: str
+    digest: str
+    duration: float  # seconds
+    width: int
+    height: int
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    @classmethod
+    def of_file(cls, path: str | Path) -> "Video":
+        path = str(path)
+        name = Path(path).name
+        if not Path(path).is_file():
+            raise PictureError(f"{name} was not found" if not Path(path).exists() else f"{name} is not a file")
+        with _open(path, name) as c:
+            if not c.streams.video:
+                raise PictureError(f"{name} has no video stream (sound only?)")
+            s = c.streams.video[0]
+            if s.codec_context is None:
+                raise PictureError(f"{name} uses a video codec this build of Parley cannot decode")
+            if s.duration is not None and s.time_base is not None:
+                duration = float(s.duration * s.time_base)
+            elif c.duration is not None:
+                duration = c.duration / av.time_base
+            else:
+                raise PictureError(f"{name} does not say how long it is; Parley cannot sample its frames")
+            if duration > MAX_SECONDS:
+                raise PictureError(f"{name} is {clock(duration)} long; Parley samples clips of at most "
+                                   f"{MAX_SECONDS // 3600} hours (cut the part you want to ask about)")
+            width, height = s.codec_context.width, s.codec_context.height
+        video = cls(path, file_digest(path), duration, width, height)
+        video.frame(0.0).picture()  # the first frame decodes: a codec that fails says so now
+        return video
+
+    def frame(self, t: float, sampling: FrameSampling = FrameSampling()) -> "FrameRef":
+        return FrameRef.of(self.path, self.digest, t, sampling)
+
+    def frame_refs(self, sampling: FrameSampling = FrameSampling()) -> list["FrameRef"]:
+        return [self.frame(t, sampling) for t in sampling.times(self.duration)]
+
+
+@dataclass(frozen=True)
+class FrameRef(PictureRef):
+    """The frame shown at `time` seconds into the video at `path`, sampled with `fps`/`max_frames`."""
+    video: str = ""  # the video's digest
+    time: float = 0.0
+    fps: float = 1.0
+    max_frames: int = 16
+
+    @classmethod
+    def of(cls, path: str, video: str, t: float, sampling: FrameSampling = FrameSampling()) -> "FrameRef":
+        t = round(float(t), 3)
+        if t < 0:
+            raise ValueError(f"not a timestamp: {t!r}")
+        digest = derived_digest(FRAME_DOMAIN, video, f"{t:.3f}", sampling.fps, sampling.max_frames)
+        return cls(path, digest, video, t, sampling.fps, sampling.max_frames)
+
+    @property
+    def label(self) -> str:
+        return f"{Path(self.path).name} at {clock(self.time)}"
+
+    @property
+    def caption(self) -> str:
+        return f"Frame at {clock(self.time)} of {Path(self.path).name}:"
+
+    def picture(self, limit: PixelLimit | None = None):
+        check_file_digest(self.path, self.video, Path(self.path).name)
+        image = decode_frame(self.path, self.time, self.label)
+        if limit is not None:
+            s = limit.scale_for(*image.size)
+            if s < 1:
+                image = image.resize((max(1, round(image.width * s)), max(1, round(image.height * s))))
+        return image
+
+    def read_checked(self) -> bytes:
+        buf = io.BytesIO()
+        self.picture().save(buf, "PNG")
+        return buf.getvalue()
+
+
+def decode_frame(path: str, t: float, label: str):
+    """The frame on screen at `t` seconds: one frame kept at a time."""
+    with _open(path, label) as c:
+        s = c.streams.video[0]
+        s.thread_type = "AUTO"
+        try:
+            if t > 0 and s.time_base is not None:
+                c.seek(int(t / s.time_base), stream=s, backward=True, any_frame=False)
+            last = None
+            for frame in c.decode(s):
+                if last is not None and frame.time is not None and frame.time > t + 1e-6:
+                    break
+                last = frame
+                if frame.time is not None and frame.time >= t - 1e-6:
+                    break
+        except av.error.FFmpegError as exc:
+            raise PictureError(f"{label} cannot be decoded ({exc})") from None
+        if last is None:
+            raise PictureError(f"{label}: the video has no frame there")
+        return last.to_image().convert("RGB")

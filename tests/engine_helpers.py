@@ -11,9 +11,11 @@ from PIL import Image
 from engine.local.engine import Engine
 from engine.local.prompt import render
 from engine.model.load import load_model
+from engine.pictures.ref import PictureRef
 from engine.protocol.client import load_blocking, run_blocking
 from engine.protocol.events import MemoryReport, Message, Notice, Sampling, Turn, TurnDone
 from engine.protocol.settings import EngineSettings
+from engine.vision.pictures import pixel_limit
 
 
 def open_engine(model_dir: Path, data_dir: Path, notices: list | None = None, **settings) -> Engine:
@@ -39,7 +41,9 @@ class Reference:
     def prompt_ids(self, messages: list[Message], system: str | None = None) -> tuple[list[int], dict]:
         processor = self.loaded.processor
         text = render(processor, messages, system)
-        images = [Image.open(p.path).convert("RGB") for m in messages for p in m.images]
+        # a page or frame as the engine reads it (rendered within the processor's pixel limit)
+        images = [Image.open(p.path).convert("RGB") if type(p) is PictureRef else p.picture(pixel_limit(self.loaded))
+                  for m in messages for p in m.images]
         if self.loaded.family.nested_images and images:
             images = [images]
         inputs = processor(text=text, images=images or None, return_tensors="pt")

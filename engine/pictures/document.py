@@ -9,6 +9,7 @@ sentence for an encrypted, damaged, empty or too long PDF. Torch-free.
 from __future__ import annotations
 
 import io
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +32,21 @@ def _open(source, name: str) -> pdfium.PdfDocument:
         return pdfium.PdfDocument(source)
     except pdfium.PdfiumError as exc:
         text = str(exc)
-        if "PDFium: Success" in text:  # PDFium loads no page tree without a page, and says "Success"
-            raise PictureError(f"{name} has no pages") from None
         if "password" in text.lower():
             raise PictureError(f"{name} is password-protected; save an unprotected copy to attach it") from None
+        if _no_pages(source):  # PDFium refuses a page tree without a page, with a stale error code
+            raise PictureError(f"{name} has no pages") from None
         raise PictureError(f"{name} is a damaged PDF (PDFium: {text.split('PDFium: ')[-1].rstrip('.)')})") from None
+
+
+def _no_pages(source) -> bool:
+    """A readable PDF whose page tree counts no page and that holds no page object."""
+    try:
+        with open(source, "rb") as f:
+            data = f.read(1 << 20)
+    except (OSError, TypeError):
+        return False
+    return bool(re.search(rb"/Count\s*0\b", data)) and not re.search(rb"/Type\s*/Page(?!s)\b", data)
 
 
 @dataclass(frozen=True)

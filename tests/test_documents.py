@@ -1,0 +1,189 @@
+"""PDF pages and video frames are pictures with content keys: rendered or decoded within the
+model's pixel limit, found in the cache without the file, token-identical to a fresh full prefill
+in every family, spilled and restored like any picture; bad files get one sentence."""
+from __future__ import annotations
+
+import pytest
+
+from engine.pictures.attach import AttachmentKind, attach
+from engine.pictures.document import Document, PageRef
+from engine.pictures.file import PictureError
+from engine.pictures.picture_budget import fit, parse_ranges, ranges_text
+from engine.pictures.ref import PixelLimit
+from engine.pictures.video import FrameSampling, Video
+from engine.protocol.events import Message
+from tests.engine_helpers import Reference, ask, expect_done, open_engine
+from tests.fixtures.documents import (make_audio_only, make_damaged_pdf, make_empty_pdf, make_encrypted_pdf,
+                                      make_pdf, make_video)
+from tests.fixtures.tiny_models import FAMILIES
+from tests.test_spill import spill_now
+
+NEW = 6
+
+
+def test_pages_count_render_size_and_stable_keys(tmp_path):
+    doc = Document.of_file(make_pdf(tmp_path / "ten.pdf", 10, size=(200, 260)))
+    assert doc.pages == 10
+    page = doc.page(3)
+    assert page.picture().size == (400, 520)  # 144 dpi: 2 pixels a point
+    assert doc.page(3, dpi=72).picture().size == (200, 260)
+    # never more pixels than the processor uses: an area limit, a long side, a short side
+    w, h = page.picture(PixelLimit(max_pixels=50_000)).size
+    assert w * h <= 50_000 * 1.02 and w * h > 40_000
+    assert max(page.picture(PixelLimit(longest_edge=84)).size) <= 84
+    assert min(page.picture(PixelLimit(shortest_edge=56)).size) in (56, 57)
+    # the key: the same across runs (the same bytes, hashed afresh), another for another page or dpi
+    again = Document.of_file(tmp_path / "ten.pdf").page(3)
+    # (the PDF's bytes are made the same every run, so the key is a constant)
+    assert again.digest == page.digest == "fd9aa4ca75aa1b91e21919036b9fd429324e4bcb8743f69f7b6120d9c950f115"
+    assert len({page.digest, doc.page(4).digest, doc.page(3, dpi=150).digest, doc.digest}) == 4
+    assert "Page 4" in doc.text([3])
+
+
+def test_page_key_is_fixed_by_the_bytes_page_and_dpi():
+    doc = "ab" * 32
+    assert PageRef.of("/nowhere/a.pdf", doc, 2, 144).digest == PageRef.of("/elsewhere/b.pdf", doc, 2, 144).digest
+    # a change here (domain tag, order of the parts) would orphan every cached page: on purpose only
+    assert PageRef.of("/x.pdf", doc, 2, 144).digest == "865a914a6f82de91477a0f2775355c26f2de9e05d8a4136200ea51be58317dd0"
+
+
+@pytest.mark.parametrize("maker, words", [
+    (make_encrypted_pdf, "password-protected"),
+    (make_damaged_pdf, "damaged PDF"),
+    (make_empty_pdf, "has no pages"),
+    (lambda p: make_pdf(p, 2000, size=(20, 20)), "2000 pages"),
+])
+def test_bad_pdfs_are_one_sentence(tmp_path, maker, words):
+    path = maker(tmp_path / "bad.pdf")
+    with pytest.raises(PictureError) as err:
+        attach(path)
+    msg = str(err.value)
+    assert words in msg and "bad.pdf" in msg and "\n" not in msg
+
+
+def test_bad_videos_are_one_sentence(tmp_path):
+    sound = make_audio_only(tmp_path / "sound.mkv")
+    clip = make_video(tmp_path / "clip.mkv")
+    unknown = tmp_path / "unknown.mkv"
+    unknown.write_bytes(clip.read_bytes().replace(b"V_MPEG4/ISO/ASP", b"V_PARLEY/NONE/X"))
+    long = tmp_path / "long.mp4"
+    _four_hour_clip(long)
+    for path, words in ((sound, "no video stream"), (unknown, "codec"), (long, "4:00:0")):
+        with pytest.raises(PictureError) as err:
+            attach(path)
+        assert words in str(err.value) and path.name in str(err.value), str(err.value)
+
+
+def _four_hour_clip(path):
+    """Two frames four hours apart: a 4-hour clip in a few kilobytes."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        s = out.add_stream("mpeg4", rate=1)
+        s.width = s.height = 32
+        s.pix_fmt = "yuv420p"
+        s.time_base = Fraction(1, 1)
+        for pts in (0, 4 * 3600):
+            f = av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), format="rgb24")
+            f.pts = pts
+            for p in s.encode(f):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+
+
+def test_video_frames_are_sampled_and_keyed(tmp_path):
+    att = attach(make_video(tmp_path / "clip.mp4", seconds=3, fps=10))
+    assert att.kind == AttachmentKind.VIDEO and abs(att.video.duration - 3) < 0.2
+    frames = att.refs(sampling=FrameSampling(fps=2, max_frames=4))
+    assert [f.time for f in frames] == [0.375, 1.125, 1.875, 2.625]  # 6 at 2/s spread as 4
+    assert len({f.digest for f in frames}) == 4
+    assert frames[0].picture().size == (64, 48)
+    assert frames[0].picture().getpixel((60, 40)) != frames[2].picture().getpixel((60, 40))
+    again = Video.of_file(tmp_path / "clip.mp4").frame_refs(FrameSampling(fps=2, max_frames=4))
+    assert [f.digest for f in again] == [f.digest for f in frames]
+    other = Video.of_file(tmp_path / "clip.mp4").frame_refs(FrameSampling(fps=1, max_frames=4))
+    assert not {f.digest for f in other} & {f.digest for f in frames}
+
+
+def test_budget_says_which_pages_were_left_out():
+    assert ranges_text((0, 1, 2, 5)) == "1-3, 6"
+    assert parse_ranges("1-3, 6", 10) == [0, 1, 2, 5]
+    with pytest.raises(ValueError):
+        parse_ranges("4-12", 10)
+    choice = fit(list(range(30)), tokens_each=100, context_tokens=2000, used_tokens=400, name="a.pdf")
+    assert choice.kept == tuple(range(12)) and choice.left_out == tuple(range(12, 30))
+    assert "left out: pages 13-30" in choice.line and "a.pdf" in choice.line
+    assert fit([0, 1], 100, 2000).line is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_cached_document_needs_neither_encoder_nor_file(family, tiny_model, tmp_path):
+    """A 10-page PDF asked about, then asked about in another conversation after the file is gone:
+    nothing encoded, no encoder load, the same tokens as a fresh full prefill."""
+    model = tiny_model(family)
+    pdf = make_pdf(tmp_path / "report.pdf", 10, size=(120, 160))
+    pages = attach(pdf).refs()
+    reference_messages = [Message("user", "What do these pages show?", pages)]
+    ref = Reference(model)
+    expected = ref.reply_ids(reference_messages, NEW)
+    engine = open_engine(model, tmp_path / "data", elastic=True, elastic_idle_s=0.0)
+    try:
+        first = expect_done(ask(engine, "a", reference_messages, NEW))
+        assert first.stats.pictures_encoded == 10 and first.token_ids == expected
+        engine.unload_encoder()
+        pdf.unlink()  # a page found in the cache never opens its file
+        second = expect_done(ask(engine, "b", [Message("user", "What do these pages show?", pages)], NEW))
+        s = second.stats
+        assert s.encoder_loads == 0 and s.pictures_encoded == 0 and s.image_cache_hits == 10
+        assert s.reused_tokens == 0  # a new conversation: the whole prompt ran, from cached features
+        assert second.token_ids == expected
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_video_frames_are_cached_and_exact(family, tiny_model, tmp_path):
+    model = tiny_model(family)
+    clip = make_video(tmp_path / "clip.mp4", seconds=2, fps=10)
+    frames = attach(clip).refs(sampling=FrameSampling(fps=2, max_frames=4))
+    messages = [Message("user", "What happens in this clip?", frames)]
+    expected = Reference(model).reply_ids(messages, NEW)
+    engine = open_engine(model, tmp_path / "data")
+    try:
+        assert expect_done(ask(engine, "a", messages, NEW)).token_ids == expected
+        clip.unlink()
+        d = expect_done(ask(engine, "b", messages, NEW))
+        assert d.stats.pictures_encoded == 0 and d.stats.encoder_loads == 0 and d.token_ids == expected
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+def test_a_document_conversation_spills_and_restores_exactly(tiny_model, tmp_path):
+    model = tiny_model("qwen2_vl")
+    ref = Reference(model)
+    pages = attach(make_pdf(tmp_path / "thirty.pdf", 30, size=(60, 80))).refs()
+    data = tmp_path / "data"
+    messages = [Message("user", "Summarise these pages.", pages)]
+    engine = open_engine(model, data, block_tokens=16, spill_idle_s=3600)
+    try:
+        d = expect_done(ask(engine, "c", messages, NEW))
+        assert d.token_ids == ref.reply_ids(messages, NEW)
+        messages.append(Message("assistant", d.reply))
+        assert spill_now(engine, "c").state == "spilled"
+    finally:
+        engine.shutdown()
+    engine = open_engine(model, data, block_tokens=16, spill_idle_s=3600)
+    try:
+        messages.append(Message("user", "And page 7?", []))
+        d = expect_done(ask(engine, "c", messages, NEW))
+        assert d.stats.restored_tokens > 0 and d.stats.pictures_encoded == 0
+        assert d.token_ids == ref.reply_ids(messages, NEW)
+    finally:
+        engine.shutdown()

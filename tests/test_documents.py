@@ -187,3 +187,40 @@ def test_a_document_conversation_spills_and_restores_exactly(tiny_model, tmp_pat
         assert d.token_ids == ref.reply_ids(messages, NEW)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_ask_sends_the_chosen_pages_and_refuses_a_bad_pdf(tiny_model, tmp_path):
+    from tests.test_headless import run_main
+
+    model = tiny_model("qwen2_vl")
+    pdf = make_pdf(tmp_path / "notes.pdf", 5, size=(100, 130))
+    res = run_main("ask", "--model", str(model), "--data-dir", str(tmp_path / "d"), "--file", str(pdf),
+                   "--pages", "2-3", "--max-new-tokens", "6", "What is on these pages?")
+    assert res.returncode == 0, res.stderr
+    ref = Reference(model)
+    pages = Document.of_file(pdf).page_refs([1, 2])
+    ids = ref.reply_ids([Message("user", "What is on these pages?", pages)], 6)
+    assert res.stdout == ref.loaded.tokenizer.decode(ids, skip_special_tokens=True) + "\n"
+    bad = run_main("ask", "--model", str(model), "--data-dir", str(tmp_path / "d"),
+                   "--file", str(make_encrypted_pdf(tmp_path / "locked.pdf")), "hi")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines() == ["error: locked.pdf is password-protected; save an unprotected copy "
+                                               "to attach it"]
+
+
+@pytest.mark.slow
+def test_a_document_larger_than_the_context_says_what_fits(tmp_path):
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    model = build_tiny_model("qwen2_vl", tmp_path / "small", text={"max_position_embeddings": 300})
+    pages = attach(make_pdf(tmp_path / "big.pdf", 40, size=(60, 80))).refs()
+    engine = open_engine(model, tmp_path / "data")
+    try:
+        failed = ask(engine, "a", [Message("user", "Read all of it.", pages)], NEW)
+        assert "context of 300 tokens" in failed.message and "left out: big.pdf, page" in failed.message
+        assert "\n" not in failed.message
+        # nothing else was touched: the same engine answers a question that fits
+        assert expect_done(ask(engine, "a", [Message("user", "Just these.", pages[:3])], NEW)).token_ids
+    finally:
+        engine.shutdown()

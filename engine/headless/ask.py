@@ -8,16 +8,16 @@ from . import options
 
 
 def cmd_ask(args) -> int:
+    from ..pictures.attach import attach_all
     from ..pictures.file import PictureError
-    from ..pictures.ref import as_refs
     from ..platform.terminal import terminal_safe
     from ..protocol.client import EngineError, load_blocking, run_blocking
     from ..protocol.events import Message, Sampling, Turn, TurnFailed
     from ..remote import RemoteConfigError, RemoteEngine
 
-    try:
-        images = as_refs(args.image or [])  # each file hashed once, here, before any model loads
-    except PictureError as exc:
+    try:  # each file checked and hashed once, here, before any model loads
+        files = attach_all((args.image or []) + (args.file or []), options.attach_choice(args))
+    except (PictureError, ValueError) as exc:
         print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1
     try:
@@ -38,7 +38,8 @@ def cmd_ask(args) -> int:
         load_blocking(engine, model)
         sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
                             top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
-        turn = Turn("ask", [Message("user", args.prompt, images)], sampling, args.system)
+        text = f"{files.text}\n\n{args.prompt}" if files.text else args.prompt
+        turn = Turn("ask", [Message("user", text, list(files.refs))], sampling, args.system)
 
         def on_token(ev):
             streamed.append(ev.text)

@@ -43,3 +43,13 @@ def engine_settings(args):
     from ..protocol.settings import EngineSettings
 
     return EngineSettings(weights=args.weights or "auto")
+
+
+def attach_choice(args):
+    """--pages/--dpi/--pdf-text/--fps/--max-frames: how `ask` turns PDFs and videos into pictures
+    (ValueError with one sentence for a value out of range)."""
+    from ..pictures.attach import AttachChoice
+    from ..pictures.video import FrameSampling
+
+    return AttachChoice(pages=args.pages, dpi=args.dpi, document_text=args.pdf_text,
+                        sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames))

@@ -1,9 +1,10 @@
 """`main.py replay`: a scripted multi-turn conversation, one JSON line per turn.
 
 Script: {"settings": {...}, "turns": [{"user": "...", "images": ["a.png"], "wait_s": 0,
-"conversation": "main", "system": "...", "restart": false}, ...]}. Picture paths are relative
-to the script's folder; each is hashed once, when its turn is sent (a missing one fails that
-turn with one line, as a failed turn does). Settings take sampling keys and any EngineSettings field.
+"conversation": "main", "system": "...", "restart": false}, ...]}. Picture paths (pictures, PDFs:
+all their pages, videos: a frame a second, at most 16) are relative to the script's folder; each
+is hashed once, when its turn is sent (a missing one fails that turn with one line, as a failed
+turn does). Settings take sampling keys and any EngineSettings field.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from ..pictures.attach import attach_all
 from ..pictures.file import PictureError
-from ..pictures.ref import as_refs
 from ..protocol.client import EngineError, Interrupted, load_blocking, run_blocking
 from ..protocol.events import Message, Sampling, Turn, TurnFailed
 from ..protocol.settings import EngineSettings
@@ -101,7 +102,7 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
             if not history and t.get("system"):
                 systems[cid] = t["system"]
             try:
-                history.append(Message("user", t["user"], as_refs(t["images"])))
+                history.append(Message("user", t["user"], list(attach_all(t["images"]).refs)))
             except PictureError as exc:
                 failures += 1
                 out.write(json.dumps({"turn": i, "conversation": cid, "error": str(exc)}) + "\n")

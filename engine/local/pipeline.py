@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..device.ledger import model_bytes
+from ..pictures.picture_budget import fit
 from ..protocol.events import EncoderStatus, Token, Turn, TurnDone
 from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
@@ -50,7 +51,7 @@ class TurnPipeline:
         gstats = GateTurnStats()
         entries = [self.gate.lookup(p, gstats) for m in turn.messages for p in m.images]
         prompt = build_prompt(self.loaded, render(self.loaded.processor, turn.messages, turn.system_prompt), entries)
-        sampling = self._fit_to_context(len(prompt.ids), turn.sampling)
+        sampling = self._fit_to_context(prompt, turn)
         cid = turn.conversation_id or self._stateless_conversation(prompt)
         session = self.sessions.open(cid)
         session.begin_turn()
@@ -97,16 +98,31 @@ class TurnPipeline:
         restored = self.spill_scheduler.restore(session, prompt)
         return restored, time.perf_counter() - t0 if restored else 0.0
 
-    def _fit_to_context(self, n_prompt: int, sampling):
-        """Refuse a prompt the model's context cannot hold; shorten the reply to what fits
-        (a copy: the caller's Turn is left as it was sent)."""
-        limit = self.loaded.context_tokens
+    def _fit_to_context(self, prompt: Prompt, turn: Turn):
+        """Refuse a prompt the model's context cannot hold, saying which of the message's pictures
+        (pages, frames) would fit; shorten the reply to what fits (a copy: the caller's Turn is
+        left as it was sent)."""
+        limit, n_prompt, sampling = self.loaded.context_tokens, len(prompt.ids), turn.sampling
         if limit and n_prompt >= limit:
-            raise ValueError(f"This conversation is {n_prompt} tokens long, more than the model's context of "
-                             f"{limit} tokens. Start a new conversation (or send fewer pictures).")
+            raise ValueError(self._too_long(prompt, turn.messages[-1].images, limit))
         if limit and n_prompt + sampling.max_new_tokens > limit:
             sampling = replace(sampling, max_new_tokens=limit - n_prompt)
         return sampling
+
+    @staticmethod
+    def _too_long(prompt: Prompt, refs, limit: int) -> str:
+        line = (f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of "
+                f"{limit} tokens.")
+        mine = prompt.picture_chunks[len(prompt.picture_chunks) - len(refs):] if refs else ()
+        taken = sum(c.end - c.start for c in mine)
+        choice = fit(list(range(len(refs))), -(-taken // max(1, len(refs))), limit,
+                     len(prompt.ids) - taken + 1, what="pictures", share=1.0)
+        if not refs or not choice.left_out:
+            return line + " Start a new conversation (or send fewer pictures)."
+        left = [refs[i].label for i in choice.left_out]
+        named = left[0] if len(left) == 1 else f"{left[0]} … {left[-1]}"
+        return (line + f" Only the first {len(choice.kept)} of this message's {len(refs)} pictures fit "
+                f"(about {taken // len(refs)} tokens each); left out: {named}. Send fewer pages or frames.")
 
     def _stats(self, result: TurnResult, restored: int, restore_s: float, restore_ahead_s: float,
                before_run_s: float, gstats: GateTurnStats, spilled: CommittedSpill) -> LocalTurnStats:

@@ -81,3 +81,46 @@ def attach(path: str | Path) -> Attachment:
                                f"{', '.join(e[1:].upper() for e in VIDEO_EXTENSIONS[:4])}…)") from None
         raise
     return Attachment(kind, name, picture=PictureRef(str(p), digest_of(data)))
+
+
+@dataclass(frozen=True)
+class AttachChoice:
+    """How attached files become pictures: which pages of a PDF (1-based ranges as typed, e.g.
+    "1-3, 6"; None: all), their render dpi, how a video is sampled, and whether a PDF's own text
+    goes into the message alongside its pages (far fewer tokens than a picture)."""
+    pages: str | None = None
+    dpi: int = DEFAULT_DPI
+    sampling: FrameSampling = FrameSampling()
+    document_text: bool = False
+
+
+@dataclass(frozen=True)
+class AttachedFiles:
+    refs: tuple[PictureRef, ...]
+    text: str  # the documents' text to add to the message ("" when not offered or none)
+
+
+def attach_all(paths, choice: AttachChoice = AttachChoice()) -> AttachedFiles:
+    """Files named on a command line or in a replay script -> their pictures, each file checked
+    and hashed once, here (one PictureError sentence for the first that cannot be used)."""
+    from .picture_budget import parse_ranges
+
+    refs: list[PictureRef] = []
+    texts: list[str] = []
+    for p in paths:
+        if isinstance(p, PictureRef):
+            refs.append(p)
+            continue
+        att = attach(p)
+        pages = None
+        if att.document is not None and choice.pages:
+            try:
+                pages = parse_ranges(choice.pages, att.document.pages)
+            except ValueError as exc:
+                raise PictureError(f"{att.name}: {exc}") from None
+        refs.extend(att.refs(pages, choice.dpi, choice.sampling))
+        if att.document is not None and choice.document_text:
+            text = att.document.text(pages)
+            if text:
+                texts.append(text)
+    return AttachedFiles(tuple(refs), "\n\n".join(texts))

@@ -191,7 +191,7 @@ class ChatController(QObject):
         if row is not None and row + 1 < self.model.rowCount():
             self.model.remove_from(self.model.item(row + 1).id)
         self.model.update(message_id, text=msg.text, edited=True,
-                          pictures=[str(self.history.picture_path(r)) for r in msg.pictures],
+                          pictures=[self.history.thumbnail_source(r) for r in msg.pictures],
                           digests=[self.history.picture_ref(r).digest for r in msg.pictures])
         turn_id = self._start_reply(cid)
         self.conversationsChanged.emit()
@@ -299,7 +299,7 @@ class ChatController(QObject):
     # ------------------------------------------------------------ helpers
 
     def _item(self, m: StoredMessage) -> MessageItem:
-        return MessageItem(m.id, m.role, m.text, [str(self.history.picture_path(r)) for r in m.pictures],
+        return MessageItem(m.id, m.role, m.text, [self.history.thumbnail_source(r) for r in m.pictures],
                            m.status, False, m.edited is not None,
                            digests=[self.history.picture_ref(r).digest for r in m.pictures],
                            note=self._notes.get(m.id, ""))

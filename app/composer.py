@@ -1,9 +1,10 @@
 """The composer: multi-line draft, attached pictures, send / stop, inline problems.
 
-Enter sends, Shift+Enter starts a new line. Pictures arrive by the attach button, by drag and
-drop (files or image data), or by paste; each is checked and stored on arrival. A refused one
-(a PDF, a damaged or huge picture) is reported in a line above the draft, and the draft and
-the other attachments stay as they were.
+Enter sends, Shift+Enter starts a new line. Pictures, PDFs and videos arrive by the attach
+button, by drag and drop (files or image data), or by paste; each is checked and stored on
+arrival (a PDF is one chip with its page count and a page range; a video one chip with its
+frames). A refused one (an encrypted PDF, a damaged or huge picture, a clip without pictures) is
+reported in a line above the draft, and the draft and the other attachments stay as they were.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, QSize, QStandardPaths, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QKeyEvent, QPixmap
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -24,8 +25,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.pictures.file import PICTURE_TYPES
+from engine.pictures.file import PICTURE_TYPES, PictureError
+from engine.pictures.video import VIDEO_EXTENSIONS, FrameSampling
 
+from .attachment_chip import AttachmentChip
 from .icons import icon
 from .picture_intake import Attachment, PictureIntake, mime_has_pictures
 
@@ -33,7 +36,9 @@ from .picture_intake import Attachment, PictureIntake, mime_has_pictures
 def picture_filter() -> str:
     """The attach dialog's filter: the formats the picture check names, and nothing else."""
     patterns = " ".join(f"*{ext}" for t in PICTURE_TYPES for ext in t.extensions)
-    return f"Pictures ({patterns});;All files (*)"
+    videos = " ".join(f"*{ext}" for ext in VIDEO_EXTENSIONS)
+    return (f"Pictures, PDFs and videos ({patterns} *.pdf {videos});;Pictures ({patterns});;PDF documents (*.pdf);;"
+            f"Videos ({videos});;All files (*)")
 
 
 def pictures_folder() -> str:
@@ -96,33 +101,6 @@ class ComposerEdit(QPlainTextEdit):
         super().dropEvent(e)
 
 
-class AttachmentChip(QFrame):
-    removeRequested = Signal(object)  # the chip
-
-    def __init__(self, att: Attachment, parent=None):
-        super().__init__(parent)
-        self.attachment = att
-        self.setObjectName("attachmentChip")
-        self.setToolTip(att.name)
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(4, 4, 2, 4)
-        lay.setSpacing(2)
-        self.picture = QLabel()
-        self.picture.setFixedSize(56, 56)
-        self.picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        pm = QPixmap.fromImage(att.thumb)
-        if not pm.isNull():
-            self.picture.setPixmap(pm.scaled(56, 56, Qt.AspectRatioMode.KeepAspectRatio,
-                                             Qt.TransformationMode.SmoothTransformation))
-        lay.addWidget(self.picture)
-        self.remove = QToolButton()
-        self.remove.setText("×")
-        self.remove.setToolTip(f"Remove {att.name}")
-        self.remove.setAutoRaise(True)
-        self.remove.clicked.connect(lambda: self.removeRequested.emit(self))
-        lay.addWidget(self.remove, 0, Qt.AlignmentFlag.AlignTop)
-
-
 class Composer(QFrame):
     sendRequested = Signal(str, list)  # text, picture refs
     stopRequested = Signal()
@@ -135,6 +113,8 @@ class Composer(QFrame):
         self.setObjectName("composer")
         self.setAcceptDrops(True)
         self.editing_message_id: int | None = None
+        self.document_text = False  # settings: a PDF's own text goes with its pages
+        self.frame_sampling = FrameSampling()
         self._generating = False
         self._ready = True
         self._drafts: dict[str, Draft] = {}  # chat id -> the draft left there
@@ -221,12 +201,7 @@ class Composer(QFrame):
                 self.send.setToolTip("Send (Enter)")
 
     def attachments(self) -> list[Attachment]:
-        out = []
-        for i in range(self.chips.count()):
-            w = self.chips.itemAt(i).widget()
-            if isinstance(w, AttachmentChip):
-                out.append(w.attachment)
-        return out
+        return [chip.attachment for chip in self._chips()]
 
     def text(self) -> str:
         return self.edit.toPlainText()
@@ -242,6 +217,7 @@ class Composer(QFrame):
             have.add(att.ref)
             added.append(att.ref)
             chip = AttachmentChip(att)
+            chip.set_sampling(self.frame_sampling)
             chip.removeRequested.connect(self._remove_chip)
             self.chips.insertWidget(self.chips.count() - 1, chip)
         self.chips_row.setVisible(bool(have))
@@ -281,7 +257,7 @@ class Composer(QFrame):
 
     def choose_files(self) -> None:
         folder = self._last_folder if self._last_folder and Path(self._last_folder).is_dir() else pictures_folder()
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach pictures", folder, picture_filter())
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach pictures, PDFs or videos", folder, picture_filter())
         if paths:
             self._last_folder = str(Path(paths[0]).parent)
             self.take_files(paths)
@@ -320,10 +296,35 @@ class Composer(QFrame):
         if self._generating or not self._ready:
             return
         text = self.edit.toPlainText().strip()
-        refs = [a.ref for a in self.attachments()]
+        refs: list[str] = []
+        texts: list[str] = []
+        try:  # a document sends its chosen pages, a video its sampled frames
+            for chip in self._chips():
+                refs.extend(chip.picture_refs(self.frame_sampling))
+                if self.document_text:
+                    texts.append(chip.document_text())
+        except (ValueError, PictureError) as exc:  # a bad page range, a document gone: the draft stays
+            self.show_problem(str(exc))
+            return
         if not text and not refs:
             return
-        self.sendRequested.emit(text, refs)
+        offered = "\n\n".join(t for t in texts if t)
+        self.sendRequested.emit(f"{offered}\n\n{text}" if offered else text, refs)
+
+    def set_document_options(self, document_text: bool, sampling: FrameSampling) -> None:
+        """Settings: whether a PDF's text goes with its pages, and how videos are sampled."""
+        self.document_text = document_text
+        self.frame_sampling = sampling
+        for chip in self._chips():
+            chip.set_sampling(sampling)
+
+    def _chips(self) -> list[AttachmentChip]:
+        out = []
+        for i in range(self.chips.count()):
+            w = self.chips.itemAt(i).widget()
+            if isinstance(w, AttachmentChip):
+                out.append(w)
+        return out
 
     def _send_or_stop(self) -> None:
         if self._generating:

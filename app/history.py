@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.pictures import parts
 from engine.pictures.ref import PictureRef
 from engine.pictures.store import NAME_RE, PictureStore, check_name
 from engine.platform.files import is_temp_name
@@ -315,19 +316,31 @@ class History:
         removes a picture the history holds. Returns its ref (the stored file's name)."""
         return self.pictures.put(data, extension)
 
+    def add_file(self, path: Path | str, digest: str) -> str:
+        """Keep a document or video (checked and hashed by the caller), streamed into the store."""
+        return self.pictures.put_file(path, Path(path).suffix, digest)
+
     def picture_path(self, ref: str) -> Path:
-        return self.pictures.path(ref)
+        """The stored file (a page's or frame's: its document's or video's)."""
+        return self.pictures.path(parts.split(ref)[0])
+
+    def thumbnail_source(self, ref: str) -> str:
+        """What a thumbnail is drawn from: the stored file, and for a page or frame its fragment."""
+        base, fragment = parts.split(ref)
+        return f"{self.pictures.path(base)}#{fragment}" if fragment else str(self.pictures.path(base))
 
     def picture_ref(self, ref: str) -> PictureRef:
-        """What the engine is sent: the stored file and its digest (from the name, no read)."""
-        return self.pictures.ref(ref)
+        """What the engine is sent: the stored file and its digest (from the name, no read); a page
+        or a frame (engine/pictures/parts.py) keyed from its file's digest the same way."""
+        base, fragment = parts.split(ref)
+        return parts.ref_at(self.pictures.path(base), base[:64], fragment)
 
     def purge_orphan_pictures(self, keep: Iterable[str] = ()) -> int:
         """Remove stored pictures that no message references (nor `keep`, e.g. a draft's).
         Transient pictures (the API's) are the API's to expire: a queued request may need one."""
-        used = set(keep)
+        used = {parts.split(k)[0] for k in keep}
         for (refs,) in self._query("SELECT pictures FROM messages WHERE pictures != '[]'"):
-            used.update(json.loads(refs))
+            used.update(parts.split(r)[0] for r in json.loads(refs))  # a page keeps its document
         removed = 0
         for name, path in list(self.pictures.names()):
             if name in used:
@@ -343,7 +356,9 @@ class History:
 
     @staticmethod
     def _check_ref(ref: str) -> None:
-        check_name(ref)
+        base, fragment = parts.split(ref)
+        check_name(base)
+        parts.check_fragment(fragment)
 
 
 # ---------------------------------------------------------------- helpers

@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatView(self.messages)
         self.chat.delegate.picture_words = self.picture_marks.words
         self.composer = Composer(self.intake)
+        self.composer.set_document_options(prefs.document_text(), prefs.frame_sampling())
         self.notice = QLabel()
         self.notice.setObjectName("chatNotice")
         self.notice.setWordWrap(True)
@@ -177,7 +178,7 @@ class MainWindow(QMainWindow):
         self.composer.stopRequested.connect(c.stop)
         self.chat.actionTriggered.connect(self._message_action)
         self.chat.mimeDropped.connect(lambda mime: self.composer.take_mime(mime, "dropped"))
-        self.chat.delegate.pictureClicked.connect(lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p)))
+        self.chat.delegate.pictureClicked.connect(lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p.partition("#")[0])))
         self.chat.delegate.linkClicked.connect(self._open_link)
 
     # ------------------------------------------------------------ model
@@ -448,6 +449,7 @@ class MainWindow(QMainWindow):
         if changes:
             self.bridge.update_settings(**changes)
         self.chat.offer_varied_regenerate(self.prefs.sampling().greedy)
+        self.composer.set_document_options(self.prefs.document_text(), self.prefs.frame_sampling())
         apply_theme(QApplication.instance(), self.prefs.theme())
         self.refresh_icons()
         self.apply_api(self.prefs.api_config())  # nothing to do when the dialog already applied it

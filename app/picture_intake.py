@@ -1,4 +1,6 @@
-"""Taking pictures in: files, dragged or pasted image data -> checked, stored, thumbnailed.
+"""Taking pictures in: files, dragged or pasted image data -> checked, stored, thumbnailed. A PDF
+or a video is checked with the engine's rules (engine/pictures/attach.py) and stored the same way;
+its pages or frames are what a message sends.
 
 A picture is checked when it is attached (not when the turn runs), with the engine's own
 rules: a format Pillow reads, at most 64 megapixels, fully decodable. Good ones are copied
@@ -7,18 +9,23 @@ the original file. A rejected one yields a short reason for the composer to show
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
+from engine.pictures import parts
+from engine.pictures.attach import AttachmentKind, attach, kind_of
+from engine.pictures.document import MAX_DOCUMENT_BYTES, Document
 from engine.pictures.file import MAX_PIXELS, PictureError, check
+from engine.pictures.video import FrameSampling, Video
 
 from .history import History
 from .thumbnails import read_scaled
 
 MAX_FILE_BYTES = 64 << 20
+MAX_VIDEO_BYTES = 4 << 30  # streamed into the store; frames are decoded one at a time
 THUMB_BOX = 160
 # Raw image bytes other apps put on the clipboard / in drags, best first.
 _RAW_TYPES = (("image/png", ".png"), ("image/jpeg", ".jpg"), ("image/webp", ".webp"),
@@ -27,10 +34,13 @@ _RAW_TYPES = (("image/png", ".png"), ("image/jpeg", ".jpg"), ("image/webp", ".we
 
 @dataclass
 class Attachment:
-    ref: str  # the history's picture ref
+    ref: str  # the history's picture ref (a document's or video's: its stored file)
     path: str  # where the stored copy lives
     name: str  # what the user called it (file name, or "pasted picture")
     thumb: QImage
+    document: Document | None = None  # a PDF (its stored copy): its pages are the pictures
+    video: Video | None = None  # a video (its stored copy): its sampled frames are the pictures
+    page_range: str = ""  # what the person typed in the chip ("" = the default)
 
 
 class PictureRejected(Exception):
@@ -63,6 +73,8 @@ class PictureIntake:
         name = p.name or str(p)
         if not p.is_file():
             raise PictureRejected(f"{name} is not a file" if p.exists() else f"{name} was not found")
+        if kind_of(p) != AttachmentKind.PICTURE:
+            return self._from_media(p, name)
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
             raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is "
@@ -74,6 +86,29 @@ class PictureIntake:
         check_picture_bytes(data, name)
         ref = self.history.add_picture_bytes(data, p.suffix)  # the bytes just checked; no second read
         return self._attachment(ref, name)
+
+    def _from_media(self, p: Path, name: str) -> Attachment:
+        """A PDF or a video: checked with the engine's rules, then its bytes stored like a
+        picture's (the draft no longer depends on the original file)."""
+        try:
+            att = attach(p)
+        except PictureError as exc:
+            raise PictureRejected(str(exc)) from None
+        limit = MAX_DOCUMENT_BYTES if att.document is not None else MAX_VIDEO_BYTES
+        size = p.stat().st_size
+        if size > limit:
+            raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is {limit >> 20} MB)")
+        media = att.document or att.video
+        try:
+            ref = self.history.add_file(p, media.digest)
+        except OSError as exc:
+            raise PictureRejected(f"{name} cannot be read ({exc.strerror or exc})") from None
+        stored = str(self.history.picture_path(ref))
+        document = replace(att.document, path=stored) if att.document is not None else None
+        video = replace(att.video, path=stored) if att.video is not None else None
+        first = parts.page_name(ref, 0, 72) if document is not None else parts.frame_name(ref, 0.0, FrameSampling())
+        thumb = read_scaled(self.history.thumbnail_source(first), THUMB_BOX)
+        return Attachment(ref, stored, name, thumb, document=document, video=video)
 
     def from_bytes(self, data: bytes, extension: str, name: str) -> Attachment:
         check_picture_bytes(data, name)
@@ -129,4 +164,4 @@ class PictureIntake:
 
     def _attachment(self, ref: str, name: str) -> Attachment:
         path = str(self.history.picture_path(ref))
-        return Attachment(ref, path, name, read_scaled(path, THUMB_BOX))
+        return Attachment(ref, path, name, read_scaled(self.history.thumbnail_source(ref), THUMB_BOX))

@@ -10,6 +10,7 @@ from PySide6.QtCore import QSettings
 
 from app.secrets import Secrets, settings_file
 from engine.platform.paths import private_dir, private_file
+from engine.pictures.video import FrameSampling
 from engine.protocol.events import Sampling
 from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 
@@ -145,6 +146,26 @@ class Preferences:
         self.qs.setValue("api/host", cfg.host)
         self.qs.setValue("api/port", cfg.port)
         self.secrets.set(API_TOKEN, cfg.token)
+
+    # ------------------------------------------------------------ documents and video
+
+    def document_text(self) -> bool:
+        """Offer a PDF's own text alongside its pages (far fewer tokens than a page's picture)."""
+        return _bool(self.qs.value("documents/pdf_text", False))
+
+    def frame_sampling(self) -> FrameSampling:
+        """How a video's frames are sampled; a stored value out of range falls back to the default."""
+        d = FrameSampling()
+        try:
+            return FrameSampling(float(self.qs.value("video/fps", d.fps)),
+                                 int(self.qs.value("video/max_frames", d.max_frames)))
+        except (TypeError, ValueError):
+            return d
+
+    def set_document_options(self, document_text: bool, sampling: FrameSampling) -> None:
+        self.qs.setValue("documents/pdf_text", document_text)
+        self.qs.setValue("video/fps", sampling.fps)
+        self.qs.setValue("video/max_frames", sampling.max_frames)
 
     # ------------------------------------------------------------ look
 

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.pictures.video import FrameSampling
 from engine.protocol.events import Sampling
 
 from .api_control import config_problem
@@ -150,8 +151,9 @@ class SettingsDialog(QDialog):
             self.theme.addItem(label, key)
         self.theme.setCurrentIndex(max(0, self.theme.findData(prefs.theme())))
         o.addRow("Theme", self.theme)
+        media = self._build_media(prefs)
         for box, name in ((gen, "Replies"), (self.engine_box, "Engine"), (mem, "Memory and caches"),
-                          (self.api_box, "API server"), (other, "Storage and look")):
+                          (media, "Documents and video"), (self.api_box, "API server"), (other, "Storage and look")):
             self._add_tab(box, name)
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -159,6 +161,25 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
         self._sync_enabled()
+
+    def _build_media(self, prefs: Preferences) -> QGroupBox:
+        box = QGroupBox("Documents and video")
+        f = QFormLayout(box)
+        self.pdf_text = QCheckBox("Offer the PDF's text alongside its pages")
+        self.pdf_text.setToolTip("The text a PDF carries costs far fewer tokens than a picture of its page")
+        self.pdf_text.setChecked(prefs.document_text())
+        sampling = prefs.frame_sampling()
+        self.video_fps = QDoubleSpinBox()
+        self.video_fps.setRange(0.1, 30.0)
+        self.video_fps.setDecimals(1)
+        self.video_fps.setValue(sampling.fps)
+        self.video_frames = QSpinBox()
+        self.video_frames.setRange(1, 512)
+        self.video_frames.setValue(sampling.max_frames)
+        f.addRow(self.pdf_text)
+        f.addRow("Video frames per second", self.video_fps)
+        f.addRow("At most this many frames of a video", self.video_frames)
+        return box
 
     def _add_tab(self, box: QGroupBox, name: str) -> None:
         box.setTitle("")  # the tab says it
@@ -281,6 +302,8 @@ class SettingsDialog(QDialog):
         if self.data_dir.text().strip() != self._initial_data_dir:
             p.set_data_dir_override(Path(self.data_dir.text().strip()).expanduser())
         p.set_theme(self.theme.currentData())
+        p.set_document_options(self.pdf_text.isChecked(),
+                               FrameSampling(round(self.video_fps.value(), 1), int(self.video_frames.value())))
         p.set_api_config(self.api_config())
         save_choice(p.qs, self.engine_box.choice())
         p.sync()

@@ -6,14 +6,21 @@ paints a placeholder; `ready` asks the view to repaint when the pixmap exists.
 """
 from __future__ import annotations
 
+import io
 from collections import OrderedDict
 
 from PySide6.QtCore import QObject, QRunnable, QSize, Qt, QThreadPool, Signal
 from PySide6.QtGui import QImage, QImageReader, QPixmap
 
+from engine.pictures import parts
+from engine.pictures.file import PictureError
+
 
 def read_scaled(path: str, box: int) -> QImage:
-    """Decode `path` scaled to fit `box` x `box` (EXIF rotation applied); null image on failure."""
+    """Decode `path` scaled to fit `box` x `box` (EXIF rotation applied); null image on failure.
+    A page or frame (`file#fragment`, engine/pictures/parts.py) is rendered or decoded at that size."""
+    if "#" in path:
+        return _part_scaled(path, box)
     reader = QImageReader(path)
     reader.setAutoTransform(True)
     size = reader.size()
@@ -24,6 +31,16 @@ def read_scaled(path: str, box: int) -> QImage:
         img = img.scaled(box, box, Qt.AspectRatioMode.KeepAspectRatio,
                          Qt.TransformationMode.SmoothTransformation)
     return img
+
+
+def _part_scaled(source: str, box: int) -> QImage:
+    try:
+        image = parts.preview(source, box)
+    except (PictureError, ValueError, OSError):
+        return QImage()
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return QImage.fromData(buf.getvalue(), "PNG")
 
 
 class _Decode(QRunnable):

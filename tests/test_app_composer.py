@@ -18,7 +18,8 @@ def test_attach_dialog_and_refusal_name_the_same_formats(make_window, tmp_path):
     from app.composer import picture_filter
     from engine.pictures.file import PICTURE_TYPES, PictureError, check
 
-    offered = set(re.findall(r"\*(\.\w+)", picture_filter().split(";;")[0]))
+    offered = set(re.findall(r"\*(\.\w+)", picture_filter().split(";;")[1]))
+    assert picture_filter().split(";;")[1].startswith("Pictures (")
     assert offered == {ext for t in PICTURE_TYPES for ext in t.extensions}
     bad = make_not_a_picture(tmp_path / "report.pdf")
     try:

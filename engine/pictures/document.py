@@ -91,8 +91,10 @@ class Document:
     def page_refs(self, pages: range | list[int] | None = None, dpi: int = DEFAULT_DPI) -> list["PageRef"]:
         return [self.page(i, dpi) for i in (range(self.pages) if pages is None else pages)]
 
-    def text(self, pages: range | list[int] | None = None) -> str:
-        """The text the PDF carries on these pages, page by page (empty for scanned pages)."""
+    def text(self, pages: range | list[int] | None = None, name: str | None = None) -> str:
+        """The text the PDF carries on these pages, page by page (empty for scanned pages), each
+        headed by `name` (what the person calls the file; default its file name) and its page."""
+        name = name or self.name
         check_file_digest(self.path, self.digest, self.name)
         parts = []
         with _PDFIUM:
@@ -102,7 +104,7 @@ class Document:
                     tp = pdf[i].get_textpage()
                     text = tp.get_text_bounded().strip()
                     if text:
-                        parts.append(f"[{self.name}, page {i + 1}]\n{text}")
+                        parts.append(f"[{name}, page {i + 1}]\n{text}")
             finally:
                 pdf.close()
         return "\n\n".join(parts)
@@ -129,7 +131,9 @@ class PageRef(PictureRef):
 
     @property
     def caption(self) -> str:
-        return f"Page {self.index + 1} of {Path(self.path).name}:"
+        # no file name: the window stores a copy under its digest, and the prompt must not differ
+        # with the way a page came in
+        return f"Page {self.index + 1}:"
 
     def picture(self, limit: PixelLimit | None = None):
         check_file_digest(self.path, self.document, Path(self.path).name)

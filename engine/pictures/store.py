@@ -118,6 +118,27 @@ class PictureStore:
         """A hold for the pictures one turn will read (pass it to `put`, release it when the turn ends)."""
         return Hold(self)
 
+    def put_file(self, src: str | Path, ext: str, digest: str) -> str:
+        """Keep a large file (a document, a video) once per content, streamed (never whole in
+        memory). `digest`: BLAKE3 hex of its bytes, from the caller's check; a file that changes
+        meanwhile is refused when its pages or frames are read (engine/pictures/ref.py)."""
+        with _LOCK:
+            name = self.find(digest)
+        if name is None:
+            name = digest + extension(ext)
+            private_dir(self.folder)
+            private_dir(self.folder / name[:2])
+            with open(src, "rb") as f:  # outside the lock: a copy of a gigabyte must not stall the API
+                atomic_write(self.path(name), f)
+            with _LOCK:
+                self._known[digest] = name
+        else:
+            _touch(self.path(name))
+            with _LOCK:
+                if self._is_transient(name):
+                    self._unmark(name)
+        return name
+
     def put(self, data: bytes, ext: str, transient: bool = False, digest: str | None = None,
             hold: Hold | None = None) -> str:
         """Store `data` (once per content) and return its file name. A kept put also keeps a

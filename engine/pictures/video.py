@@ -128,7 +128,7 @@ class FrameRef(PictureRef):
 
     @property
     def caption(self) -> str:
-        return f"Frame at {clock(self.time)} of {Path(self.path).name}:"
+        return f"Frame at {clock(self.time)}:"  # no file name, as a page's caption (document.py)
 
     def picture(self, limit: PixelLimit | None = None):
         check_file_digest(self.path, self.video, Path(self.path).name)

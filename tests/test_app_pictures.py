@@ -117,7 +117,7 @@ def test_refused_files_explain_themselves_and_keep_the_draft(make_window, qtbot,
 
     problem = w.composer.problem.text()
     assert w.composer.problem.isVisible()
-    assert "report.pdf is not a picture" in problem
+    assert "report.pdf is a damaged PDF" in problem  # a PDF is read now (its pages are pictures): this one is not one
     assert "cut.png is a damaged picture" in problem
     assert "huge.png is too large (10000×8000" in problem
     assert w.composer.text() == "my draft"

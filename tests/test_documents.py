@@ -11,7 +11,9 @@ from engine.pictures.file import PictureError
 from engine.pictures.picture_budget import fit, parse_ranges, ranges_text
 from engine.pictures.ref import PixelLimit
 from engine.pictures.video import FrameSampling, Video
+from engine.local.prompt import model_pictures, render
 from engine.protocol.events import Message
+from engine.vision.pictures import pixel_limit
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.documents import (make_audio_only, make_damaged_pdf, make_empty_pdf, make_encrypted_pdf,
                                       make_pdf, make_video)
@@ -146,17 +148,51 @@ def test_a_cached_document_needs_neither_encoder_nor_file(family, tiny_model, tm
         engine.shutdown()
 
 
+def clip_reply_ids(ref: Reference, messages: list[Message], fps: float, new: int) -> tuple[list[int], int]:
+    """A fresh full prefill with the frames as one video through the processor's video path, as
+    the Qwen2-VL family takes a clip: (reply ids, prompt length)."""
+    import torch
+
+    loaded, limit = ref.loaded, pixel_limit(ref.loaded)
+    text = render(loaded.processor, messages, None, native_video=True)
+    images, videos = [], []
+    for p in (p for m in messages for p in model_pictures(m.images, True)):
+        if p.modality == "video":
+            videos.append(p.pictures(limit))
+        else:
+            images.append(p.picture(limit))
+    meta = [{"fps": fps, "total_num_frames": len(v), "frames_indices": list(range(len(v)))} for v in videos]
+    inputs = loaded.processor(text=text, images=images or None, videos=videos, do_sample_frames=False,
+                              cap_pixels_per_frame=True, return_tensors="pt", video_metadata=meta)
+    assert "pixel_values_videos" in inputs
+    with torch.inference_mode():
+        out = loaded.model.generate(**inputs, do_sample=False, max_new_tokens=new)
+    length = inputs["input_ids"].shape[1]
+    return out[0, length:].tolist(), length
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_video_frames_are_cached_and_exact(family, tiny_model, tmp_path):
+    """Qwen2-VL family: the frames go in as one video (its processor's video path); the others
+    take them as pictures, each after its timestamp. Either way the second conversation encodes
+    nothing and never opens the file."""
     model = tiny_model(family)
     clip = make_video(tmp_path / "clip.mp4", seconds=2, fps=10)
     frames = attach(clip).refs(sampling=FrameSampling(fps=2, max_frames=4))
     messages = [Message("user", "What happens in this clip?", frames)]
-    expected = Reference(model).reply_ids(messages, NEW)
+    ref = Reference(model)
+    native = ref.loaded.family.native_video
+    assert native == (family in ("qwen2_vl", "qwen2_5_vl"))
+    if native:
+        expected, prompt_len = clip_reply_ids(ref, messages, 2.0, NEW)
+    else:
+        expected, prompt_len = ref.reply_ids(messages, NEW), len(ref.prompt_ids(messages)[0])
     engine = open_engine(model, tmp_path / "data")
     try:
-        assert expect_done(ask(engine, "a", messages, NEW)).token_ids == expected
+        first = expect_done(ask(engine, "a", messages, NEW))
+        assert first.token_ids == expected and first.stats.prompt_tokens == prompt_len
+        assert first.stats.pictures_encoded == (1 if native else len(frames))  # a clip is one encode
         clip.unlink()
         d = expect_done(ask(engine, "b", messages, NEW))
         assert d.stats.pictures_encoded == 0 and d.stats.encoder_loads == 0 and d.token_ids == expected
@@ -165,26 +201,37 @@ def test_video_frames_are_cached_and_exact(family, tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_document_conversation_spills_and_restores_exactly(tiny_model, tmp_path):
-    model = tiny_model("qwen2_vl")
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_a_document_conversation_spills_and_restores_exactly(family, tiny_model, tmp_path):
+    """30 pages, then a clip (one video span for Qwen2-VL, which prefill pieces and a stored
+    session never cut), spilled, the app restarted, restored: the same tokens as a full prefill."""
+    model = tiny_model(family)
     ref = Reference(model)
     pages = attach(make_pdf(tmp_path / "thirty.pdf", 30, size=(60, 80))).refs()
+    frames = attach(make_video(tmp_path / "clip.mp4", seconds=2, fps=10)).refs(sampling=FrameSampling(2, 4))
+    native = ref.loaded.family.native_video
     data = tmp_path / "data"
+    settings = dict(block_tokens=16, spill_idle_s=3600, prefill_chunk_tokens=8)
     messages = [Message("user", "Summarise these pages.", pages)]
-    engine = open_engine(model, data, block_tokens=16, spill_idle_s=3600)
+    engine = open_engine(model, data, **settings)
     try:
         d = expect_done(ask(engine, "c", messages, NEW))
         assert d.token_ids == ref.reply_ids(messages, NEW)
+        messages += [Message("assistant", d.reply), Message("user", "And this clip?", frames)]
+        d = expect_done(ask(engine, "c", messages, NEW))
+        expected = clip_reply_ids(ref, [m for m in messages], 2.0, NEW)[0] if native else ref.reply_ids(messages, NEW)
+        assert d.token_ids == expected
         messages.append(Message("assistant", d.reply))
         assert spill_now(engine, "c").state == "spilled"
     finally:
         engine.shutdown()
-    engine = open_engine(model, data, block_tokens=16, spill_idle_s=3600)
+    engine = open_engine(model, data, **settings)
     try:
         messages.append(Message("user", "And page 7?", []))
         d = expect_done(ask(engine, "c", messages, NEW))
         assert d.stats.restored_tokens > 0 and d.stats.pictures_encoded == 0
-        assert d.token_ids == ref.reply_ids(messages, NEW)
+        expected = clip_reply_ids(ref, messages, 2.0, NEW)[0] if native else ref.reply_ids(messages, NEW)
+        assert d.token_ids == expected
     finally:
         engine.shutdown()
 

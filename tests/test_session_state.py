@@ -77,7 +77,7 @@ def _prompt(ids: list[int], pictures: dict[int, tuple[int, bytes]]):
             chunks.append(TextChunk(done, tuple(ids[done:start])))
         entry = PictureEntry(PictureKey(key), "", length)
         chunks.append(PictureChunk(PictureSpan(start, start + length, PictureKey(key)), entry,
-                                   tuple(ids[start:start + length])))
+                                   tuple(ids[start:start + length]), ids[start]))
         done = start + length
     if done < len(ids):
         chunks.append(TextChunk(done, tuple(ids[done:])))

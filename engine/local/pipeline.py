@@ -24,7 +24,7 @@ from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
 from .conversations import Conversations
 from .memory_manager import MemoryManager
-from .prompt import Prompt, build_prompt, render
+from .prompt import Prompt, build_prompt, model_pictures, render
 from .rates import RateBook
 from .runner import TurnResult, reuse_prefix, run_turn
 from .session import Session
@@ -49,8 +49,10 @@ class TurnPipeline:
             raise ValueError("A turn must end with a user message.")
         t_start = time.perf_counter()  # the first token's wait counts from here: restore and encode included
         gstats = GateTurnStats()
-        entries = [self.gate.lookup(p, gstats) for m in turn.messages for p in m.images]
-        prompt = build_prompt(self.loaded, render(self.loaded.processor, turn.messages, turn.system_prompt), entries)
+        video = self.loaded.family.native_video  # runs of frames go in as one clip each
+        entries = [self.gate.lookup(p, gstats) for m in turn.messages for p in model_pictures(m.images, video)]
+        text = render(self.loaded.processor, turn.messages, turn.system_prompt, video)
+        prompt = build_prompt(self.loaded, text, entries)
         sampling = self._fit_to_context(prompt, turn)
         cid = turn.conversation_id or self._stateless_conversation(prompt)
         session = self.sessions.open(cid)
@@ -104,7 +106,8 @@ class TurnPipeline:
         left as it was sent)."""
         limit, n_prompt, sampling = self.loaded.context_tokens, len(prompt.ids), turn.sampling
         if limit and n_prompt >= limit:
-            raise ValueError(self._too_long(prompt, turn.messages[-1].images, limit))
+            mine = model_pictures(turn.messages[-1].images, self.loaded.family.native_video)
+            raise ValueError(self._too_long(prompt, mine, limit))
         if limit and n_prompt + sampling.max_new_tokens > limit:
             sampling = replace(sampling, max_new_tokens=limit - n_prompt)
         return sampling

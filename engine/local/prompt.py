@@ -12,6 +12,7 @@ from functools import cached_property
 import torch
 
 from ..pictures.span import PictureKey, PictureSpan
+from ..pictures.video import as_clips
 from ..protocol.events import Message
 from ..vision.entry import PictureEntry
 
@@ -32,9 +33,10 @@ class PictureChunk:
     """One picture's tokens: its feature tokens and the layout markers between them, which go into
     the model together. The entry (from the gate, whatever the picture came from: a file, and
     later a document page or a video frame) carries its key, token count and features."""
-    span: PictureSpan  # where it sits in the prompt, and its key
+    span: PictureSpan  # where it sits in the prompt, and its key (a video clip: one span)
     entry: PictureEntry
     ids: tuple[int, ...]
+    token_id: int  # its feature tokens' id (the image token, or a clip's video token)
 
     @property
     def start(self) -> int:
@@ -82,24 +84,31 @@ class Prompt:
         nothing; one the prefix ends inside needs the features of its remaining tokens)."""
         return [c.entry for c in self.picture_chunks if c.end > start]
 
-    def picture_features_in(self, a: int, b: int, image_token_id: int) -> list:
-        """The feature rows of the picture tokens in [a, b), one tensor per picture there: a picture
-        the range begins inside gives only its rows from `a` on (the cache holds the others)."""
-        out = []
+    def picture_features_in(self, a: int, b: int) -> dict[str, list]:
+        """The feature rows of the picture tokens in [a, b) by modality ("image", "video"), one
+        tensor per picture there: a picture the range begins inside gives only its rows from `a`
+        on (the cache holds the others)."""
+        out: dict[str, list] = {}
         for c in self.picture_chunks:
             if c.end <= a or c.start >= b:
                 continue
             rows = c.entry.features
             if c.start < a:
-                held = sum(1 for t in c.ids[:a - c.start] if t == image_token_id)
+                held = sum(1 for t in c.ids[:a - c.start] if t == c.token_id)
                 rows = rows.reshape(-1, rows.shape[-1])[held:]
-            out.append(rows)
+            out.setdefault(c.entry.modality, []).append(rows)
         return out
 
 
-def to_hf_messages(messages: list[Message], system_prompt: str | None) -> list[dict]:
+def model_pictures(images, native_video: bool) -> list:
+    """A message's pictures as the model takes them: with native video input, each run of frames
+    of one video is one clip."""
+    return as_clips(images) if native_video else list(images)
+
+
+def to_hf_messages(messages: list[Message], system_prompt: str | None, native_video: bool = False) -> list[dict]:
     """Parley messages -> the HF chat-template shape (content parts, pictures first, each page or
-    frame after its caption)."""
+    frame after its caption; with `native_video`, a run of frames as one video)."""
     out: list[dict] = []
     if system_prompt:
         out.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
@@ -107,50 +116,57 @@ def to_hf_messages(messages: list[Message], system_prompt: str | None) -> list[d
         if m.role not in ("system", "user", "assistant"):
             raise ValueError(f"unknown message role {m.role!r}")
         parts: list[dict] = []
-        for p in m.images:  # a page or frame is named just before it; a plain picture is not
+        for p in model_pictures(m.images, native_video):  # a page or frame is named just before it
             if p.caption:
                 parts.append({"type": "text", "text": p.caption + " "})
-            parts.append({"type": "image"})
+            parts.append({"type": p.modality})
         parts.append({"type": "text", "text": m.text})
         out.append({"role": m.role, "content": parts})
     return out
 
 
-def render(processor, messages: list[Message], system_prompt: str | None) -> str:
+def render(processor, messages: list[Message], system_prompt: str | None, native_video: bool = False) -> str:
     return processor.apply_chat_template(
-        to_hf_messages(messages, system_prompt), add_generation_prompt=True, tokenize=False
+        to_hf_messages(messages, system_prompt, native_video), add_generation_prompt=True, tokenize=False
     )
 
 
 def build_prompt(loaded, text: str, entries: list[PictureEntry]) -> Prompt:
-    """`entries` are the pictures in order of appearance."""
+    """`entries` are the pictures (and clips) in order of appearance."""
     processor = loaded.processor
-    n_placeholders = text.count(processor.image_token)
+    token_ids = {"image": loaded.image_token_id, "video": _video_token_id(loaded)}
+    by_kind = {k: [e for e in entries if e.modality == k] for k in token_ids}
+    n_placeholders = text.count(processor.image_token) + (
+        text.count(processor.video_token) if by_kind["video"] else 0)
     if n_placeholders != len(entries):
         raise ValueError(
             f"the chat template produced {n_placeholders} picture placeholders for {len(entries)} pictures"
         )
     if entries:
-        texts, _ = processor.get_text_with_replacements([text], images_replacements=[e.replacement for e in entries])
+        texts, _ = processor.get_text_with_replacements(
+            [text], images_replacements=[e.replacement for e in by_kind["image"]],
+            videos_replacements=[e.replacement for e in by_kind["video"]])
         text = texts[0]
     ids = list(processor.tokenizer(text, **loaded.merged_kwargs["text_kwargs"])["input_ids"])
     if ids and isinstance(ids[0], list):  # some tokenizers return a batch for one string
         ids = ids[0]
-    image_id = loaded.image_token_id
-    positions = [i for i, t in enumerate(ids) if t == image_id]
+    positions = {k: [i for i, t in enumerate(ids) if t == tid] for k, tid in token_ids.items() if tid is not None}
+    cursor = {k: 0 for k in positions}
     chunks: list[Chunk] = []
-    cursor = done = 0
+    done = 0
     for e in entries:
-        span = positions[cursor: cursor + e.n_tokens]
+        at = cursor[e.modality]
+        span = positions[e.modality][at: at + e.n_tokens]
         if len(span) != e.n_tokens:
             raise ValueError("picture tokens in the prompt do not match the pictures' token counts")
-        cursor += e.n_tokens
+        cursor[e.modality] += e.n_tokens
         start, end = span[0], span[-1] + 1
         if start > done:
             chunks.append(TextChunk(done, tuple(ids[done:start])))
-        chunks.append(PictureChunk(PictureSpan(start, end, e.key), e, tuple(ids[start:end])))
+        chunks.append(PictureChunk(PictureSpan(start, end, e.key), e, tuple(ids[start:end]), token_ids[e.modality]))
         done = end
-    if cursor != len(positions):
+    if any(cursor[k] != len(positions[k]) for k in ("image",) if k in positions) or (
+            by_kind["video"] and cursor["video"] != len(positions["video"])):
         raise ValueError("the prompt holds picture tokens that belong to no picture (is '<image>' typed in the text?)")
     if done < len(ids):
         chunks.append(TextChunk(done, tuple(ids[done:])))
@@ -159,19 +175,32 @@ def build_prompt(loaded, text: str, entries: list[PictureEntry]) -> Prompt:
     return Prompt(prompt.chunks, pos, delta)
 
 
+def _video_token_id(loaded) -> int | None:
+    token = getattr(loaded.processor, "video_token", None) if loaded.family.native_video else None
+    return loaded.processor.tokenizer.convert_tokens_to_ids(token) if token else None
+
+
 def _positions(loaded, prompt: Prompt) -> tuple[torch.Tensor | None, int]:
     """Positions for the whole prompt and the rope delta for tokens after it.
 
     None means plain 0..L-1 positions. Qwen2-VL family: 3-D positions from the model's own
-    get_rope_index; the delta (max position + 1 - length) continues positions while decoding.
+    get_rope_index (token type 1 for a picture's tokens, 2 for a clip's); the delta (max position
+    + 1 - length) continues positions while decoding.
     """
     if not loaded.family.mrope or not prompt.picture_chunks:
         return None, 0
     ids = torch.tensor([prompt.ids], dtype=torch.long)
     types = torch.zeros_like(ids, dtype=torch.int32)
-    for p in prompt.pictures:
-        seg = ids[0, p.start:p.end] == loaded.image_token_id
-        types[0, p.start:p.end] = seg.to(torch.int32)
-    grids = torch.tensor([c.entry.grid_thw for c in prompt.picture_chunks], dtype=torch.long)
-    pos, delta = loaded.model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grids)
+    grids: dict[str, list] = {"image": [], "video": []}
+    seconds = []
+    for c in prompt.picture_chunks:
+        seg = ids[0, c.start:c.end] == c.token_id
+        types[0, c.start:c.end] = seg.to(torch.int32) * (2 if c.entry.modality == "video" else 1)
+        grids[c.entry.modality].append(c.entry.grid_thw)
+        if c.entry.modality == "video" and c.entry.second_per_grid is not None:
+            seconds.append(c.entry.second_per_grid)
+    kwargs = {f"{k}_grid_thw": torch.tensor(v, dtype=torch.long) for k, v in grids.items() if v}
+    if seconds:
+        kwargs["second_per_grid_ts"] = torch.tensor(seconds)
+    pos, delta = loaded.model.model.get_rope_index(ids, mm_token_type_ids=types, **kwargs)
     return pos, int(delta.reshape(-1)[0])

@@ -114,10 +114,11 @@ def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> tor
     out = None
     for a, b in prefill_chunks(session.cached_tokens, len(prompt.ids), prompt.pictures, chunk_tokens):
         kwargs = {}
-        features = prompt.picture_features_in(a, b, loaded.image_token_id)
+        features = prompt.picture_features_in(a, b)  # by modality: pictures, and clips (native video)
         if features:
-            feats = [f.to(device=device, dtype=loaded.dtype) for f in features]
-            kwargs["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=feats)}
+            kwargs["mm_encoder_outputs"] = {
+                kind: BaseModelOutputWithPooling(pooler_output=[f.to(device=device, dtype=loaded.dtype) for f in fs])
+                for kind, fs in features.items()}
         try:
             out = model(
                 input_ids=torch.tensor([prompt.ids[a:b]], device=device), cache=session.cache,

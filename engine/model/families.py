@@ -17,6 +17,7 @@ class Family:
     vision_modules: tuple[str, ...]
     nested_images: bool = False  # the image processor wants [[img]] (one list per sample)
     mrope: bool = False  # Qwen2-VL style 3-D positions from get_rope_index
+    native_video: bool = False  # takes a clip's frames as one video through its processor's video path
     # what the fit estimate counts (engine/library/fit.py): the vision tower's patch embedding
     # and MLP, and the connector from picture features to the language model
     vision_patch: Literal["conv2d", "conv3d"] = "conv2d"  # conv3d: temporal patches, rotary positions
@@ -26,9 +27,10 @@ class Family:
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llava", "LLaVA", ("model.vision_tower", "model.multi_modal_projector")),
-    Family("qwen2_vl", "Qwen2-VL", ("model.visual",), mrope=True, vision_patch="conv3d", connector="merger"),
-    Family("qwen2_5_vl", "Qwen2.5-VL", ("model.visual",), mrope=True, vision_patch="conv3d", vision_mlp="gated",
+    Family("qwen2_vl", "Qwen2-VL", ("model.visual",), mrope=True, native_video=True, vision_patch="conv3d",
            connector="merger"),
+    Family("qwen2_5_vl", "Qwen2.5-VL", ("model.visual",), mrope=True, native_video=True, vision_patch="conv3d",
+           vision_mlp="gated", connector="merger"),
     Family("idefics3", "Idefics3", ("model.vision_model", "model.connector"), nested_images=True,
            connector="pixel_shuffle"),
     Family("smolvlm", "SmolVLM", ("model.vision_model", "model.connector"), nested_images=True,

@@ -63,6 +63,17 @@ class PictureRef:
         return Path(self.path).name
 
     @property
+    def modality(self) -> str:
+        """How the model takes it: "image", or "video" (a clip of frames, engine/pictures/video.py)."""
+        return "image"
+
+    @property
+    def clip_key(self) -> tuple | None:
+        """Frames of the same video and sampling share this (None: not a frame): a family with
+        native video input takes a run of them as one video."""
+        return None
+
+    @property
     def caption(self) -> str | None:
         """Text the model reads just before the picture (a page number, a frame's time); None for
         a plain picture, whose prompt stays as it always was."""

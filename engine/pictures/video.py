@@ -19,6 +19,7 @@ from .file import PictureError
 from .ref import PictureRef, PixelLimit, check_file_digest, derived_digest, file_digest
 
 FRAME_DOMAIN = b"parley.frame.v1\0"
+CLIP_DOMAIN = b"parley.clip.v1\0"
 MAX_SECONDS = 3 * 3600  # a frame every few minutes of a longer clip tells a model little
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".ogv")
 
@@ -127,6 +128,10 @@ class FrameRef(PictureRef):
         return f"{Path(self.path).name} at {clock(self.time)}"
 
     @property
+    def clip_key(self) -> tuple:
+        return (self.path, self.video, self.fps, self.max_frames)
+
+    @property
     def caption(self) -> str:
         return f"Frame at {clock(self.time)}:"  # no file name, as a page's caption (document.py)
 
@@ -165,3 +170,58 @@ def decode_frame(path: str, t: float, label: str):
         if last is None:
             raise PictureError(f"{label}: the video has no frame there")
         return last.to_image().convert("RGB")
+
+
+@dataclass(frozen=True)
+class ClipRef(PictureRef):
+    """A run of frames of one video, given to a family with native video input (Qwen2-VL,
+    Qwen2.5-VL) as one video: one span in the prompt, one cache entry, keyed from its frames'."""
+    frames: tuple[FrameRef, ...] = ()
+
+    @classmethod
+    def of(cls, frames: list[FrameRef]) -> "ClipRef":
+        first = frames[0]
+        digest = derived_digest(CLIP_DOMAIN, first.video, *(f.digest for f in frames))
+        return cls(first.path, digest, tuple(frames))
+
+    @property
+    def modality(self) -> str:
+        return "video"
+
+    @property
+    def fps(self) -> float:
+        return self.frames[0].fps
+
+    @property
+    def label(self) -> str:
+        return f"{Path(self.path).name} ({len(self.frames)} frames)"
+
+    @property
+    def caption(self) -> str:
+        return f"Video from {clock(self.frames[0].time)} to {clock(self.frames[-1].time)}:"
+
+    def picture(self, limit: PixelLimit | None = None):
+        raise TypeError("a clip is read with pictures()")
+
+    def pictures(self, limit: PixelLimit | None = None) -> list:
+        """Its frames' pixels, each decoded alone (one frame's decoder state at a time)."""
+        return [f.picture(limit) for f in self.frames]
+
+    def read_checked(self) -> bytes:
+        raise TypeError("a clip is sent as its frames")
+
+
+def as_clips(refs) -> list[PictureRef]:
+    """Runs of frames of the same video and sampling -> one ClipRef each; other pictures as they are."""
+    out: list[PictureRef] = []
+    run: list = []
+    for r in list(refs) + [None]:
+        key = r.clip_key if r is not None else None
+        if run and (key is None or key != run[0].clip_key):
+            out.append(ClipRef.of(run))
+            run = []
+        if key is not None:
+            run.append(r)
+        elif r is not None:
+            out.append(r)
+    return out

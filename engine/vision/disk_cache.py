@@ -42,7 +42,8 @@ def unpack(key: PictureKey, blob: bytes) -> PictureEntry | None:
     if features.dim() != 2 or features.shape[0] != meta["n_tokens"]:
         return None
     return PictureEntry(key=key, replacement=meta["replacement"], n_tokens=meta["n_tokens"],
-                        grid_thw=meta.get("grid_thw"), features=features)
+                        grid_thw=meta.get("grid_thw"), features=features, modality=meta.get("modality", "image"),
+                        second_per_grid=meta.get("second_per_grid"))
 
 
 class DiskImageCache:

@@ -9,9 +9,10 @@ import torch
 from .entry import PictureEntry
 
 
-def encoder_inputs(model, processed: dict) -> dict[str, Any]:
-    """Keep only the arguments `get_image_features` accepts (rows/cols etc. are prompt-only)."""
-    params = inspect.signature(model.model.get_image_features).parameters
+def encoder_inputs(features_fn, processed: dict) -> dict[str, Any]:
+    """Keep only the arguments `get_image_features` (a clip: `get_video_features`) accepts
+    (rows/cols etc. are prompt-only)."""
+    params = inspect.signature(features_fn).parameters
     out = {}
     for k, v in processed.items():
         if k in params and v is not None:
@@ -22,13 +23,15 @@ def encoder_inputs(model, processed: dict) -> dict[str, Any]:
 @torch.inference_mode()
 def encode_entry(loaded, entry: PictureEntry) -> torch.Tensor:
     """Post-projector features [n_tokens, hidden] for one prepared picture, kept on CPU."""
-    inputs = encoder_inputs(loaded.model, entry.encoder_inputs or {})
+    inner = loaded.model.model
+    features_fn = inner.get_video_features if entry.modality == "video" else inner.get_image_features
+    inputs = encoder_inputs(features_fn, entry.encoder_inputs or {})
     for k, v in inputs.items():
         v = v.to(loaded.device)
         if v.is_floating_point():
             v = v.to(loaded.dtype)
         inputs[k] = v
-    out = loaded.model.model.get_image_features(**inputs, return_dict=True)
+    out = features_fn(**inputs, return_dict=True)
     pooled = out.pooler_output
     if isinstance(pooled, (list, tuple)):
         feats = torch.cat(list(pooled), dim=0)

@@ -20,6 +20,8 @@ class PictureEntry:
     replacement: str  # the placeholder's expansion text (what the processor would insert)
     n_tokens: int  # feature rows = image tokens in the expansion
     grid_thw: list[int] | None = None  # Qwen2-VL family: needed for 3-D positions
+    modality: str = "image"  # "video": a clip through the processor's video path (its own token)
+    second_per_grid: float | None = None  # Qwen2.5-VL video: seconds per temporal patch (positions)
     features: torch.Tensor | None = None  # post-projector features, [n_tokens, hidden], on CPU
     encoder_inputs: dict | None = field(default=None, repr=False)  # decoded pixels, this turn only
 
@@ -28,7 +30,8 @@ class PictureEntry:
         return 0 if self.features is None else self.features.numel() * self.features.element_size()
 
     def meta(self) -> dict:
-        return {"replacement": self.replacement, "n_tokens": self.n_tokens, "grid_thw": self.grid_thw}
+        return {"replacement": self.replacement, "n_tokens": self.n_tokens, "grid_thw": self.grid_thw,
+                "modality": self.modality, "second_per_grid": self.second_per_grid}
 
 
 def encoder_identity(loaded) -> bytes:
@@ -44,6 +47,16 @@ def encoder_identity(loaded) -> bytes:
     h.update(json.dumps(loaded.merged_kwargs.get("images_kwargs", {}), sort_keys=True, default=str).encode())
     h.update(str(loaded.dtype).encode())
     return h.digest()
+
+
+def video_identity(loaded, identity: bytes) -> bytes:
+    """A clip's features also depend on the video processor's config."""
+    vp = getattr(loaded.processor, "video_processor", None)
+    try:
+        cfg = vp.to_json_string() if vp is not None else ""
+    except Exception:
+        cfg = repr(sorted(vars(vp).items()))
+    return blake3.blake3(identity + b"video\0" + cfg.encode()).digest()
 
 
 def picture_key(digest: str, identity: bytes) -> PictureKey:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..pictures.ref import PictureRef
+from ..pictures.span import PictureKey
 from ..protocol.events import EncoderState, EncoderStatus, Event, PicturePlace
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
-from .entry import PictureEntry, encoder_identity, picture_key
+from .entry import PictureEntry, encoder_identity, picture_key, video_identity
 from .pictures import prepare_entry
 from .ram_cache import RamImageCache
 from .residency import EncoderResidency
@@ -45,6 +46,7 @@ class PictureGate:
                  emit: Callable[[Event], None] | None = None):
         self.loaded = loaded
         self.identity = encoder_identity(loaded)
+        self.video_identity = video_identity(loaded, self.identity)
         self.ram = RamImageCache(settings.image_cache_entries, settings.image_cache_ram_bytes)
         self.disk = DiskImageCache(cache_dir, settings.image_cache_disk_bytes) if cache_dir else None
         self.residency = EncoderResidency(loaded, settings.elastic, settings.elastic_idle_s)
@@ -91,8 +93,13 @@ class PictureGate:
         r = self.residency
         return r.disabled_reason or ("elastic mode is off" if not r.elastic else f"it is {r.state}")
 
+    def key_of(self, ref: PictureRef) -> PictureKey:
+        """The cache key: the ref's digest (no read) and the encoder's identity (a clip's: with the
+        video processor's config)."""
+        return picture_key(ref.digest, self.video_identity if ref.modality == "video" else self.identity)
+
     def lookup(self, ref: PictureRef, stats: GateTurnStats) -> PictureEntry:
-        key = picture_key(ref.digest, self.identity)
+        key = self.key_of(ref)
         entry = self.ram.get(key)
         tier = "ram_hits"
         if entry is None and self.disk is not None:
@@ -113,7 +120,7 @@ class PictureGate:
 
     def place_of(self, ref: PictureRef) -> PicturePlace:
         """Where this picture's features are, asked without touching the caches' order or the file."""
-        key = picture_key(ref.digest, self.identity)
+        key = self.key_of(ref)
         if key in self.ram:
             return PicturePlace.RAM
         if self.disk is not None and self.disk.contains(key):

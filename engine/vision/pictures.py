@@ -31,9 +31,32 @@ def preprocess(loaded, image) -> tuple[dict, str]:
     return dict(processed), replacements[0]
 
 
+def prepare_clip(loaded, key: PictureKey, clip) -> PictureEntry:
+    """A clip through the processor's video path (Qwen2-VL family): its frames as one video,
+    sampled at the clip's rate (the positions of Qwen2.5-VL count its seconds)."""
+    frames = clip.pictures(pixel_limit(loaded))
+    n = len(frames)
+    kwargs = dict(loaded.merged_kwargs.get("videos_kwargs", {}))
+    # cap_pixels_per_frame: the per-frame pixel cap of the reference implementation (qwen-vl-utils),
+    # which transformers 5.24 asks callers to choose (it warns on every clip otherwise)
+    kwargs.update(return_tensors="pt", do_sample_frames=False, cap_pixels_per_frame=True,
+                  video_metadata=[{"fps": clip.fps, "total_num_frames": n, "frames_indices": list(range(n))}])
+    processed, replacements = loaded.processor._process_videos([frames], **kwargs)
+    processed = dict(processed)
+    seconds = processed.pop("second_per_grid_ts", None)
+    processed.pop("video_metadata", None)
+    grid = [int(x) for x in processed["video_grid_thw"][0].tolist()]
+    return PictureEntry(key=key, replacement=replacements[0],
+                        n_tokens=replacements[0].count(loaded.processor.video_token), grid_thw=grid,
+                        encoder_inputs=processed, modality="video",
+                        second_per_grid=float(seconds[0]) if seconds is not None else None)
+
+
 def prepare_entry(loaded, key: PictureKey, ref: PictureRef) -> PictureEntry:
     """Read (a page: render, a frame: decode) + preprocess one picture into an entry that still
     needs encoding."""
+    if ref.modality == "video":
+        return prepare_clip(loaded, key, ref)
     image = ref.picture(pixel_limit(loaded))
     processed, replacement = preprocess(loaded, image)
     grid = processed.get("image_grid_thw")

@@ -271,3 +271,57 @@ def test_a_document_larger_than_the_context_says_what_fits(tmp_path):
         assert expect_done(ask(engine, "a", [Message("user", "Just these.", pages[:3])], NEW)).token_ids
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_the_api_takes_a_pdf_file_part_and_a_video_url(tiny_model, tmp_path):
+    """A `file` part (a PDF, as OpenAI's clients send one) and a `video_url` part (vLLM's shape)
+    become pages and frames: the reply equals a fresh full prefill, a re-send encodes nothing,
+    and a bad file is a 400 with one sentence."""
+    import json
+
+    from tests.api_served import Served, data_url
+
+    served = Served(tiny_model("llava"), tmp_path)
+    try:
+        pdf = make_pdf(tmp_path / "memo.pdf", 3, size=(80, 100))
+        clip = make_video(tmp_path / "clip.mp4", seconds=2, fps=10)
+        content = [{"type": "text", "text": "What is in these?"},
+                   {"type": "file", "file": {"filename": "memo.pdf", "file_data": data_url(pdf, "application/pdf")}},
+                   {"type": "video_url", "video_url": {"url": data_url(clip, "video/mp4")}}]
+        r = served.chat([{"role": "user", "content": content}], max_tokens=NEW)
+        pictures = attach(pdf).refs() + attach(clip).refs()
+        text, _ = served.ref_text([Message("user", "What is in these?", pictures)], NEW)
+        assert r.choices[0].message.content == text
+        again = served.chat([{"role": "user", "content": content}], max_tokens=NEW)
+        assert again.usage.model_extra["parley"]["pictures_encoded"] == 0
+        locked = make_encrypted_pdf(tmp_path / "locked.pdf")
+        bad = [{"type": "file", "file": {"file_data": data_url(locked, "application/pdf")}}]
+        status, _, body = served.raw("POST", "/v1/chat/completions", json.dumps(
+            {"model": served.model, "messages": [{"role": "user", "content": bad}]}))
+        err = json.loads(body)["error"]
+        assert status == 400 and err["code"] == "invalid_file" and "password-protected" in err["message"]
+        assert err["param"] == "messages[0].content[0].file.file_data"
+    finally:
+        served.close()
+
+
+def test_the_remote_engine_sends_pages_and_frames_as_pngs(tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from engine.protocol.events import Sampling, Turn
+    from engine.remote.messages import chat_messages
+
+    page = attach(make_pdf(tmp_path / "a.pdf", 2, size=(100, 130))).refs()[1]
+    frame = attach(make_video(tmp_path / "c.mp4", seconds=1)).refs()[0]
+    [msg] = chat_messages(Turn("r", [Message("user", "Look", [page, frame])], Sampling()))
+    kinds = [(p["type"], p.get("text")) for p in msg["content"]]
+    assert kinds == [("text", "Page 2:"), ("image_url", None), ("text", "Frame at 0:00:"), ("image_url", None),
+                     ("text", "Look")]
+    urls = [p["image_url"]["url"] for p in msg["content"] if p["type"] == "image_url"]
+    assert all(u.startswith("data:image/png;base64,") for u in urls)
+    png = Image.open(io.BytesIO(base64.b64decode(urls[0].split(",", 1)[1])))
+    assert png.size == (200, 260)  # the page at its 144 dpi

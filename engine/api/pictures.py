@@ -26,8 +26,9 @@ _WS = re.compile(rb"\s+")
 _EXT = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff", "MPO": "jpg"}
 
 
-def decode_data_url(url: str, param: str) -> bytes:
-    """`data:image/...;base64,...` -> bytes; anything else is a clear 400."""
+def decode_data_url(url: str, param: str, accept: str = "image/") -> bytes:
+    """`data:image/...;base64,...` -> bytes; anything else is a clear 400. `accept`: the MIME
+    prefix a part of this kind must name when it names one ("application/pdf", "video/")."""
     low = url[:16].lower()
     if low.startswith(("http://", "https://")):
         raise bad("Parley does not fetch remote images: send the picture inline as a data URL "
@@ -38,8 +39,9 @@ def decode_data_url(url: str, param: str) -> bytes:
     mime, params = m.group(1).strip().lower(), m.group(2).lower()
     if "base64" not in [p.strip() for p in params.split(";")]:
         raise bad("An image data URL must be base64-encoded (data:image/png;base64,...).", param, "invalid_image_url")
-    if mime and not mime.startswith("image/"):
-        raise bad(f"The payload is not a picture (its data URL says {mime!r}).", param, "invalid_image")
+    if mime and not mime.startswith(accept):
+        what = {"image/": "a picture", "application/pdf": "a PDF", "video/": "a video"}.get(accept, accept)
+        raise bad(f"The payload is not {what} (its data URL says {mime!r}).", param, "invalid_image")
     payload = _WS.sub(b"", url[m.end():].encode("ascii", "replace"))
     payload += b"=" * (-len(payload) % 4)
     try:
@@ -49,6 +51,11 @@ def decode_data_url(url: str, param: str) -> bytes:
     if not data:
         raise bad("The picture's data is empty.", param, "invalid_image")
     return data
+
+
+def data_url_mime(url: str) -> str:
+    m = _DATA_URL.match(url)
+    return m.group(1).strip().lower() if m else ""
 
 
 def store_upload(store: PictureStore, data: bytes, param: str, hold: Hold | None = None) -> PictureRef:

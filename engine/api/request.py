@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from ..pictures.store import Hold, PictureStore
 from ..protocol.events import Message, Sampling
 from .errors import ApiError, bad
-from .pictures import decode_data_url, store_upload
+from .files import file_part_url, store_file_upload
+from .pictures import data_url_mime, decode_data_url, store_upload
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DEFAULT_MAX_TOKENS = 1024
@@ -48,8 +49,8 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     return float(v)
 
 
-def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str]]]:
-    """-> (text, image urls) of one message."""
+def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """-> (text, [(data URL, its parameter, kind "image" | "file" | "video")]) of one message."""
     param = f"messages[{i}].content"
     content = msg.get("content")
     if content is None:
@@ -61,7 +62,7 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str]]]:
     if not isinstance(content, list):
         raise bad(f"'{param}' must be a string or a list of content parts.", param, "invalid_type")
     texts: list[str] = []
-    urls: list[tuple[str, str]] = []  # (data URL, its parameter path for error messages)
+    urls: list[tuple[str, str, str]] = []  # (data URL, its parameter path for error messages, kind)
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -79,10 +80,15 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str]]]:
             if role != "user":
                 raise bad(f"Pictures can only be sent in user messages ({p} is in a {role} message).", p,
                           "invalid_value")
-            urls.append((url, f"{p}.image_url.url"))
+            urls.append((url, f"{p}.image_url.url", "image"))
+        elif kind in ("file", "video_url"):  # a PDF's pages, a video's frames
+            if role != "user":
+                raise bad(f"Files can only be sent in user messages ({p} is in a {role} message).", p,
+                          "invalid_value")
+            urls.append(file_part_url(part, p))
         else:
-            raise bad(f"Content part type {kind!r} is not supported (use 'text' or 'image_url').", f"{p}.type",
-                      "unsupported_content")
+            raise bad(f"Content part type {kind!r} is not supported (use 'text', 'image_url', 'file' (a PDF) "
+                      "or 'video_url').", f"{p}.type", "unsupported_content")
     return "\n".join(texts), urls
 
 
@@ -192,8 +198,19 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
 
     # only now, with the request well formed, pay for decoding and storing pictures
     messages = []
+    total = 0  # pictures so far, a PDF's pages and a video's frames included
     for role, text, urls in parsed:
-        refs = [store_upload(pictures, decode_data_url(url, p), p, hold) for url, p in urls]
+        refs = []
+        for url, p, kind in urls:
+            if kind == "image":
+                refs.append(store_upload(pictures, decode_data_url(url, p), p, hold))
+                continue
+            data = decode_data_url(url, p, "application/pdf" if kind == "file" else "video/")
+            refs.extend(store_file_upload(pictures, data, data_url_mime(url), p, kind, hold))
+            if total + len(refs) > max_pictures:  # a PDF's pages count as pictures
+                raise bad(f"Too many pictures: this request's files hold more than {max_pictures} pages or frames.",
+                          p, "too_many_pictures")
+        total += len(refs)
         messages.append(Message(role, text, refs))
     greedy = temperature == 0 or top_p == 0
     sampling = Sampling(greedy=greedy, temperature=temperature if not greedy else 1.0,

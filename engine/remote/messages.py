@@ -1,6 +1,7 @@
 """A Turn as the OpenAI chat-completions API wants it: the whole conversation each request (as
 every OpenAI client sends it), pictures inline as data: URLs of their original file bytes (no
-decode or re-encode, so a server that keys its picture cache by content finds a re-sent one)."""
+decode or re-encode, so a server that keys its picture cache by content finds a re-sent one); a
+PDF's page or a video's frame as a PNG of it (rendered once, then kept with the others)."""
 from __future__ import annotations
 
 import base64
@@ -74,7 +75,11 @@ def chat_messages(turn: Turn) -> list[dict]:
         if not m.images:
             out.append({"role": m.role, "content": m.text})
             continue
-        parts: list[dict] = [{"type": "image_url", "image_url": {"url": picture_data_url(p)}} for p in m.images]
+        parts: list[dict] = []
+        for p in m.images:  # a page or frame (sent as a PNG of it) after its caption, as the built-in engine has it
+            if p.caption:
+                parts.append({"type": "text", "text": p.caption})
+            parts.append({"type": "image_url", "image_url": {"url": picture_data_url(p)}})
         if m.text:
             parts.append({"type": "text", "text": m.text})
         out.append({"role": m.role, "content": parts})

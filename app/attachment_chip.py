@@ -41,7 +41,8 @@ class AttachmentChip(QFrame):
         lay.addWidget(self.picture)
         self.pages: QLineEdit | None = None  # a document's page range
         self.title: QLabel | None = None  # a document's or video's name and size
-        self.note: QLabel | None = None  # pages left out, frames taken
+        self.note = QLabel()  # pages left out, frames taken
+        self.note.setObjectName("attachmentNote")
         if att.document is not None or att.video is not None:
             lay.addLayout(self._media_column(att))
         self.remove = QToolButton()
@@ -54,8 +55,6 @@ class AttachmentChip(QFrame):
     def _media_column(self, att: Attachment) -> QVBoxLayout:
         col = QVBoxLayout()
         col.setSpacing(1)
-        self.note = QLabel()
-        self.note.setObjectName("attachmentNote")
         if att.document is not None:
             n = att.document.pages
             self.title = QLabel(f"{att.name} · {n} page{'s' if n != 1 else ''}")
@@ -67,7 +66,7 @@ class AttachmentChip(QFrame):
             col.addWidget(self.title)
             col.addWidget(self.pages)
             self._range_changed(self.pages.text())
-        else:
+        elif att.video is not None:
             self.title = QLabel(f"{att.name} · {clock(att.video.duration)}")
             col.addWidget(self.title)
         col.addWidget(self.note)
@@ -76,6 +75,8 @@ class AttachmentChip(QFrame):
     def _range_changed(self, text: str) -> None:
         self.attachment.page_range = text
         doc = self.attachment.document
+        if doc is None:
+            return
         try:
             chosen = parse_ranges(text, doc.pages)
         except ValueError as exc:
@@ -85,16 +86,17 @@ class AttachmentChip(QFrame):
         self.note.setText(f"pages {ranges_text(left)} left out" if left else "all pages")
 
     def set_sampling(self, sampling: FrameSampling) -> None:
-        if self.attachment.video is not None and self.note is not None:
+        if self.attachment.video is not None:
             n = len(sampling.times(self.attachment.video.duration))
             self.note.setText(f"{n} frame{'s' if n != 1 else ''} ({sampling.fps:g} a second, at most "
                               f"{sampling.max_frames})")
 
-    def chosen_pages(self) -> list[int] | None:
-        """The document's pages to send (ValueError with one sentence when the range is not valid)."""
+    def chosen_pages(self) -> list[int]:
+        """The document's pages to send (ValueError with one sentence when the range is not
+        valid); none for a picture or a video."""
         doc = self.attachment.document
         if doc is None or self.pages is None:
-            return None
+            return []
         try:
             return parse_ranges(self.pages.text(), doc.pages)
         except ValueError as exc:

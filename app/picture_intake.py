@@ -98,9 +98,8 @@ class PictureIntake:
         size = p.stat().st_size
         if size > limit:
             raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is {limit >> 20} MB)")
-        media = att.document or att.video
         try:
-            ref = self.history.add_file(p, media.digest)
+            ref = self.history.add_file(p, att.digest)
         except OSError as exc:
             raise PictureRejected(f"{name} cannot be read ({exc.strerror or exc})") from None
         stored = str(self.history.picture_path(ref))

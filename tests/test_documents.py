@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import pytest
 
+from engine.local.prompt import model_pictures, render
 from engine.pictures.attach import AttachmentKind, attach
 from engine.pictures.document import Document, PageRef
 from engine.pictures.file import PictureError
 from engine.pictures.picture_budget import fit, parse_ranges, ranges_text
 from engine.pictures.ref import PixelLimit
 from engine.pictures.video import FrameSampling, Video
-from engine.local.prompt import model_pictures, render
-from engine.protocol.events import Message
+from engine.protocol.events import Message, PicturePlace
 from engine.vision.pictures import pixel_limit
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
-from tests.fixtures.documents import (make_audio_only, make_damaged_pdf, make_empty_pdf, make_encrypted_pdf,
-                                      make_pdf, make_video)
+from tests.fixtures.documents import (
+    make_audio_only,
+    make_damaged_pdf,
+    make_empty_pdf,
+    make_encrypted_pdf,
+    make_pdf,
+    make_video,
+)
 from tests.fixtures.tiny_models import FAMILIES
 from tests.test_spill import spill_now
 
@@ -148,6 +154,27 @@ def test_a_cached_document_needs_neither_encoder_nor_file(family, tiny_model, tm
         engine.shutdown()
 
 
+def picture_marks(engine, refs) -> dict:
+    import threading
+
+    from engine.protocol.events import PictureMarks
+
+    got, ev = [], threading.Event()
+
+    def listen(e):
+        if isinstance(e, PictureMarks):
+            got.append(e.places)
+            ev.set()
+
+    engine.add_listener(listen)
+    try:
+        engine.check_pictures(list(refs))
+        assert ev.wait(10), "no picture marks"
+    finally:
+        engine.remove_listener(listen)
+    return got[-1]
+
+
 def clip_reply_ids(ref: Reference, messages: list[Message], fps: float, new: int) -> tuple[list[int], int]:
     """A fresh full prefill with the frames as one video through the processor's video path, as
     the Qwen2-VL family takes a clip: (reply ids, prompt length)."""
@@ -193,6 +220,8 @@ def test_video_frames_are_cached_and_exact(family, tiny_model, tmp_path):
         first = expect_done(ask(engine, "a", messages, NEW))
         assert first.token_ids == expected and first.stats.prompt_tokens == prompt_len
         assert first.stats.pictures_encoded == (1 if native else len(frames))  # a clip is one encode
+        # the window's marks: every frame is cached (for Qwen2-VL, where its clip is)
+        assert set(picture_marks(engine, frames).values()) == {PicturePlace.RAM}
         clip.unlink()
         d = expect_done(ask(engine, "b", messages, NEW))
         assert d.stats.pictures_encoded == 0 and d.stats.encoder_loads == 0 and d.token_ids == expected
@@ -211,7 +240,7 @@ def test_a_document_conversation_spills_and_restores_exactly(family, tiny_model,
     frames = attach(make_video(tmp_path / "clip.mp4", seconds=2, fps=10)).refs(sampling=FrameSampling(2, 4))
     native = ref.loaded.family.native_video
     data = tmp_path / "data"
-    settings = dict(block_tokens=16, spill_idle_s=3600, prefill_chunk_tokens=8)
+    settings = {"block_tokens": 16, "spill_idle_s": 3600, "prefill_chunk_tokens": 8}
     messages = [Message("user", "Summarise these pages.", pages)]
     engine = open_engine(model, data, **settings)
     try:
@@ -252,8 +281,8 @@ def test_ask_sends_the_chosen_pages_and_refuses_a_bad_pdf(tiny_model, tmp_path):
     bad = run_main("ask", "--model", str(model), "--data-dir", str(tmp_path / "d"),
                    "--file", str(make_encrypted_pdf(tmp_path / "locked.pdf")), "hi")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip().splitlines() == ["error: locked.pdf is password-protected; save an unprotected copy "
-                                               "to attach it"]
+    assert bad.stderr.strip().splitlines() == [
+        "error: locked.pdf is password-protected; save an unprotected copy to attach it"]
 
 
 @pytest.mark.slow

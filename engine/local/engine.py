@@ -345,7 +345,7 @@ class Engine(EngineWorker):
     def _do_check_pictures(self, pictures: tuple[PictureRef, ...], draft: bool) -> None:
         if self.gate is None:
             return
-        places = {p.digest: self.gate.place_of(p) for p in pictures}
+        places = self.gate.places(pictures)  # a clip's frames are where the clip is
         self._emit(PictureMarks(places))
         if draft and self.gate.warm_for(pictures):  # loading it now, while the person types
             needed = self.gate.encoder_load_bytes()

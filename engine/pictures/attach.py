@@ -12,7 +12,7 @@ from pathlib import Path
 from .document import DEFAULT_DPI, Document
 from .file import PICTURE_NAMES, PictureError, check, read_bytes
 from .ref import PictureRef, digest_of
-from .video import VIDEO_EXTENSIONS, FrameSampling, Video
+from .video import DEFAULT_SAMPLING, VIDEO_EXTENSIONS, FrameSampling, Video
 
 PDF_MAGIC = b"%PDF-"
 
@@ -33,12 +33,19 @@ class Attachment:
     video: Video | None = None
 
     @property
+    def digest(self) -> str:
+        """BLAKE3 hex of the attached file's bytes."""
+        media = self.document or self.video or self.picture
+        assert media is not None, "an attachment holds a picture, a document or a video"
+        return media.digest
+
+    @property
     def count(self) -> int:
         """Pictures it can give: 1, the document's pages (frames depend on the sampling)."""
         return self.document.pages if self.document is not None else 1
 
     def refs(self, pages: list[int] | None = None, dpi: int = DEFAULT_DPI,
-             sampling: FrameSampling = FrameSampling()) -> list[PictureRef]:
+             sampling: FrameSampling = DEFAULT_SAMPLING) -> list[PictureRef]:
         """The pictures to send: the chosen pages (all by default), the sampled frames, or the picture."""
         if self.document is not None:
             return list(self.document.page_refs(pages, dpi))
@@ -90,7 +97,7 @@ class AttachChoice:
     goes into the message alongside its pages (far fewer tokens than a picture)."""
     pages: str | None = None
     dpi: int = DEFAULT_DPI
-    sampling: FrameSampling = FrameSampling()
+    sampling: FrameSampling = DEFAULT_SAMPLING
     document_text: bool = False
 
 

@@ -61,7 +61,7 @@ class Document:
         return Path(self.path).name
 
     @classmethod
-    def of_file(cls, path: str | Path) -> "Document":
+    def of_file(cls, path: str | Path) -> Document:
         path = str(path)
         name = Path(path).name
         p = Path(path)
@@ -85,10 +85,10 @@ class Document:
                                "(split it, or attach the pages you need)")
         return cls(path, digest, n)
 
-    def page(self, index: int, dpi: int = DEFAULT_DPI) -> "PageRef":
+    def page(self, index: int, dpi: int = DEFAULT_DPI) -> PageRef:
         return PageRef.of(self.path, self.digest, index, dpi)
 
-    def page_refs(self, pages: range | list[int] | None = None, dpi: int = DEFAULT_DPI) -> list["PageRef"]:
+    def page_refs(self, pages: range | list[int] | None = None, dpi: int = DEFAULT_DPI) -> list[PageRef]:
         return [self.page(i, dpi) for i in (range(self.pages) if pages is None else pages)]
 
     def text(self, pages: range | list[int] | None = None, name: str | None = None) -> str:
@@ -118,7 +118,7 @@ class PageRef(PictureRef):
     dpi: int = DEFAULT_DPI
 
     @classmethod
-    def of(cls, path: str, document: str, index: int, dpi: int = DEFAULT_DPI) -> "PageRef":
+    def of(cls, path: str, document: str, index: int, dpi: int = DEFAULT_DPI) -> PageRef:
         if not (isinstance(index, int) and index >= 0):
             raise ValueError(f"not a page index: {index!r}")
         if not (isinstance(dpi, int) and 18 <= dpi <= 600):

@@ -74,6 +74,11 @@ class PictureRef:
         return None
 
     @property
+    def members(self) -> tuple["PictureRef", ...]:
+        """The pictures a person attached that this one stands for (a clip: its frames)."""
+        return (self,)
+
+    @property
     def caption(self) -> str | None:
         """Text the model reads just before the picture (a page number, a frame's time); None for
         a plain picture, whose prompt stays as it always was."""

@@ -45,6 +45,9 @@ class FrameSampling:
         return [round(duration * (i + 0.5) / n, 3) for i in range(n)]
 
 
+DEFAULT_SAMPLING = FrameSampling()
+
+
 def clock(t: float) -> str:
     s = int(t)
     h, m = divmod(s // 60, 60)
@@ -75,7 +78,7 @@ class Video:
         return Path(self.path).name
 
     @classmethod
-    def of_file(cls, path: str | Path) -> "Video":
+    def of_file(cls, path: str | Path) -> Video:
         path = str(path)
         name = Path(path).name
         if not Path(path).is_file():
@@ -100,10 +103,10 @@ class Video:
         video.frame(0.0).picture()  # the first frame decodes: a codec that fails says so now
         return video
 
-    def frame(self, t: float, sampling: FrameSampling = FrameSampling()) -> "FrameRef":
+    def frame(self, t: float, sampling: FrameSampling = DEFAULT_SAMPLING) -> FrameRef:
         return FrameRef.of(self.path, self.digest, t, sampling)
 
-    def frame_refs(self, sampling: FrameSampling = FrameSampling()) -> list["FrameRef"]:
+    def frame_refs(self, sampling: FrameSampling = DEFAULT_SAMPLING) -> list[FrameRef]:
         return [self.frame(t, sampling) for t in sampling.times(self.duration)]
 
 
@@ -116,7 +119,7 @@ class FrameRef(PictureRef):
     max_frames: int = 16
 
     @classmethod
-    def of(cls, path: str, video: str, t: float, sampling: FrameSampling = FrameSampling()) -> "FrameRef":
+    def of(cls, path: str, video: str, t: float, sampling: FrameSampling = DEFAULT_SAMPLING) -> FrameRef:
         t = round(float(t), 3)
         if t < 0:
             raise ValueError(f"not a timestamp: {t!r}")
@@ -179,7 +182,7 @@ class ClipRef(PictureRef):
     frames: tuple[FrameRef, ...] = ()
 
     @classmethod
-    def of(cls, frames: list[FrameRef]) -> "ClipRef":
+    def of(cls, frames: list[FrameRef]) -> ClipRef:
         first = frames[0]
         digest = derived_digest(CLIP_DOMAIN, first.video, *(f.digest for f in frames))
         return cls(first.path, digest, tuple(frames))
@@ -191,6 +194,10 @@ class ClipRef(PictureRef):
     @property
     def fps(self) -> float:
         return self.frames[0].fps
+
+    @property
+    def members(self) -> tuple[PictureRef, ...]:
+        return self.frames
 
     @property
     def label(self) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..pictures.ref import PictureRef
 from ..pictures.span import PictureKey
+from ..pictures.video import as_clips
 from ..protocol.events import EncoderState, EncoderStatus, Event, PicturePlace
 from .disk_cache import DiskImageCache
 from .encode import encode_entry
@@ -127,11 +128,24 @@ class PictureGate:
             return PicturePlace.DISK
         return PicturePlace.NOT_CACHED
 
+    def places(self, refs) -> dict[str, PicturePlace]:
+        """Where each attached picture's features are, by its digest: a frame of a clip the model
+        takes as one video (Family.native_video) is where its clip is."""
+        out = {}
+        for r in self.as_model_takes(refs):
+            place = self.place_of(r)
+            for member in r.members:
+                out[member.digest] = place
+        return out
+
+    def as_model_takes(self, refs) -> list[PictureRef]:
+        return as_clips(refs) if self.loaded.family.native_video else list(refs)
+
     def warm_for(self, refs) -> bool:
         """A picture of a message being written is not cached and the encoder is away: loading it
         now, while the person types, takes that wait out of the turn."""
         return (self.residency.state == EncoderStatus.UNLOADED and self.elastic_refused is None
-                and any(self.place_of(r) == PicturePlace.NOT_CACHED for r in refs))
+                and any(self.place_of(r) == PicturePlace.NOT_CACHED for r in self.as_model_takes(refs)))
 
     def encoder_load_bytes(self) -> int:
         """Device bytes loading the encoder takes now (0 when it is resident)."""

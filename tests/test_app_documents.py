@@ -5,6 +5,7 @@ video sampling; a bad file is one line and the draft stays."""
 from __future__ import annotations
 
 import pytest
+from PySide6.QtCore import Qt
 
 from app.attachment_chip import DEFAULT_PAGES, AttachmentChip
 from app.thumbnails import read_scaled
@@ -89,3 +90,41 @@ def test_a_bad_pdf_is_one_line_and_the_draft_stays(make_window, qtbot, tmp_path)
     assert w.composer.problem.text() == "locked.pdf is password-protected; save an unprotected copy to attach it"
     assert w.composer.text() == "my draft" and not chips(w)
     assert not list(w.history.pictures_dir.glob("*/*"))
+
+
+def test_paste_a_pdf_and_a_video_as_files(make_window, qtbot, tmp_path):
+    from PySide6.QtCore import QMimeData, QUrl
+    from PySide6.QtGui import QGuiApplication
+
+    w = make_window(load=False)
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(make_pdf(tmp_path / "p.pdf", 2))),
+                  QUrl.fromLocalFile(str(make_video(tmp_path / "v.mp4", 1)))])
+    QGuiApplication.clipboard().setMimeData(mime)
+    w.composer.edit.setFocus()
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    assert [c.title.text() for c in chips(w)] == ["p.pdf · 2 pages", "v.mp4 · 0:01"]
+    assert w.composer.text() == ""
+
+
+def test_the_history_keeps_a_document_its_pages_name(tmp_path):
+    """A page in a stored message names its document's stored copy: the engine gets the same page
+    key as `ask --file`, and the stored PDF is never purged as an orphan while a message holds it."""
+    from app.history import History
+    from engine.pictures import parts
+    from engine.pictures.document import Document
+
+    pdf = make_pdf(tmp_path / "kept.pdf", 4)
+    doc = Document.of_file(pdf)
+    h = History(tmp_path / "data")
+    try:
+        stored = h.add_file(pdf, doc.digest)
+        cid = h.create_conversation().id
+        refs = [parts.page_name(stored, i, 144) for i in (0, 3)]
+        h.add_message(cid, "user", "two pages", refs)
+        assert [h.picture_ref(r).digest for r in refs] == [doc.page(0).digest, doc.page(3).digest]
+        assert h.purge_orphan_pictures() == 0 and h.picture_path(refs[0]).is_file()
+        with pytest.raises(ValueError):
+            h.add_message(cid, "user", "bad", [stored + "#p=x@144"])
+    finally:
+        h.close()

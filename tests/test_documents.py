@@ -354,3 +354,22 @@ def test_the_remote_engine_sends_pages_and_frames_as_pngs(tmp_path):
     assert all(u.startswith("data:image/png;base64,") for u in urls)
     png = Image.open(io.BytesIO(base64.b64decode(urls[0].split(",", 1)[1])))
     assert png.size == (200, 260)  # the page at its 144 dpi
+
+
+@pytest.mark.slow
+def test_replay_sends_a_pdf_s_pages(tiny_model, tmp_path):
+    import json
+
+    from tests.test_headless import run_main
+
+    make_pdf(tmp_path / "doc.pdf", 3, size=(80, 100))
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"settings": {"max_new_tokens": 4}, "turns": [
+        {"user": "Read it.", "images": ["doc.pdf"]}, {"user": "Again, elsewhere.", "images": ["doc.pdf"],
+                                                       "conversation": "other"},
+        {"user": "And this?", "images": ["missing.pdf"]}]}))
+    res = run_main("replay", str(script), "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"))
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert lines[0]["stats"]["pictures_encoded"] == 3
+    assert lines[1]["stats"]["pictures_encoded"] == 0 and lines[1]["stats"]["image_cache_hits"] == 3
+    assert lines[2]["error"] == "missing.pdf was not found"

@@ -63,7 +63,7 @@ def kind_of(path: str | Path) -> AttachmentKind:
             head = f.read(8)
     except OSError:
         head = b""
-    if head.startswith(PDF_MAGIC):
+    if head.startswith(PDF_MAGIC) or (not head and p.suffix.lower() == ".pdf"):  # unreadable: its name says
         return AttachmentKind.DOCUMENT
     if p.suffix.lower() in VIDEO_EXTENSIONS:
         return AttachmentKind.VIDEO

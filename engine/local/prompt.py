@@ -31,8 +31,8 @@ class TextChunk:
 @dataclass(frozen=True, eq=False)
 class PictureChunk:
     """One picture's tokens: its feature tokens and the layout markers between them, which go into
-    the model together. The entry (from the gate, whatever the picture came from: a file, and
-    later a document page or a video frame) carries its key, token count and features."""
+    the model together. The entry (from the gate, whatever the picture came from: a file, a
+    document's page, a video's frame or a clip of frames) carries its key, token count and features."""
     span: PictureSpan  # where it sits in the prompt, and its key (a video clip: one span)
     entry: PictureEntry
     ids: tuple[int, ...]
@@ -165,8 +165,8 @@ def build_prompt(loaded, text: str, entries: list[PictureEntry]) -> Prompt:
             chunks.append(TextChunk(done, tuple(ids[done:start])))
         chunks.append(PictureChunk(PictureSpan(start, end, e.key), e, tuple(ids[start:end]), token_ids[e.modality]))
         done = end
-    if any(cursor[k] != len(positions[k]) for k in ("image",) if k in positions) or (
-            by_kind["video"] and cursor["video"] != len(positions["video"])):
+    checked = ["image"] + (["video"] if by_kind["video"] else [])  # without a clip a video token is only text
+    if any(cursor[k] != len(positions[k]) for k in checked):
         raise ValueError("the prompt holds picture tokens that belong to no picture (is '<image>' typed in the text?)")
     if done < len(ids):
         chunks.append(TextChunk(done, tuple(ids[done:])))

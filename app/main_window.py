@@ -178,7 +178,9 @@ class MainWindow(QMainWindow):
         self.composer.stopRequested.connect(c.stop)
         self.chat.actionTriggered.connect(self._message_action)
         self.chat.mimeDropped.connect(lambda mime: self.composer.take_mime(mime, "dropped"))
-        self.chat.delegate.pictureClicked.connect(lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p.partition("#")[0])))
+        # a page or frame ("file#fragment") opens its document or video
+        self.chat.delegate.pictureClicked.connect(
+            lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p.partition("#")[0])))
         self.chat.delegate.linkClicked.connect(self._open_link)
 
     # ------------------------------------------------------------ model

@@ -9,8 +9,8 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from app.secrets import Secrets, settings_file
-from engine.platform.paths import private_dir, private_file
 from engine.pictures.video import FrameSampling
+from engine.platform.paths import private_dir, private_file
 from engine.protocol.events import Sampling
 from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 
@@ -157,8 +157,8 @@ class Preferences:
         """How a video's frames are sampled; a stored value out of range falls back to the default."""
         d = FrameSampling()
         try:
-            return FrameSampling(float(self.qs.value("video/fps", d.fps)),
-                                 int(self.qs.value("video/max_frames", d.max_frames)))
+            return FrameSampling(float(str(self.qs.value("video/fps", d.fps))),
+                                 int(str(self.qs.value("video/max_frames", d.max_frames))))
         except (TypeError, ValueError):
             return d
 

@@ -74,7 +74,7 @@ class PictureRef:
         return None
 
     @property
-    def members(self) -> tuple["PictureRef", ...]:
+    def members(self) -> tuple[PictureRef, ...]:
         """The pictures a person attached that this one stands for (a clip: its frames)."""
         return (self,)
 

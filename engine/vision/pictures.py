@@ -11,9 +11,12 @@ def pixel_limit(loaded) -> PixelLimit:
     no more, since the processor would only shrink it. The Qwen2-VL family's size edges are pixel
     areas; the others' are sides."""
     size = getattr(loaded.processor.image_processor, "size", None)
-    get = (lambda k: getattr(size, k, None) if not isinstance(size, dict) else size.get(k))
     if size is None:
         return PixelLimit()
+
+    def get(k: str):  # a SizeDict, or a plain dict in older processor configs
+        return size.get(k) if isinstance(size, dict) else getattr(size, k, None)
+
     if loaded.family.mrope:
         return PixelLimit(max_pixels=get("longest_edge") or get("max_pixels"))
     return PixelLimit(longest_edge=get("longest_edge"), shortest_edge=get("shortest_edge"))

@@ -1,6 +1,7 @@
 """engine/model/int8_layers.py: the int8 linear and embedding compute exactly what their own int8
 values and scales say; a decoded row's result does not depend on the rows of its draft, and a
-prompt chunk (the dequantized GEMM) computes the same weights within rounding."""
+prompt chunk (the int8 GEMM where it is exact, else the dequantized GEMM) computes the same
+weights within rounding."""
 from __future__ import annotations
 
 import pytest
@@ -58,9 +59,10 @@ def test_the_longest_draft_stays_on_the_decode_kernel():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_chunk_computes_its_own_weights_in_slices(dtype, monkeypatch):
-    """A prompt chunk goes through the dequantized GEMM, a slice of output rows at a time (a fixed
-    slicing per layer): the same weights as the one-row kernel, within the compute dtype's
-    rounding, however it is sliced."""
+    """Where the int8 GEMM is not exact (AVX2), a prompt chunk goes through the dequantized GEMM,
+    a slice of output rows at a time (a fixed slicing per layer): the same weights as the one-row
+    kernel, within the compute dtype's rounding, however it is sliced."""
+    monkeypatch.setattr(int8_layers, "int8_gemm_exact", lambda: False)
     layer = _layer(8960, 1536, dtype)
     x = torch.randn(3 * PROMPT_ROWS, 1536).to(dtype)
     ref = _exact(layer, x)
@@ -72,6 +74,58 @@ def test_a_prompt_chunk_computes_its_own_weights_in_slices(dtype, monkeypatch):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for got in (whole, sliced, rows):
         assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+def _int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 GEMM sees it: outlier columns as they are, every other value rounded to a
+    multiple of its row's amax / 127."""
+    x = x.double()
+    column_max = x.abs().amax(0)
+    outliers = column_max > int8_layers.OUTLIER * column_max.float().median().double()
+    rest = x.masked_fill(outliers, 0)
+    scale = rest.abs().amax(1, keepdim=True).float().div(127).double()
+    return torch.where(outliers, x, (rest / scale).round() * scale)
+
+
+needs_int8_gemm = pytest.mark.skipif(not int8_layers.int8_gemm_exact(),
+                                     reason="this CPU's int8 GEMM is not exact (no VNNI): prompts take the dequantized GEMM")
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("outlier_columns", [0, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_chunk_through_the_int8_gemm_computes_its_int8_activations(dtype, outlier_columns):
+    """The int8 GEMM multiplies each row quantized with its own scale exactly (int32 sums), and
+    stays within activation rounding of the exact product; outlier columns (here 40x the rest, as
+    a real model's few large channels) are kept out of the row's scale."""
+    layer = _layer(8960, 1536, dtype, bias=True)
+    g = torch.Generator().manual_seed(outlier_columns)
+    x = torch.randn(3 * PROMPT_ROWS, 1536, generator=g)
+    x[:, torch.randperm(1536, generator=g)[:outlier_columns]] *= 40
+    x = x.to(dtype)
+    with torch.inference_mode():
+        y = layer(x)
+    assert y.dtype == dtype
+    said = _exact(layer, _int8_activations(x))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (y.double() - said).abs().max() <= tol * said.abs().max()
+    ref = _exact(layer, x)
+    assert (y.double() - ref).pow(2).mean().sqrt() <= 0.015 * ref.pow(2).mean().sqrt()
+
+
+@needs_int8_gemm
+def test_a_chunk_of_mostly_outliers_takes_the_dequantized_gemm():
+    layer = _layer(64, 256, torch.float32)
+    x = torch.randn(PROMPT_ROWS, 256)
+    x[:, :64] *= 100  # a quarter of the columns: past MAX_OUTLIERS
+    with torch.inference_mode():
+        assert torch.equal(layer(x), layer._dequantized_product(x))
+
+
+def test_the_kv_namespace_names_the_prompt_kernel(monkeypatch):
+    assert int8_layers.layout().endswith("int8-gemm" if int8_layers.int8_gemm_exact() else "dequantized")
+    monkeypatch.setattr(int8_layers, "int8_gemm_exact", lambda: False)
+    assert int8_layers.layout() == f"{int8_layers.LAYOUT};prompt=dequantized"
 
 
 def test_int8_embedding_scales_back_the_rows_it_looks_up():

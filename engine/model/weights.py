@@ -21,7 +21,8 @@ from ..protocol.settings import WEIGHT_FORMATS
 from . import packed_linear
 from .families import FAMILIES
 from .folder_check import ModelLoadError
-from .int8_layers import LAYOUT as INT8_LAYOUT, pack_int8
+from .int8_layers import layout as int8_layout
+from .int8_layers import pack_int8
 from .speed import FormatSpeed
 
 
@@ -69,7 +70,7 @@ class WeightPlan:
         if not self.quantized:
             return f"kernel={packed_linear.LAYOUT}".encode() if self.packed else b""
         lib = LIBRARY[self.format]
-        layout = f";layout={INT8_LAYOUT}" if self.format == "int8" else ""  # how int8 is multiplied
+        layout = f";layout={int8_layout()}" if self.format == "int8" else ""  # how int8 is multiplied
         return f"weights={self.format};{lib}={importlib.metadata.version(lib)}{layout}".encode()
 
 

@@ -103,24 +103,30 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
         if len(flat) >= PROMPT_ROWS and flat.device.type == "cpu" and int8_gemm_exact():
-            y = self._int8_product(flat)
-        elif len(flat) >= PROMPT_ROWS or not _fused(flat):
-            y = self._dequantized_product(flat)
-        else:  # a decoded token (and its draft): the fused one-row kernel
-            y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
-        if self.bias is not None:
-            y = y + self.bias
+            y = self._int8_product(flat)  # the bias added in its last pass
+        else:
+            if len(flat) >= PROMPT_ROWS or not _fused(flat):
+                y = self._dequantized_product(flat)
+            else:  # a decoded token (and its draft): the fused one-row kernel
+                y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
+            if self.bias is not None:
+                y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _int8_product(self, flat: torch.Tensor) -> torch.Tensor:
-        """x @ (weight * scale).T for a prompt chunk through the int8 GEMM: each row of x as int8
-        times its own scale (amax / 127), the outlier columns (OUTLIER) in floating point."""
-        x = flat.to(torch.float32, copy=True)  # quantized in place below
+        """x @ (weight * scale).T + bias for a prompt chunk through the int8 GEMM: each row of x
+        as int8 times its own scale (amax / 127), the outlier columns (OUTLIER) in floating point.
+
+        The GEMM runs as weight @ x.T (N x K times K x M): oneDNN's int8 GEMM threads that way
+        round far better; 200 rows through 8960->1536 on the shared 2-core machine, 2 threads,
+        wall time: 35 ms against 103 for x @ weight.T (56 for prepacked bf16). The passes over
+        the chunk around it are few and in fp32 (bf16 reductions ran 10x slower here)."""
+        x = flat.to(torch.float32, copy=True)  # quantized in place
         magnitude = x.abs()
         column_max = magnitude.amax(0)
         outliers = (column_max > OUTLIER * column_max.median()).nonzero().flatten()
         if len(outliers) > MAX_OUTLIERS * self.in_features:
-            return self._dequantized_product(flat)
+            return self._dequantized_product(flat) + (0 if self.bias is None else self.bias)
         rest = None
         if len(outliers):
             rest = x[:, outliers] @ self.weight[:, outliers].T.float()
@@ -128,12 +134,17 @@ class Int8Linear(nn.Module):
             magnitude[:, outliers] = 0
         row_scale = magnitude.amax(1, keepdim=True).div_(127)
         if not bool(torch.isfinite(row_scale).all()):  # inf/NaN: the dense GEMM says so
-            return self._dequantized_product(flat)
-        quantized = x.div_(row_scale.clamp(min=torch.finfo(torch.float32).tiny)).round_().to(torch.int8)
-        y = torch.mul(torch._int_mm(quantized, self.weight.T), row_scale)
+            return self._dequantized_product(flat) + (0 if self.bias is None else self.bias)
+        x.div_(row_scale.clamp(min=torch.finfo(torch.float32).tiny)).round_()
+        quantized = torch.empty((self.in_features, len(flat)), dtype=torch.int8)  # x.T, contiguous
+        quantized.T.copy_(x)
+        y = torch.mul(torch._int_mm(self.weight, quantized).T, row_scale)
         if rest is not None:
             y += rest
-        return torch.mul(y, self.scale, out=flat.new_empty(y.shape))
+        out = flat.new_empty(len(flat), self.out_features)
+        if self.bias is None:
+            return torch.mul(y, self.scale, out=out)
+        return torch.addcmul(self.bias, y, self.scale, out=out)
 
     def _dequantized_product(self, flat: torch.Tensor) -> torch.Tensor:
         """x @ (weight * scale).T for many rows: the int8 values (exact in bf16 and wider) turned

@@ -23,7 +23,7 @@ from typing import Any
 from ..platform.files import atomic_write
 
 FILE = "speed.json"
-VERSION = 1  # of the measurement: a record of another version is measured again
+VERSION = 2  # of the measurement: a record of another version is measured again (2: int8 prompts through the int8 GEMM)
 # the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
 TURN_PROMPT, TURN_REPLY = 512, 128
 

@@ -47,7 +47,7 @@ LAYOUT = "int8pack-rows-v4"  # named in the KV store namespace (with the prompt 
 FUSED_WIDTH_MULTIPLE = {torch.bfloat16: 64}
 
 
-# Rows from which a product goes through the dequantized GEMM instead of the fused one-row kernel:
+# Rows from which a product goes through a GEMM (int8, else dequantized) instead of the fused one-row kernel:
 # that kernel runs rows one after another (2 tok/s at 32 rows with fp32 activations on a 2-core
 # EPYC, ~86 with bf16), the GEMM at the full-precision prompt speed. Above the longest decode
 # step (a token plus a draft of at most 10, engine/local/lookup_decode.py), so decoding stays

@@ -31,6 +31,7 @@ fresh prefill of the same weights as it does for bf16. The KV store namespace na
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -85,6 +86,21 @@ def layout() -> str:
     return f"{LAYOUT};prompt={'int8-gemm' if int8_gemm_exact() else 'dequantized'}"
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """torch's ops on one thread inside. The int8 prompt path's passes over a chunk take 0.1-2 ms
+    each on one core; split over 2 threads each one waits for both to be scheduled, which on the
+    busy shared 2-core machine cost a time slice per pass: int8 ÷ bf16 prefill (4 layers at
+    Qwen2-VL-2B's widths, 200 tokens, interleaved) 0.64 with the passes on 2 threads, 1.17 on
+    one. Results are the same either way (exact integer sums, elementwise passes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _fused(x: torch.Tensor) -> bool:
     """Whether `_weight_int8pack_mm` serves this input. Measured on CPU only (other devices take
     the plain dequantize-then-matmul path)."""
@@ -120,31 +136,36 @@ class Int8Linear(nn.Module):
         The GEMM runs as weight @ x.T (N x K times K x M): oneDNN's int8 GEMM threads that way
         round far better; 200 rows through 8960->1536 on the shared 2-core machine, 2 threads,
         wall time: 35 ms against 103 for x @ weight.T (56 for prepacked bf16). The passes over
-        the chunk around it are few and in fp32 (bf16 reductions ran 10x slower here)."""
-        x = flat.to(torch.float32, copy=True)  # quantized in place
-        magnitude = x.abs()
-        column_max = magnitude.amax(0)
-        outliers = (column_max > OUTLIER * column_max.median()).nonzero().flatten()
-        if len(outliers) > MAX_OUTLIERS * self.in_features:
-            return self._dequantized_product(flat) + (0 if self.bias is None else self.bias)
+        the chunk before and after it run on one thread (`_one_thread`), in fp32 (bf16
+        reductions ran 10x slower here)."""
         rest = None
-        if len(outliers):
-            rest = x[:, outliers] @ self.weight[:, outliers].T.float()
-            x[:, outliers] = 0
-            magnitude[:, outliers] = 0
-        row_scale = magnitude.amax(1, keepdim=True).div_(127)
-        if not bool(torch.isfinite(row_scale).all()):  # inf/NaN: the dense GEMM says so
+        with _one_thread():
+            x = flat.to(torch.float32, copy=True)  # quantized in place
+            magnitude = x.abs()
+            column_max = magnitude.amax(0)
+            outliers = (column_max > OUTLIER * column_max.median()).nonzero().flatten()
+            row_scale = None
+            if len(outliers) <= MAX_OUTLIERS * self.in_features:
+                if len(outliers):
+                    rest = x[:, outliers] @ self.weight[:, outliers].T.float()
+                    x[:, outliers] = 0
+                    magnitude[:, outliers] = 0
+                row_scale = magnitude.amax(1, keepdim=True).div_(127)
+        if row_scale is None or not bool(torch.isfinite(row_scale).all()):  # inf/NaN: the dense GEMM says so
             return self._dequantized_product(flat) + (0 if self.bias is None else self.bias)
-        x.div_(row_scale.clamp(min=torch.finfo(torch.float32).tiny)).round_()
-        quantized = torch.empty((self.in_features, len(flat)), dtype=torch.int8)  # x.T, contiguous
-        quantized.T.copy_(x)
-        y = torch.mul(torch._int_mm(self.weight, quantized).T, row_scale)
-        if rest is not None:
-            y += rest
-        out = flat.new_empty(len(flat), self.out_features)
-        if self.bias is None:
-            return torch.mul(y, self.scale, out=out)
-        return torch.addcmul(self.bias, y, self.scale, out=out)
+        with _one_thread():
+            x.div_(row_scale.clamp(min=torch.finfo(torch.float32).tiny)).round_()
+            quantized = torch.empty((self.in_features, len(flat)), dtype=torch.int8)  # x.T, contiguous
+            quantized.T.copy_(x)
+        products = torch._int_mm(self.weight, quantized).T
+        with _one_thread():
+            y = torch.mul(products, row_scale)
+            if rest is not None:
+                y += rest
+            out = flat.new_empty(len(flat), self.out_features)
+            if self.bias is None:
+                return torch.mul(y, self.scale, out=out)
+            return torch.addcmul(self.bias, y, self.scale, out=out)
 
     def _dequantized_product(self, flat: torch.Tensor) -> torch.Tensor:
         """x @ (weight * scale).T for many rows: the int8 values (exact in bf16 and wider) turned

@@ -87,8 +87,9 @@ def _int8_activations(x: torch.Tensor) -> torch.Tensor:
     return torch.where(outliers, x, (rest / scale).round() * scale)
 
 
-needs_int8_gemm = pytest.mark.skipif(not int8_layers.int8_gemm_exact(),
-                                     reason="this CPU's int8 GEMM is not exact (no VNNI): prompts take the dequantized GEMM")
+needs_int8_gemm = pytest.mark.skipif(
+    not int8_layers.int8_gemm_exact(),
+    reason="this CPU's int8 GEMM is not exact (no VNNI): prompts take the dequantized GEMM")
 
 
 @needs_int8_gemm

@@ -72,9 +72,10 @@ def int8_gemm_exact() -> bool:
     g = torch.Generator().manual_seed(0)
     extreme = torch.full((PROMPT_ROWS, 256), 127, dtype=torch.int8)
     extreme[:, ::2] = -127
-    pairs = [(extreme, torch.full((256, 64), -127, dtype=torch.int8))] + [
-        (torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=g),
-         torch.randint(-127, 128, (cols, 72), dtype=torch.int8, generator=g)) for rows, cols in ((PROMPT_ROWS, 256), (64, 1000))]
+    pairs = [(extreme, torch.full((256, 64), -127, dtype=torch.int8))]
+    for rows, cols in ((PROMPT_ROWS, 256), (64, 1000)):
+        pairs.append((torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=g),
+                      torch.randint(-127, 128, (cols, 72), dtype=torch.int8, generator=g)))
     try:
         return all(torch.equal(torch._int_mm(a, b), (a.double() @ b.double()).to(torch.int32)) for a, b in pairs)
     except RuntimeError:  # no int8 GEMM in this torch build

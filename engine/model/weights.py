@@ -21,8 +21,7 @@ from ..protocol.settings import WEIGHT_FORMATS
 from . import packed_linear
 from .families import FAMILIES
 from .folder_check import ModelLoadError
-from .int8_layers import layout as int8_layout
-from .int8_layers import pack_int8
+from .int8_layers import layout as int8_layout, pack_int8
 from .speed import FormatSpeed
 
 

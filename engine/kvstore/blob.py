@@ -21,7 +21,7 @@ import numpy as np
 
 from ..platform import files as platform_io
 from .errors import BadBlob
-from .layout import CODE_DTYPES, DTYPE_CODES, KVLayout
+from .layout import CODE_DTYPES, DTYPE_CODES, KVLayout, shape_row
 
 MAGIC = b"PRLYKVB\x00"
 BLOB_VERSION = 1
@@ -99,7 +99,7 @@ def parse_header(buf) -> BlobHeader:
     off += 8 * n
     if blake3.blake3(memoryview(buf)[:off]).digest() != bytes(buf[off:off + 32]):
         raise BadBlob("header checksum mismatch")
-    layout = KVLayout(CODE_DTYPES[dcode], tuple(tuple(int(x) for x in row) for row in shapes))
+    layout = KVLayout(CODE_DTYPES[dcode], tuple(shape_row(row) for row in shapes))
     if payload_len != n * layout.token_bytes:
         raise BadBlob("payload length does not match shapes")
     return BlobHeader(kind, layout, bytes(key), tokens, hl, payload_len, bytes(pdigest))

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .blob import blob_path
 from .errors import KVStoreError
@@ -25,6 +25,9 @@ from .manifest import Manifest, SessionRow
 from .restore import RestoreChoice, choose_blobs
 from .sweep import free_bytes, list_blob_files
 from .writer import unlink_quiet
+
+if TYPE_CHECKING:  # spill_job imports this module; only the checker needs its types here
+    from .spill_job import BlobPlan, SpillResult
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +39,9 @@ COUNTER_NAMES = ("spills", "spill_failures", "blocks_written", "tails_written", 
 class TrackedJob(Protocol):
     """What the index needs of an in-flight spill job (spill_job.SpillJob)."""
     session_id: str
-    plans: list        # spill_job.BlobPlan: key, size, kind, path, write
-    written: list      # the plans whose files were renamed into place
-    stats: object      # spill_job.SpillResult
+    plans: list[BlobPlan]
+    written: list[BlobPlan]   # the plans whose files were renamed into place
+    stats: SpillResult
 
     @property
     def failed(self) -> str | None: ...

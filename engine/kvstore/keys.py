@@ -78,7 +78,7 @@ def _chunk_key(tag: bytes, ns: bytes, parent: BlockKey, tokens: np.ndarray, a: i
     h.update(ns)
     h.update(parent)
     h.update(struct.pack("<qI", a, b - a))
-    h.update(memoryview(tokens[a:b]).cast("B"))  # fixed-width little-endian int64
+    h.update(tokens[a:b].data.cast("B"))  # fixed-width little-endian int64
     h.update(_pictures_bytes(pictures, a, b))
     return BlockKey(h.digest())
 

@@ -8,6 +8,7 @@ buffer — spilling those as blocks would restore wrong attention, so they are r
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,12 @@ _WHY = {
     "QuantoQuantizedLayer": "quantized KV keeps a residual buffer the store does not save",
     "HQQQuantizedLayer": "quantized KV keeps a residual buffer the store does not save",
 }
+
+
+def shape_row(row: Iterable[Any]) -> tuple[int, int, int, int]:
+    """One layer's (k_heads, k_dim, v_heads, v_dim) as ints; anything but four values is refused."""
+    kh, kd, vh, vd = (int(x) for x in row)
+    return kh, kd, vh, vd
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class KVLayout:
 
     @staticmethod
     def from_json(d: dict) -> KVLayout:
-        return KVLayout(NAME_DTYPES[d["dtype"]], tuple(tuple(int(x) for x in s) for s in d["shapes"]))
+        return KVLayout(NAME_DTYPES[d["dtype"]], tuple(shape_row(s) for s in d["shapes"]))
 
 
 def _full_attention_class():
@@ -138,6 +145,7 @@ def inspect_cache(cache: Any, n_tokens: int) -> tuple[KVLayout, list[tuple[torch
             raise UnsupportedCache(f"layer {i}: dtype {k.dtype} differs from layer 0 ({dtype})", i, name)
         shapes.append((int(k.shape[1]), int(k.shape[3]), int(v.shape[1]), int(v.shape[3])))
         kv.append((k, v))
+    assert dtype is not None  # set by the first layer, and there is one (checked above)
     return KVLayout(dtype, tuple(shapes)), kv
 
 

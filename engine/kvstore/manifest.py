@@ -184,8 +184,8 @@ class Manifest:
         return [(bytes(k), s) for k, s in self.db.execute("SELECT key, size FROM blobs WHERE refcount <= 0")]
 
     # -- writes (each one transaction)
-    def install(self, row: SessionRow, written: list[tuple[bytes, int, int]],
-                referenced: list[tuple[bytes, int, int]],
+    def install(self, row: SessionRow, written: Iterable[tuple[bytes, int, int]],
+                referenced: Iterable[tuple[bytes, int, int]],
                 keep: Callable[[bytes], bool] = lambda k: False) -> list[BlockKey]:
         """Upsert blob rows, swap the session row, and move refcounts from old keys to new keys,
         atomically. `written`/`referenced`: (key, size, kind). Blob rows the old row alone held

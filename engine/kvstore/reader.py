@@ -120,14 +120,16 @@ class BlobReader:
             if st.st_size != size:
                 return ("bad", f"size {st.st_size} != expected {size}")
             hl = header_len(item.n, self.layout.n_layers)
-            head = bytearray(hl)
+            head: bytearray | memoryview = bytearray(hl)
+            # ("direct", header, views of the destinations) or ("staged", header, the staging buffer)
+            mode: tuple[str, bytearray | memoryview, list[memoryview] | torch.Tensor]
             if self.direct_ok and item.use == item.n:
                 views = [memoryview(head)] + self._dest_views(item)
                 got = read_into(fd, views)
                 mode = ("direct", head, views[1:])
             else:
                 buf = self._stage(slot, size)
-                mv = memoryview(buf.numpy())[:size]
+                mv = buf.numpy().data[:size]
                 got = read_into(fd, [mv])
                 head = mv[:hl]
                 mode = ("staged", head, buf)
@@ -140,12 +142,14 @@ class BlobReader:
             os.close(fd)
 
     def _dest_views(self, item: ReadItem) -> list[memoryview]:
+        if self.dest_u8 is None:
+            raise RuntimeError("direct reads need contiguous CPU destinations in the stored dtype")
         views = []
         a, b = item.start, item.start + item.n
         for layer, kv, heads, _dim, _off, _nb in self.layout.segments(item.n):
             arr = self.dest_u8[layer][kv]
             for h in range(heads):
-                views.append(memoryview(arr[0, h, a:b, :]).cast("B"))
+                views.append(arr[0, h, a:b, :].data.cast("B"))
         return views
 
     # -- phase 2 (caller's thread): verify, then place
@@ -168,7 +172,7 @@ class BlobReader:
             for v in payload:
                 hasher.update(v)
         else:
-            hasher.update(memoryview(payload.numpy())[hdr.header_len:hdr.header_len + hdr.payload_len])
+            hasher.update(payload.numpy().data[hdr.header_len:hdr.header_len + hdr.payload_len])
         if hasher.digest() != hdr.payload_digest:
             raise BadBlob("payload checksum mismatch")
         if item.expect is not None and not np.array_equal(hdr.tokens, item.expect):

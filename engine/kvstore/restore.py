@@ -50,8 +50,16 @@ class RestoreChoice:
     use_tail: bool
 
     @property
+    def tail_key(self) -> BlockKey | None:
+        """The session's tail to read after the chain (None when it is not used)."""
+        if not self.use_tail or self.row is None:  # use_tail is only set with a row naming a tail
+            return None
+        return self.row.tail_key
+
+    @property
     def pins(self) -> list[BlockKey]:
-        return self.chain + ([self.row.tail_key] if self.use_tail else [])
+        tail = self.tail_key
+        return self.chain + ([tail] if tail is not None else [])
 
     @property
     def source(self) -> str:
@@ -82,8 +90,9 @@ def choose_blobs(keys: list[BlockKey], row: SessionRow | None, present: dict[byt
                  block_tokens: int, limit: int) -> RestoreChoice:
     """keys: the prompt's block keys; row: the session's stored row (or None); present: which of
     the keys any session holds (empty when sharing is off); limit: the most tokens wanted."""
-    usable = row is not None and row.namespace == ns and row.block_tokens == block_tokens
-    own = row.block_keys if usable else []
+    if row is not None and not (row.namespace == ns and row.block_tokens == block_tokens):
+        row = None  # stored under another namespace or block size: its keys mean nothing here
+    own = row.block_keys if row is not None else []
     chain: list[BlockKey] = []
     from_own = 0
     for i, k in enumerate(keys):
@@ -92,9 +101,9 @@ def choose_blobs(keys: list[BlockKey], row: SessionRow | None, present: dict[byt
         elif k not in present:
             break
         chain.append(k)
-    use_tail = (usable and row.tail_key is not None and from_own == len(own) == len(chain)
+    use_tail = (row is not None and row.tail_key is not None and from_own == len(own) == len(chain)
                 and len(own) * block_tokens < limit)
-    return RestoreChoice(row if usable else None, chain, from_own, use_tail)
+    return RestoreChoice(row, chain, from_own, use_tail)
 
 
 def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[PictureSpan, ...], limit: int,
@@ -102,8 +111,8 @@ def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[Pictur
     """The files to read, in order, and how many tokens of each (never past `limit`, and with
     cut_pictures never ending inside a picture)."""
     B = block_tokens
-    row = choice.row
-    n_plan = min(limit, len(choice.chain) * B + (row.tail_tokens if choice.use_tail else 0))
+    row, tail = choice.row, choice.tail_key
+    n_plan = min(limit, len(choice.chain) * B + (row.tail_tokens if row is not None and tail is not None else 0))
     keep_whole = pictures if cut_pictures else ()
     n_plan = cut_before(n_plan, keep_whole)
     items = []
@@ -113,8 +122,8 @@ def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[Pictur
         items.append(ReadItem(k, path_of(k), KIND_BLOCK, i * B, B, min(B, n_plan - i * B),
                               tokens[i * B:(i + 1) * B]))
     base = len(choice.chain) * B
-    if choice.use_tail and n_plan > base:
-        items.append(ReadItem(row.tail_key, path_of(row.tail_key), KIND_TAIL, base, row.tail_tokens,
+    if row is not None and tail is not None and n_plan > base:
+        items.append(ReadItem(tail, path_of(tail), KIND_TAIL, base, row.tail_tokens,
                               n_plan - base, None, tail_acceptor(tokens, pictures, row, base)))
     return ReadPlan(items, n_plan, keep_whole)
 

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import blake3
 import numpy as np
@@ -25,6 +26,7 @@ from ..pictures.span import PictureSpan
 from ..platform.files import AtomicFile, sync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, encode_header, header_len
 from .index import StoreIndex
+from .keys import BlockKey
 from .layout import KVLayout
 from .manifest import SessionRow
 from .writer import BufferPool, WriterThread
@@ -51,7 +53,7 @@ class SpillResult:
 
 @dataclass
 class BlobPlan:
-    key: bytes
+    key: BlockKey
     kind: int
     start: int
     end: int
@@ -64,10 +66,23 @@ class BlobPlan:
         return self.end - self.start
 
 
+class _Piece(NamedTuple):
+    """One contiguous run of payload bytes to copy: heads h0:h1, rows t0:t1 of one tensor of one blob."""
+    wi: int        # index into the blobs to write
+    layer: int
+    kv: int        # 0: K, 1: V
+    h0: int
+    h1: int
+    t0: int
+    t1: int
+    nbytes: int
+    last: bool     # the blob's last piece: close it after writing
+
+
 @dataclass
 class _Sink:
     file: AtomicFile
-    hasher: object = field(default_factory=blake3.blake3)
+    hasher: blake3.blake3 = field(default_factory=blake3.blake3)
 
 
 class SpillJob:
@@ -91,13 +106,14 @@ class SpillJob:
         # held only until every unit is copied; bit-exact integer views (layout.RAW_DTYPES), as
         # numpy arrays for CPU tensors: torch's per-op overhead and thread pool cost 5-50x here
         raw = layout.raw_dtype
+        self._kv: list[tuple[np.ndarray | torch.Tensor, ...]] | None  # None once handed over
         self._kv = [tuple(t.detach().view(raw).numpy() if t.device.type == "cpu" else t.detach().view(raw)
                           for t in pair) for pair in kv]
         self._to_write = [p for p in plans if p.write]
         # a small job is cut into ~4 units (>= 1 MiB) so the writer starts while copies go on
         total = sum(p.size for p in self._to_write)
         self._unit = min(pool.nbytes, max(1 << 20, total // 4))
-        self._pieces: Iterator | None = self._piece_iter(self._unit)
+        self._pieces: Iterator[_Piece] | None = self._piece_iter(self._unit)
         self._next = next(self._pieces, None)
         self._handed_over = False
         self._failed: str | None = None
@@ -125,12 +141,15 @@ class SpillJob:
         if self._next is None:
             self._hand_over_end()
             return True
+        src_kv, pieces_left = self._kv, self._pieces
+        if src_kv is None or pieces_left is None:  # both are dropped only at the hand-over (returned above)
+            raise RuntimeError("spill job stepped after its copies were handed over")
         pool = self._pool
         buf = pool.acquire(block)
         if buf is None:
             return False
         t = time.perf_counter()
-        pieces = []
+        pieces: list[tuple[_Piece, int]] = []  # each with its offset in buf
         used = 0
         buf_np = buf.numpy()
         raw = self.layout.raw_dtype
@@ -142,14 +161,14 @@ class SpillJob:
                 if pieces and used + nbytes > self._unit:
                     break
                 plan = self._to_write[wi]
-                src = self._kv[layer][kv][0, h0:h1, plan.start + t0:plan.start + t1, :]
+                src = src_kv[layer][kv][0, h0:h1, plan.start + t0:plan.start + t1, :]
                 if isinstance(src, np.ndarray):  # CPU cache: plain memcpy, no intra-op thread pool
                     np.copyto(buf_np[used:used + nbytes].view(raw_np).reshape(src.shape), src)
                 else:  # device->host into the (pinned) buffer; synchronous: done on return
                     buf[used:used + nbytes].view(raw).view(src.shape).copy_(src)
                 pieces.append((p, used))
                 used += nbytes
-                self._next = next(self._pieces, None)
+                self._next = next(pieces_left, None)
         except Exception as e:  # e.g. a device error: nothing was committed, the cache is intact
             pool.release(buf)
             self.fail(f"device->host copy failed: {e!r}")
@@ -194,7 +213,7 @@ class SpillJob:
         return self.wait(None)  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- internals
-    def _piece_iter(self, unit_bytes: int) -> Iterator[tuple]:
+    def _piece_iter(self, unit_bytes: int) -> Iterator[_Piece]:
         """Contiguous payload pieces of each blob to write, each <= unit_bytes: whole tensors
         when they fit, else groups of heads, else row ranges of one head."""
         item = self.layout.itemsize
@@ -208,14 +227,14 @@ class SpillJob:
                     for h0 in range(0, heads, step):
                         h1 = min(heads, h0 + step)
                         last = si == len(segs) - 1 and h1 == heads
-                        yield (wi, layer, kv, h0, h1, 0, n, (h1 - h0) * per_head, last)
+                        yield _Piece(wi, layer, kv, h0, h1, 0, n, (h1 - h0) * per_head, last)
                 else:
                     rows = max(1, unit_bytes // (dim * item))
                     for h in range(heads):
                         for t0 in range(0, n, rows):
                             t1 = min(n, t0 + rows)
                             last = si == len(segs) - 1 and h == heads - 1 and t1 == n
-                            yield (wi, layer, kv, h, h + 1, t0, t1, (t1 - t0) * dim * item, last)
+                            yield _Piece(wi, layer, kv, h, h + 1, t0, t1, (t1 - t0) * dim * item, last)
 
     def _hand_over_end(self) -> None:
         if self._handed_over:
@@ -234,13 +253,13 @@ class SpillJob:
         return self._failed
 
     # ---------------------------------------------------------------- writer thread
-    def _write_unit(self, buf: torch.Tensor, pieces: list) -> None:
+    def _write_unit(self, buf: torch.Tensor, pieces: list[tuple[_Piece, int]]) -> None:
         try:
             if self._failed:
                 return
-            mv = memoryview(buf.numpy())
+            mv = buf.numpy().data
             for p, off in pieces:
-                wi, nbytes, last = p[0], p[7], p[8]
+                wi, nbytes, last = p.wi, p.nbytes, p.last
                 sink = self._sinks.get(wi)
                 if sink is None:
                     sink = self._open(wi)

@@ -372,7 +372,7 @@ class KVStore:
                               lambda item, why, detail: failed(item.key, why, detail))
             stats.blobs_read = out.blobs_read
             stats.bytes_read = out.bytes_read
-            if out.n_tokens == 0:
+            if out.tensors is None:  # nothing verified (n_tokens == 0)
                 return done()
             n = out.n_tokens
             stats.state_complete = bool(row is not None and n == row.n_tokens)

@@ -13,7 +13,7 @@ that arrived), and connections still waiting for a head are what is capped here:
 `max_waiting` of them the one waiting longest is closed, so a thousand idle sockets cost only
 their file descriptors and never hold a new client's connection out.
 
-It also offers the app `scope["extensions"]["parley.discard_body"](limit)`: after refusing a big
+It also offers the app `scope["extensions"]["parley.discard_body"]["discard"](limit)`: after refusing a big
 body, the rest of it is dropped as it arrives, without HTTP parsing or copies into the app,
 so that a client still sending gets the answer (not a reset) at little cost to everyone else:
 it is read at most DROP_BYTES_PER_S, so a client re-sending huge bodies cannot take the
@@ -34,7 +34,7 @@ def guarded_protocol(header_timeout_s: float, max_waiting: int = 4096) -> type[H
     """An H11Protocol class whose connections get `header_timeout_s` for each request head, and
     of which at most `max_waiting` wait for one (the longest waiting is closed past that)."""
     # connections waiting for a request head, oldest first (event-loop thread only)
-    waiting: OrderedDict[H11Protocol, None] = OrderedDict()
+    waiting: OrderedDict[GuardedH11Protocol, None] = OrderedDict()
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -64,7 +64,8 @@ def guarded_protocol(header_timeout_s: float, max_waiting: int = 4096) -> type[H
             if self.cycle is not cycle:  # a whole request head arrived
                 self._cancel_head_timer()
                 waiting.pop(self, None)
-                self.scope.setdefault("extensions", {})["parley.discard_body"] = self._discard_body
+                # an ASGI extension's value is a dict of what it offers
+                self.scope.setdefault("extensions", {})["parley.discard_body"] = {"discard": self._discard_body}
 
         def _discard_body(self, limit: int) -> asyncio.Future | None:
             """Drop the rest of the request body (a Content-Length one, at most `limit` bytes more)

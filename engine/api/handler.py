@@ -37,7 +37,7 @@ class ErrorResponse(JSONResponse):
             return await super().__call__(scope, receive, send)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self.body, "more_body": True})
-        discard = scope.get("extensions", {}).get("parley.discard_body")
+        discard = scope.get("extensions", {}).get("parley.discard_body", {}).get("discard")
         dropping = discard(self.drain_limit) if discard is not None and self.body_left > self.max_body else None
         if dropping is not None:  # the connection closes after this answer: drop the body unparsed
             with anyio.move_on_after(self.total_s):

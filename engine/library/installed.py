@@ -110,8 +110,9 @@ def delete_model(repo_id: str, cache: Path | None = None) -> int:
         info = scan_cache_dir(cache)
     except CacheNotFound:
         info = None
-    repo = next((r for r in (info.repos if info else ()) if r.repo_id == repo_id and r.repo_type == "model"), None)
-    if repo is None:
+    repo = None if info is None else next(
+        (r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"), None)
+    if info is None or repo is None:
         if parts:
             return freed
         raise NotFound(f"{repo_id} is not installed in {cache}")

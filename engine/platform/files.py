@@ -23,6 +23,7 @@ import os
 import secrets
 import sys
 from collections.abc import Iterable
+from types import ModuleType
 from typing import BinaryIO
 
 import filelock
@@ -38,6 +39,7 @@ _fdatasync = getattr(os, "fdatasync", None)
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0) or getattr(os, "O_NOINHERIT", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_fcntl: ModuleType | None
 try:
     import fcntl as _fcntl
 except ImportError:  # Windows
@@ -95,7 +97,7 @@ def capabilities() -> dict[str, bool | str]:
 def sqlite_durable(db) -> None:
     """Make a SQLite connection's commits reach the disk, not the drive's cache: on macOS SQLite's
     own fsync is a plain fsync unless told to use F_FULLFSYNC (for the WAL checkpoint too)."""
-    if _F_FULLFSYNC is not None:
+    if _F_FULLFSYNC is not None and _fcntl is not None:  # set only where fcntl is
         db.execute("PRAGMA fullfsync=ON")
         db.execute("PRAGMA checkpoint_fullfsync=ON")
 
@@ -191,7 +193,7 @@ def read_into(fd: int, views: list[memoryview], offset: int = 0) -> int:
 
 def sync_file(fd: int) -> None:
     """The file's bytes (and the size needed to read them back) reach stable storage."""
-    if _F_FULLFSYNC is not None:
+    if _F_FULLFSYNC is not None and _fcntl is not None:  # set only where fcntl is
         try:
             _fcntl.fcntl(fd, _F_FULLFSYNC)
             return
@@ -224,14 +226,21 @@ def sync_dir(path: str | os.PathLike) -> bool:
         os.close(fd)
 
 
+def _last_windows_error() -> OSError:
+    """This thread's last Windows error (after a failed MoveFileExW) as an OSError."""
+    import ctypes
+    if sys.platform != "win32":  # _move_file_ex is only ever loaded there (ctypes.WinDLL)
+        raise RuntimeError("a Windows error asked for off Windows")
+    return ctypes.WinError(ctypes.get_last_error())
+
+
 def publish(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True) -> None:
     """Atomically put `tmp` in `final`'s place (replacing it). Windows: written through to disk
     when `durable`; elsewhere the caller syncs the directory (`sync_dir`)."""
     if durable and _move_file_ex is not None:
         if not _move_file_ex(os.fspath(tmp), os.fspath(final),
                              _MOVEFILE_REPLACE_EXISTING | _MOVEFILE_WRITE_THROUGH):
-            import ctypes
-            raise ctypes.WinError(ctypes.get_last_error())
+            raise _last_windows_error()
         return
     os.replace(tmp, final)
 
@@ -263,19 +272,26 @@ class AtomicFile:
         self.size = 0
         self._kicked = 0  # bytes already handed to writeback
 
+    def _open_fd(self) -> int:
+        if self.fd is None:
+            raise ValueError(f"{self.final}: the temp file was already committed or discarded")
+        return self.fd
+
     def write(self, data) -> None:
-        self.size += write_all(self.fd, data)
+        fd = self._open_fd()
+        self.size += write_all(fd, data)
         if self.durable and self.size - self._kicked >= 1 << 20:
-            start_writeback(self.fd, self._kicked, self.size - self._kicked)
+            start_writeback(fd, self._kicked, self.size - self._kicked)
             self._kicked = self.size
 
     def pwrite(self, data, offset: int) -> None:
-        pwrite_all(self.fd, data, offset)
+        pwrite_all(self._open_fd(), data, offset)
 
     def commit(self) -> None:
+        fd = self._open_fd()
         if self.durable:
-            sync_file(self.fd)  # before the rename: a published name never shows missing bytes
-        os.close(self.fd)
+            sync_file(fd)  # before the rename: a published name never shows missing bytes
+        os.close(fd)
         self.fd = None
         publish(self.tmp, self.final, self.durable)
 

@@ -93,8 +93,8 @@ class ApiControl(QObject):
             message = str(exc)
             if previous is not None:
                 try:
-                    self._start_server(previous)
-                    message += f" The API server stays on {self.server.url}."
+                    restarted = self._start_server(previous)
+                    message += f" The API server stays on {restarted.url}."
                 except (ApiConfigError, OSError) as again:
                     log.warning("API server could not be restarted on its previous settings: %s", again)
             if self.server is None:
@@ -110,7 +110,7 @@ class ApiControl(QObject):
 
     # ------------------------------------------------------------ internals
 
-    def _start_server(self, cfg: ApiConfig) -> None:
+    def _start_server(self, cfg: ApiConfig) -> ApiServer:
         self._gen += 1
         gen = self._gen
         from engine.api import ApiServer  # its web stack loads only when a server is wanted
@@ -121,6 +121,7 @@ class ApiControl(QObject):
         self.server, self.config = server, cfg
         self._set_state(LISTENING, server.url)
         self.activityChanged.emit(server.activity.snapshot())
+        return server
 
     def _stop_server(self) -> None:
         server, self.server, self.config = self.server, None, None

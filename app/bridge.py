@@ -13,6 +13,7 @@ switch still finishes); model, memory and notice events only from the engine in 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,7 +75,7 @@ class EngineBridge(QObject):
         self.builtin = engine  # loads model folders; the API server shares it
         self.engine: EngineLike = engine  # the engine turns go to (the built-in one or a remote one)
         self._model_events: dict[int, Event] = {}  # id(engine) -> its last ModelReady / ModelFailed
-        self._listeners: dict[int, object] = {}
+        self._listeners: dict[int, Callable[[Event], None]] = {}
         self._turn_engines: dict[int, EngineLike] = {}  # turn id -> the engine running it, until it ends
         self._lock = threading.Lock()
         self._pending: list[object] = []
@@ -105,7 +106,7 @@ class EngineBridge(QObject):
     # ------------------------------------------------------------ calls into the engine
 
     def _listen(self, engine: EngineLike) -> None:
-        def fn(ev, src=engine):
+        def fn(ev: Event, src: EngineLike = engine) -> None:
             self._on_engine_event(ev, src)
 
         with self._lock:

@@ -50,8 +50,7 @@ class ChatView(QListView):
         self._stream_row = 0
         self._stream_timer = QTimer(self)
         self._stream_timer.setSingleShot(True)
-        self._stream_timer.timeout.connect(lambda: (self._stream_clock.start(),
-                                                    self._render_grown(self._stream_row)))
+        self._stream_timer.timeout.connect(self._on_stream_timer)
         self.delegate.actionTriggered.connect(self.actionTriggered)
         self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
         self.verticalScrollBar().rangeChanged.connect(self._on_range)
@@ -92,6 +91,10 @@ class ChatView(QListView):
         self._stream_clock.start()
         self._stream_timer.stop()
         self._render_grown(row)
+
+    def _on_stream_timer(self) -> None:
+        self._stream_clock.start()
+        self._render_grown(self._stream_row)
 
     def _render_grown(self, row: int) -> None:
         if row >= self.msg_model.rowCount():

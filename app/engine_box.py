@@ -52,7 +52,9 @@ class EngineBox(QGroupBox):
         self.api_key.setPlaceholderText("if the server wants one")
         self.model = QComboBox()
         self.model.setEditable(True)
-        self.model.lineEdit().setPlaceholderText("the server's first model")
+        edit = self.model.lineEdit()
+        assert edit is not None  # setEditable(True) just made it
+        edit.setPlaceholderText("the server's first model")
         self.fetch = QPushButton("Fetch models")
         mrow = QWidget()
         ml = QHBoxLayout(mrow)

@@ -68,19 +68,20 @@ def load_choice(qs: QSettings) -> EngineChoice:
         items = [d for d in (json.loads(raw) if isinstance(raw, str) else []) if isinstance(d, dict) and d.get("url")]
     except ValueError:  # a damaged value: start without saved servers rather than not at all
         items = []
-    servers = []
+    saved = []
     for d in items:
         url, key = str(d.get("url", "")), str(d.get("api_key", "") or "")
         if key:  # in the settings file, where an older version kept it: moved out
             secrets.set(_key_name(url), key)
-        servers.append(SavedServer(url, key or secrets.get(_key_name(url)), str(d.get("model", ""))))
-    servers = tuple(servers)
+        saved.append(SavedServer(url, key or secrets.get(_key_name(url)), str(d.get("model", ""))))
+    servers = tuple(saved)
     if any(d.get("api_key") for d in items):
         _save_servers(qs, servers)
         qs.sync()
     kind = str(qs.value("engine/kind", BUILTIN))
     try:
-        current = int(qs.value("engine/current", 0))
+        stored = qs.value("engine/current", 0)  # a str from an ini file, an int from the registry
+        current = int(stored) if isinstance(stored, (str, int, float)) else 0
     except (TypeError, ValueError):
         current = 0
     choice = EngineChoice(kind if kind in (BUILTIN, REMOTE) else BUILTIN, servers, current)

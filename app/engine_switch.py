@@ -35,7 +35,10 @@ class EngineSwitch(QObject):
 
     @property
     def remote(self) -> RemoteEngine | None:
-        return self.bridge.remote
+        engine = self.bridge.remote
+        if engine is not None and not isinstance(engine, RemoteEngine):  # apply() starts the only ones
+            raise TypeError(f"the engine in use is neither the built-in one nor a RemoteEngine: {engine!r}")
+        return engine
 
     def load_builtin(self, path: str) -> None:
         """Load a model folder into the built-in engine: now if it is in use, else when it is

@@ -11,6 +11,7 @@ from PySide6.QtCore import QTimer, QtMsgType, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication
 
 from engine.platform.paths import DEMO_MODEL, create_data_dir
+from engine.protocol.events import ModelFailed, ModelReady
 
 from .icons import app_icon
 from .preferences import Preferences
@@ -40,7 +41,8 @@ def make_application(argv: list[str] | None = None) -> QApplication:
     argv[0] = "parley"  # X11 WM_CLASS instance (the class is the application name, "Parley")
     previous = qInstallMessageHandler(_hint_on_plugin_failure)  # Qt aborts without saying what to install
     try:
-        app = QApplication.instance() or QApplication(argv)
+        existing = QApplication.instance()  # a QCoreApplication could not show a window
+        app = existing if isinstance(existing, QApplication) else QApplication(argv)
     finally:
         qInstallMessageHandler(previous)
     app.setApplicationName("Parley")
@@ -138,9 +140,21 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     history = History(data_dir)
     bridge = EngineBridge.create(engine_settings, data_dir, start=False)  # started once the window shows
     window = MainWindow(bridge, history, prefs, data_dir)
-    instance.activated.connect(lambda msg: (bring_to_front(window, msg), announce("activated")))
-    bridge.modelReady.connect(lambda ev: (mark("ready"), announce(f"ready {ev.name}")))
-    bridge.modelFailed.connect(lambda ev: (mark("failed"), announce(f"failed: {ev.message}")))
+    def on_activated(msg: dict) -> None:
+        bring_to_front(window, msg)
+        announce("activated")
+
+    def on_ready(ev: ModelReady) -> None:
+        mark("ready")
+        announce(f"ready {ev.name}")
+
+    def on_failed(ev: ModelFailed) -> None:
+        mark("failed")
+        announce(f"failed: {ev.message}")
+
+    instance.activated.connect(on_activated)
+    bridge.modelReady.connect(on_ready)
+    bridge.modelFailed.connect(on_failed)
     window.show()
     window.load_model(choose_model(model_path, prefs))  # queued until the engine starts
 

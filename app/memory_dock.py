@@ -359,8 +359,8 @@ class MemoryDock(QDockWidget):
             for k, v in r.components.items():
                 self._legend(k, int(v))
             self.store_rows.set("store_state", "State", r.store_status or "in use")
-            for key, v in sorted(r.counters.items()):
-                self.counter_rows.set(key, PICTURE_COUNTERS.get(key, key.replace("_", " ")), _num(v))
+            for key, count in sorted(r.counters.items()):
+                self.counter_rows.set(key, PICTURE_COUNTERS.get(key, key.replace("_", " ")), _num(count))
             known = {k for k, _, _ in STORE_KEYS}
             for key, v in sorted(store.items()):
                 if key not in known:  # a counter the store gained since this list was written

@@ -68,7 +68,8 @@ class MessageDelegate(QStyledItemDelegate):
         self._view = view
         self._md = MarkdownRenderer()
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument]] = OrderedDict()
-        self._sizes: dict[int, tuple[tuple, int]] = {}
+        # message id -> (version, width, height, the size hint): sizeHint's cache
+        self._sizes: dict[int, tuple[int, int, int, QSize]] = {}
         self.thumbs = ThumbnailCache(parent=self)
         self.thumbs.ready.connect(lambda: self._view.viewport().update())
         self.hover: tuple[int, str] | None = None  # (message id, action) under the mouse
@@ -340,7 +341,7 @@ class MessageDelegate(QStyledItemDelegate):
 
     # ------------------------------------------------------------ mouse
 
-    def hit(self, index, pos_in_item) -> tuple[str, str | int] | None:
+    def hit(self, index, pos_in_item) -> tuple[str, str] | None:
         """What lies under a point: ("action", name) | ("picture", path) | ("link", href)."""
         geo = self.geometry(index)
         p = pos_in_item.toPoint() if hasattr(pos_in_item, "toPoint") else pos_in_item

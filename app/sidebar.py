@@ -174,7 +174,7 @@ class Sidebar(QWidget):
 
     def __init__(self, history: History, marks: ChatMemoryMarks | None = None, parent=None):
         super().__init__(parent)
-        self.history = history
+        self.history: History | None = history  # None once stopped
         self.setObjectName("sidebar")
         self.current_id: str | None = None
         self._deleted: list[tuple[str, str]] = []  # (id, title), newest last

@@ -3,7 +3,7 @@
 `MenuHost` protocol below, so this module never imports main_window."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
@@ -11,6 +11,10 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QMenuBar, QProgressBar, QStat
 
 from .api_control import FAILED, LISTENING, OFF
 from .icons import icon
+
+if TYPE_CHECKING:  # types only: the window builds both
+    from .chat_controller import ChatController
+    from .sidebar import Sidebar
 
 
 class StatusLine:
@@ -47,8 +51,8 @@ class StatusLine:
 
 class MenuHost(Protocol):
     """What the menus call on the window."""
-    sidebar: QWidget  # with undo_delete, rename_current and its search field
-    controller: object  # with regenerate()
+    sidebar: Sidebar  # undo_delete, rename_current and its search field
+    controller: ChatController  # regenerate()
     memory_dock: QDockWidget
     chat: QWidget
 

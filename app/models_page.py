@@ -130,8 +130,8 @@ class ModelsPage(QDialog):
         save.clicked.connect(self._save_token)
         self.token_where = QLabel(f"stored in {token_store.where()}")
         self.token_where.setObjectName("mutedLabel")
-        for w in (self.token, save, self.token_where):
-            token_row.addWidget(w)
+        for widget in (self.token, save, self.token_where):
+            token_row.addWidget(widget)
         lay.addLayout(token_row)
 
         buttons = QHBoxLayout()
@@ -166,8 +166,15 @@ class ModelsPage(QDialog):
         self.table.insertRow(r)
         for c, text in enumerate([repo_id, family, params, size, "…", "", ""]):
             self.table.setItem(r, c, QTableWidgetItem(text))
-        self.table.item(r, COL_SPEED).setToolTip(SPEED_TIP)
+        self._cell(r, COL_SPEED).setToolTip(SPEED_TIP)
         return r
+
+    def _cell(self, row: int, col: int) -> QTableWidgetItem:
+        """The item _add_row put in each cell of a row."""
+        item = self.table.item(row, col)
+        if item is None:
+            raise LookupError(f"the models table has no item at row {row}, column {col}")
+        return item
 
     def _add_folder(self, folder: Path) -> None:
         from engine.library.repo_check import read_json
@@ -177,23 +184,23 @@ class ModelsPage(QDialog):
             return
         size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         r = self._add_row(str(folder), config.get("model_type", "?"), "", human_bytes(size))
-        self.table.item(r, COL_INSTALLED).setText("✓ folder")
+        self._cell(r, COL_INSTALLED).setText("✓ folder")
         self.folders[str(folder)] = folder
 
     def row_of(self, repo_id: str) -> int | None:
         for r in range(self.table.rowCount()):
-            if self.table.item(r, 0).text() == repo_id:
+            if self._cell(r, 0).text() == repo_id:
                 return r
         return None
 
     def selected_repo(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
-        return self.table.item(rows[0].row(), 0).text() if rows else None
+        return self._cell(rows[0].row(), 0).text() if rows else None
 
     def _filter(self, text: str) -> None:
         needle = text.strip().lower()
         for r in range(self.table.rowCount()):
-            hay = " ".join(self.table.item(r, c).text().lower() for c in range(3))
+            hay = " ".join(self._cell(r, c).text().lower() for c in range(3))
             self.table.setRowHidden(r, bool(needle) and needle not in hay)
 
     def _search_repo(self) -> None:
@@ -246,7 +253,7 @@ class ModelsPage(QDialog):
                    -1.0 if p.eta_s is None else float(p.eta_s), p.file)
 
     def refresh_fits(self) -> None:
-        repos = [self.table.item(r, 0).text() for r in range(self.table.rowCount())]
+        repos = [self._cell(r, 0).text() for r in range(self.table.rowCount())]
         args = (self.precision.currentText(), self.context.value())  # read on the GUI thread
         # the size and folder check come once; a precision or context change only redoes the fit
         first = not getattr(self, "_planned", False)
@@ -320,19 +327,19 @@ class ModelsPage(QDialog):
             return
         if tip.startswith("size:"):
             size, problem = tip[5:].split("|", 1)
-            self.table.item(r, 3).setText(human_bytes(int(size)))
+            self._cell(r, 3).setText(human_bytes(int(size)))
             if problem:
-                self.table.item(r, COL_INSTALLED).setText("cannot be used")
-                self.table.item(r, COL_INSTALLED).setToolTip(problem)
+                self._cell(r, COL_INSTALLED).setText("cannot be used")
+                self._cell(r, COL_INSTALLED).setToolTip(problem)
                 self._say(f"{repo_id}: {problem}")
             return
-        self.table.item(r, COL_FIT).setText(text)
-        self.table.item(r, COL_FIT).setToolTip(tip)
+        self._cell(r, COL_FIT).setText(text)
+        self._cell(r, COL_FIT).setToolTip(tip)
 
     def _on_speed(self, repo_id: str, text: str) -> None:
         r = self.row_of(repo_id)
         if r is not None:
-            self.table.item(r, COL_SPEED).setText(text)
+            self._cell(r, COL_SPEED).setText(text)
 
     def _on_installed(self, models, fit_new_rows: bool = True) -> None:
         self.installed = {m.repo_id: m for m in models}
@@ -343,13 +350,13 @@ class ModelsPage(QDialog):
                 if fit_new_rows:
                     self._background(functools.partial(self._fit_one, m.repo_id, self.precision.currentText(),
                                                        self.context.value(), with_plan=False))
-            self.table.item(r, COL_INSTALLED).setText(
+            self._cell(r, COL_INSTALLED).setText(
                 f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):
-            name = self.table.item(r, 0).text()
+            name = self._cell(r, 0).text()
             if name not in self.installed and name not in self.folders and \
-                    self.table.item(r, COL_INSTALLED).text() != "cannot be used":
-                self.table.item(r, COL_INSTALLED).setText("")
+                    self._cell(r, COL_INSTALLED).text() != "cannot be used":
+                self._cell(r, COL_INSTALLED).setText("")
         self._update_buttons()
 
     def _say(self, text: str) -> None:

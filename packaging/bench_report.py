@@ -72,6 +72,7 @@ def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -
         t0 = time.monotonic()
         with open(RUNS / f"{name}.log", "w") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert proc.stdout is not None  # stdout=PIPE
             for line in proc.stdout:
                 sys.stdout.write(line)
                 log.write(line)
@@ -106,6 +107,7 @@ def charts(rendered: list[str], where: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     md = []
     rr = RUNS / "restore_real.json"
@@ -166,7 +168,9 @@ def charts(rendered: list[str], where: Path) -> list[str]:
         text = [t["s"] for t in data["text_only"]]
         if text:
             ax.axhline(sum(text) / len(text), color="grey", ls="--", lw=1, label="text-only turn (mean)")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        locator = ax.xaxis.get_major_locator()
+        if isinstance(locator, MaxNLocator):  # the default AutoLocator is one
+            locator.set_params(integer=True)
         ax.set_xlabel("picture turn (each a fresh conversation, encoder unloaded before it)")
         ax.set_ylabel("turn seconds")
         ax.set_ylim(bottom=0)

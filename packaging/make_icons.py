@@ -31,7 +31,8 @@ def render_png(size: int, path: Path) -> None:
     painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
     renderer.render(painter, QRectF(0, 0, size, size))
     painter.end()
-    if not image.save(str(path), "PNG"):
+    # PySide6's stub types the format as bytes, but at runtime only a str is taken (b"PNG" raises ValueError)
+    if not image.save(str(path), "PNG"):  # type: ignore[call-overload]
         raise SystemExit(f"cannot write {path}")
 
 

@@ -44,7 +44,8 @@ def main() -> int:
     from engine.library.pull import plan_pull, pull
 
     pull(plan_pull("acme/tiny-smolvlm"))
-    app = QApplication.instance() or QApplication(sys.argv)
+    existing = QApplication.instance()
+    app = existing if isinstance(existing, QApplication) else QApplication(sys.argv)
     apply_theme(app, "light")
     catalog = [e for e in load_catalog() if e.repo_id in hub.repos]
     page = ModelsPage(catalog=catalog)
@@ -61,11 +62,17 @@ def main() -> int:
                 raise SystemExit(f"timed out waiting for {what}")
             time.sleep(0.02)
 
-    wait(lambda: all(page.table.item(r, COL_FIT).text() not in ("…", "") for r in range(page.table.rowCount())),
-         "the fit column")
+    def fit_shown(r: int) -> bool:
+        item = page.table.item(r, COL_FIT)
+        return item is not None and item.text() not in ("…", "")
+
+    wait(lambda: all(fit_shown(r) for r in range(page.table.rowCount())), "the fit column")
     go_on = threading.Event()
     hub.faults.hold_at["model.safetensors"] = (int(0.42 * (48 << 20)), go_on)
-    page.table.selectRow(page.row_of("HuggingFaceTB/SmolVLM-256M-Instruct"))
+    row = page.row_of("HuggingFaceTB/SmolVLM-256M-Instruct")
+    if row is None:
+        raise SystemExit("the catalog has no SmolVLM-256M row to download")
+    page.table.selectRow(row)
     page.download_selected()
     wait(lambda: page.bar.value() > 300, "the progress bar")
     page.status.setText("Downloading HuggingFaceTB/SmolVLM-256M-Instruct (weights from the local hub stand-in)")

@@ -43,7 +43,7 @@ import shapes_world as world  # noqa: E402
 from PySide6.QtCore import QEventLoop, QMimeData, QPointF, QSettings, Qt, QTimer, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
-from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
+from PySide6.QtWidgets import QApplication, QScrollArea, QWidget  # noqa: E402
 from shapes_questions import describe  # noqa: E402
 
 from app.bridge import EngineBridge  # noqa: E402
@@ -164,7 +164,8 @@ def show_whole_dock(w: MainWindow) -> None:
     enough for all of it, so weights, encoder, KV, caches, counters and the last turn show at once.
     The window may be taller than the screen: QWidget.grab renders it all the same."""
     scroll = w.memory_dock.widget()
-    body = scroll.widget()
+    if not isinstance(scroll, QScrollArea) or (body := scroll.widget()) is None:
+        raise SystemExit("screenshots: the memory dock no longer holds its body in a scroll area")
     frame = 2 * scroll.frameWidth()
     want_w = body.minimumSizeHint().width() + frame + 8
     if w.memory_dock.width() < want_w:
@@ -199,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     qapp = make_application(["parley"])
-    with tempfile.TemporaryDirectory(prefix="parley-shots-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="parley-shots-") as tmp_name:
+        tmp = Path(tmp_name)
         (tmp / "in").mkdir()
         pictures = draw_pictures(tmp / "in")
         refused = not_pictures(tmp / "in")

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +28,12 @@ PNG_SIZES = (16, 22, 24, 32, 48, 64, 128, 256, 512)
 _RESERVED = set(" \t\n\"'\\><~|&;$*?#()`")
 
 
-def data_home(env: dict | None = None) -> Path:
-    env = os.environ if env is None else env
-    value = env.get("XDG_DATA_HOME", "")
+def data_home(env: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if env is None else env
+    value = environ.get("XDG_DATA_HOME", "")
     if value and os.path.isabs(value):
         return Path(value)
-    return Path(env.get("HOME") or Path.home()) / ".local" / "share"
+    return Path(environ.get("HOME") or Path.home()) / ".local" / "share"
 
 
 def exec_quote(arg: str) -> str:

@@ -26,7 +26,7 @@ Rules of the world (the answers are exact strings):
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from PIL import Image
@@ -79,7 +79,7 @@ class _Builder:
         if system:
             self.conv.messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
 
-    def ask(self, qtype: str, question: str, answer: str, new_scenes: list[Scene] = ()):
+    def ask(self, qtype: str, question: str, answer: str, new_scenes: Sequence[Scene] = ()):
         for s in new_scenes:
             self.scenes.append(s)
             self.conv.scenes.append(s)
@@ -88,7 +88,7 @@ class _Builder:
         self.conv.messages.append(_assistant(answer))
         self.conv.answers.append((qtype, answer))
 
-    def visual(self, new_scenes: list[Scene] = (), qtype: str | None = None, refer: bool | None = None):
+    def visual(self, new_scenes: Sequence[Scene] = (), qtype: str | None = None, refer: bool | None = None):
         rng = self.rng
         n_pic = len(self.scenes) + len(new_scenes)
         if n_pic == 0:

@@ -63,7 +63,7 @@ def draw(scene: Scene, rng: random.Random) -> Image.Image:
     if scene.unknown:
         return draw_unknown(scene, rng)
     k = 4 if rng.random() < 0.5 else 1  # anti-aliased: drawn 4x, shrunk
-    w, h = scene.size
+    w, h = scene.pixels()
     bg = rng.choice(GREYS[scene.background[0]])
     img = Image.new("RGB", (w * k, h * k), bg)
     d = ImageDraw.Draw(img)
@@ -109,7 +109,7 @@ def drawn_unknown(rng: random.Random) -> Scene:
 
 
 def draw_unknown(scene: Scene, rng: random.Random) -> Image.Image:
-    w, h = scene.size
+    w, h = scene.pixels()
     if scene.unknown == "photo":  # gradients, a horizon, soft noise: a landscape-ish photo
         top = tuple(rng.randint(60, 230) for _ in range(3))
         bottom = tuple(rng.randint(20, 160) for _ in range(3))
@@ -123,7 +123,8 @@ def draw_unknown(scene: Scene, rng: random.Random) -> Image.Image:
         img = Image.blend(img, noise, rng.uniform(0.15, 0.35))
         return img.filter(ImageFilter.GaussianBlur(rng.uniform(0.5, 3)))
     img = Image.new("RGB", (w, h), rng.choice(["white", "#f5f5f5", "#1e1e1e"]))
-    ink = "black" if img.getpixel((0, 0))[0] > 128 else "#dddddd"
+    corner = img.getpixel((0, 0))  # an RGB image: a tuple
+    ink = "black" if isinstance(corner, tuple) and corner[0] > 128 else "#dddddd"
     d = ImageDraw.Draw(img)
     size = max(9, h // rng.randint(12, 30))
     f = ImageFont.truetype(str(FONT_DIR / rng.choice(["DejaVuSerif.ttf", "DejaVuSansMono.ttf"])), size)

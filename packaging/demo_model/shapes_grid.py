@@ -70,7 +70,8 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
 
 
 def _jitter(rng: random.Random, rgb: tuple[int, int, int], amount: int) -> tuple[int, int, int]:
-    return tuple(max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
+    r, g, b = (max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
+    return r, g, b
 
 
 def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float) -> list[tuple[float, float]]:

@@ -11,7 +11,7 @@ import math
 import shapes_world as world
 import torch
 
-BACKGROUND_CLASSES = [(a,) for a in world.BACKGROUND_NAMES] + [
+BACKGROUND_CLASSES: list[tuple[str, ...]] = [(a,) for a in world.BACKGROUND_NAMES] + [
     (a, b) for a in world.BACKGROUND_NAMES for b in world.BACKGROUND_NAMES if a != b]
 
 
@@ -49,7 +49,8 @@ class CellHead(torch.nn.Module):
                    torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes])]
         logits = self(feats)
         ce = torch.nn.functional.cross_entropy
-        loss = sum(ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets, strict=True))
+        first, *rest = (ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets, strict=True))
+        loss = sum(rest, start=first)  # a Tensor from the start (sum's 0 + first is the same value)
         with torch.no_grad():
             filled = targets[0] > 0
             acc = (logits[0].argmax(-1) == targets[0])[filled].float().mean().item()
@@ -69,6 +70,11 @@ class WordProbe(torch.nn.Module):
 
     ROWS = ["top", "middle", "bottom"]  # a cell's row and column as the answers name them
     COLUMNS = ["left", "middle", "right"]
+    # token ids of those words, registered as buffers in __init__ (nn.Module's __getattr__ types them loosely)
+    colour_ids: torch.Tensor
+    kind_ids: torch.Tensor
+    row_ids: torch.Tensor
+    column_ids: torch.Tensor
 
     def __init__(self, tokenizer, grid: int):
         super().__init__()

@@ -158,8 +158,8 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
                     qtype: str | None = None) -> tuple[str, str, str]:
     """One (type, question, answer) about `scene`."""
     if scene.unknown:  # any question about a photo or a screenshot gets the same one line
-        _, q, _ = visual_question(rng, random_scene(rng), picref, n_pictures, qtype)
-        return "unknown", q, UNKNOWN_REPLY
+        _, question, _ = visual_question(rng, random_scene(rng), picref, n_pictures, qtype)
+        return "unknown", question, UNKNOWN_REPLY
     n = len(scene.objects)
     objs = scene.objects
     if qtype is None:

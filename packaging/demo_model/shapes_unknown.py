@@ -40,7 +40,7 @@ def font(name: str, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
 
 
 def render(scene: Scene, rng: random.Random) -> Image.Image:
-    w, h = scene.size
+    w, h = scene.pixels()
     g = np.random.default_rng(rng.getrandbits(32))
     img = photo(g, w, h) if scene.unknown == "photo" else screen(rng, w, h)
     if rng.random() < 0.5:

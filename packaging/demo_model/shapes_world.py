@@ -79,6 +79,12 @@ class Scene:
     jpeg: int = 0  # JPEG quality the picture went through; 0: none
     unknown: str = ""  # not shapes at all: "photo" | "screen" (see shapes_unknown.py)
 
+    def pixels(self) -> tuple[int, int]:
+        """(width, height) of a scene whose size was chosen (every scene drawn at its own size)."""
+        if self.size is None:
+            raise ValueError("this scene has no size: render() picks one, a drawer cannot")
+        return self.size
+
     def sorted_objects(self) -> list[Obj]:
         return sorted(self.objects, key=lambda o: o.cell)
 
@@ -218,7 +224,8 @@ def _wobble(rng: random.Random, pts: list[tuple[float, float]], amount: float) -
 
 
 def _jitter(rng: random.Random, rgb: tuple[int, int, int], amount: int) -> tuple[int, int, int]:
-    return tuple(max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
+    r, g, b = (max(0, min(255, v + rng.randint(-amount, amount))) for v in rgb)
+    return r, g, b
 
 
 def _background(rng: random.Random, name: str) -> tuple[int, int, int]:

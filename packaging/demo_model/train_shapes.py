@@ -132,6 +132,15 @@ def build_model(processor):
     return model
 
 
+def _hidden_size(sub_config: object) -> int:
+    """A built model's sub-config's hidden size (transformers types sub-configs as dict | config | None;
+    a model built from configs holds configs)."""
+    from transformers import PreTrainedConfig
+
+    if not isinstance(sub_config, PreTrainedConfig):
+        raise TypeError(f"expected a model config, got {type(sub_config).__name__}")
+    return sub_config.hidden_size
+
 def transplant_language_model(folder: Path, seed: int):
     """A new model (fresh vision tower and projector) speaking with the tokenizer and language model of
     a trained demo folder: the language model already knows the conversations, so the new vision side
@@ -272,8 +281,8 @@ def main(argv=None) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
           f"({n_params * 4 / 2**20:.1f} MiB fp32); {GRID ** 2} tokens per picture", flush=True)
-    head = CellHead(model.config.vision_config.hidden_size, GRID)  # on the vision tower's output
-    head_lm = CellHead(model.config.text_config.hidden_size, GRID)  # on the picture tokens the LM gets
+    head = CellHead(_hidden_size(model.config.vision_config), GRID)  # on the vision tower's output
+    head_lm = CellHead(_hidden_size(model.config.text_config), GRID)  # on the picture tokens the LM gets
     words = WordProbe(tokenizer, GRID)
     embed = model.get_input_embeddings().weight
     probes = [head, head_lm, words]
@@ -329,11 +338,11 @@ def main(argv=None) -> None:
     model.zero_grad(set_to_none=True)  # the word probe left gradients on the (not yet trained) embeddings
 
     # ---- stage 2: the whole model on conversations rendered as the app renders them
-    order = PictureOrderProbe(model.config.text_config.hidden_size, processor.image_token_id, GRID ** 2)
+    order = PictureOrderProbe(_hidden_size(model.config.text_config), processor.image_token_id, GRID ** 2)
     probes.append(order)
     named = [(n, p) for n, p in model.named_parameters()] + [
         (f"aux{i}." + n, p) for i, m in enumerate(probes) for n, p in m.named_parameters()]
-    groups = {}
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}  # (weight decay, vision) -> parameters
     for n, p in named:
         wd = 0.05 if (p.ndim >= 2 and "embed" not in n) else 0.0
         groups.setdefault((wd, "vision_tower" in n), []).append(p)

@@ -28,6 +28,7 @@ from .bridge import EngineBridge
 from .chat_controller import ChatController
 from .chat_view import ChatView
 from .composer import Composer
+from .empty_chat_button import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, is_demo
 from .engine_switch import EngineSwitch
 from .history import History
 from .icons import app_icon, icon
@@ -431,13 +432,15 @@ class MainWindow(QMainWindow):
         return conv.title if conv else conversation_id[:8]
 
     def _update_hints(self, override: str | None = None) -> None:
+        demo = override is None and self.model_ready and is_demo(self.model_path)
         if override is not None:
             self.chat.set_placeholder(override)
         elif not self.model_ready and self.model_path is None:
             self.chat.set_placeholder(HINT_NO_MODEL)
         elif self.model_ready:
-            self.chat.set_placeholder(HINT_EMPTY)
-        self._models_button().want(not self.model_ready and self.model_path is None and override is None)
+            self.chat.set_placeholder(HINT_EMPTY + ("\n\n" + HINT_DEMO if demo else ""))
+        no_model = not self.model_ready and self.model_path is None and override is None
+        self._models_button().want(no_model or demo, GET_A_REAL_MODEL if demo else GET_A_MODEL)
 
     # ------------------------------------------------------------ dialogs
 

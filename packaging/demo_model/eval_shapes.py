@@ -30,7 +30,7 @@ from engine.platform.paths import DEMO_MODEL  # noqa: E402
 
 DEFAULT_MODEL = DEMO_MODEL
 EVAL_SEED = 20240601  # far from the training seeds
-DRAWN_TYPES = ["colour", "shape", "count", "describe", "two_shapes", "unknown"]
+DRAWN_TYPES = ["colour", "shape", "count", "describe", "two_shapes", "where", "side", "unknown"]
 
 
 def conversation(rng: random.Random, qtype: str, picture_set: str) -> sd.Conversation:
@@ -41,6 +41,9 @@ def conversation(rng: random.Random, qtype: str, picture_set: str) -> sd.Convers
         return sd.eval_conversation(rng, qtype)
     if qtype == "two_shapes":  # two shapes in one picture, one asked by the other's name
         return sd.eval_conversation(rng, rng.choice(["colour", "shape"]), lambda r: shapes_drawn.drawn_scene(r, 2),
+                                    shapes_drawn.draw)
+    if qtype in ("where", "side"):  # "Where is the red circle?", "What shape is on the left?" of 2-3 shapes
+        return sd.eval_conversation(rng, qtype, lambda r: shapes_drawn.drawn_scene(r, r.choice([2, 3])),
                                     shapes_drawn.draw)
     return sd.eval_conversation(rng, qtype, shapes_drawn.drawn_scene, shapes_drawn.draw, shapes_drawn.drawn_unknown)
 

@@ -71,9 +71,11 @@ def _assistant(text: str) -> dict:
 
 
 class _Builder:
-    def __init__(self, rng: random.Random, system: bool, draw: Callable = render):
+    def __init__(self, rng: random.Random, system: bool, draw: Callable = render,
+                 weights: dict[str, float] | None = None):
         self.rng = rng
         self.draw = draw  # Scene, rng -> picture
+        self.weights = weights  # of the question types (shapes_questions.WEIGHTS if None)
         self.conv = Conversation([], [])
         self.scenes: list[Scene] = []
         if system:
@@ -92,7 +94,7 @@ class _Builder:
         rng = self.rng
         n_pic = len(self.scenes) + len(new_scenes)
         if n_pic == 0:
-            t, q, _ = visual_question(rng, random_scene(rng), 0, 1, qtype)
+            t, q, _ = visual_question(rng, random_scene(rng), 0, 1, qtype, self.weights)
             self.ask("nopicture", q, NO_PICTURE_REPLY)
             return
         if refer is None:
@@ -101,15 +103,17 @@ class _Builder:
             refer = True  # several pictures at once: always say which
         picref = rng.randint(1, n_pic) if refer else 0
         scene = (self.scenes + list(new_scenes))[picref - 1 if picref else -1]
-        t, q, a = visual_question(rng, scene, picref, n_pic, qtype)
+        t, q, a = visual_question(rng, scene, picref, n_pic, qtype, self.weights)
         if picref and n_pic > 1:
             t = "picture_ref"
         self.ask(t, q, a, new_scenes)
 
 
-def random_conversation(rng: random.Random, draw: Callable = render) -> Conversation:
-    """One training conversation (a mix of the kinds the app sends); `draw` renders its pictures."""
-    b = _Builder(rng, system=rng.random() < 0.2, draw=draw)
+def random_conversation(rng: random.Random, draw: Callable = render,
+                        weights: dict[str, float] | None = None) -> Conversation:
+    """One training conversation (a mix of the kinds the app sends); `draw` renders its pictures,
+    `weights` draws the question types (shapes_questions.WEIGHTS if None)."""
+    b = _Builder(rng, system=rng.random() < 0.2, draw=draw, weights=weights)
     kind = rng.choices(["one", "two_at_once", "two_turns", "talk", "talk_then_picture", "edge"],
                        weights=[0.3, 0.25, 0.3, 0.04, 0.06, 0.05])[0]
     if kind == "one":
@@ -192,7 +196,7 @@ def eval_conversation(rng: random.Random, qtype: str, new_scene: Callable = rand
     return b.conv
 
 
-EVAL_TYPES = ["colour", "shape", "count", "where", "describe", "yesno", "background", "list",
+EVAL_TYPES = ["colour", "shape", "count", "where", "side", "describe", "yesno", "background", "list",
               "absent", "second_picture", "two_turns", "followup", "smalltalk", "offtopic",
               "nopicture", "unknown"]
 

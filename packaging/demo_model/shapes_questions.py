@@ -1,12 +1,13 @@
 """The questions about one picture of "Parley Shapes" and their exact answers.
 
 visual_question(rng, scene, picref, n_pictures) draws a templated question of a type (colour,
-shape, count, where, describe, yes/no, background, list, absent) about a Scene of
+shape, count, where, side, describe, yes/no, background, list, absent) about a Scene of
 shapes_world.py and gives the one answer the model must learn; describe(scene) is the
 whole-picture answer. Used by shapes_data.py.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,10 +87,37 @@ IS_COLOUR_T = ["Is the {K} {C}{IN}", "Is the {K}{IN} {C}"]
 BACKGROUND_T = ["What colour is the background{IN}", "What color is the background{IN}",
                 "Which colour is the background{IN}", "What is the background colour{IN}",
                 "What color is the background of {P}"]
+# "What shape is on the left?" about two or three shapes: the one farthest that way, asked only
+# where one shape is (its column or row alone is the farthest); {D}: "on the left", "at the top"...
+SIDE_T = ["What shape is {D}{IN}", "Which shape is {D}{IN}", "What is {D}{IN}", "What's {D}{IN}",
+          "What is the shape {D}{IN}", "Which one is {D}{IN}", "What do you see {D}{IN}",
+          "What kind of shape is {D}{IN}", "What is the {W} shape{IN}", "Which shape is the {W} one{IN}"]
+SIDES = {  # direction word -> (answer phrase, question phrases, axis: 0 column / 1 row, farthest: -1 min / +1 max)
+    "left": ("on the left", ["on the left", "on the left", "on the left side", "at the left"], 0, -1),
+    "right": ("on the right", ["on the right", "on the right", "on the right side", "at the right"], 0, 1),
+    "top": ("at the top", ["at the top", "at the top", "on top", "on the top"], 1, -1),
+    "bottom": ("at the bottom", ["at the bottom", "at the bottom", "on the bottom", "at the bottom side"], 1, 1),
+}
 LIST_SHAPES_T = ["What shapes are there{IN}", "Which shapes are in {P}", "What shapes do you see{IN}",
                  "Which shapes can you see{IN}", "List the shapes{IN}."]
 LIST_COLOURS_T = ["What colours are there{IN}", "What colors are in {P}",
                   "Which colours do you see{IN}", "Which colors are used{IN}", "List the colours{IN}."]
+
+
+def side_of(scene: Scene, direction: str) -> Obj | None:
+    """The one shape farthest `direction` ("left", "top"...): alone in the outermost occupied column
+    (or row) that way, with another shape in a different one; None where no one shape is."""
+    _, _, axis, sign = SIDES[direction]
+    line = [divmod(o.cell, 3)[1 - axis] for o in scene.objects]  # column (axis 0) or row (axis 1)
+    if len(set(line)) < 2:
+        return None
+    far = min(line) if sign < 0 else max(line)
+    ones = [o for o, v in zip(scene.objects, line) if v == far]
+    return ones[0] if len(ones) == 1 else None
+
+
+def side_answer(obj: Obj, direction: str) -> str:
+    return f"The shape {SIDES[direction][0]} is {a_(obj.colour)} {obj.colour} {obj.kind}."
 
 
 def _fill(t: str, picref: int, n_pictures: int, rng: random.Random, **kw) -> str | None:
@@ -154,21 +182,46 @@ def _attribute_question(rng: random.Random, at: _Attribute, objs: list[Obj], pic
     return q, f"The {at.ref(key)} {NOT_THERE}", "absent"
 
 
+# How often each type is asked when none is given (train_shapes.py --weight changes them).
+# Colour-by-shape questions ("what colour is the square?") are weighted up: looking a picture
+# token up by its shape is the skill a small model learns last (colour is the louder feature);
+# with an even mix it stalled near 75% on those in several-shape scenes. "side" (of two or three
+# shapes; of one it becomes "where") is 0 here, as in the runs before it; the fine-tune that
+# taught it sets its own mix (model README).
+WEIGHTS = {"describe": 0.11, "count": 0.06, "colour": 0.36, "shape": 0.13, "where": 0.13, "side": 0.0,
+           "yesno": 0.11, "background": 0.04, "list": 0.06}
+
+
+def parse_weights(given: list[str]) -> dict[str, float]:
+    """WEIGHTS with "TYPE=W" items applied (train_shapes.py --weight); ValueError names a bad one."""
+    weights = dict(WEIGHTS)
+    for item in given:
+        name, _, value = item.partition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            w = -1.0
+        if name not in weights or not (0 <= w < math.inf):
+            raise ValueError(f"--weight {item!r}: want TYPE=W, TYPE one of {', '.join(weights)}, W >= 0")
+        weights[name] = w
+    if sum(weights.values()) <= 0:
+        raise ValueError("--weight: at least one question type needs a weight above 0")
+    return weights
+
+
 def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: int,
-                    qtype: str | None = None) -> tuple[str, str, str]:
-    """One (type, question, answer) about `scene`."""
+                    qtype: str | None = None, weights: dict[str, float] | None = None) -> tuple[str, str, str]:
+    """One (type, question, answer) about `scene`; the type drawn by `weights` (WEIGHTS) if not given."""
     if scene.unknown:  # any question about a photo or a screenshot gets the same one line
-        _, question, _ = visual_question(rng, random_scene(rng), picref, n_pictures, qtype)
+        _, question, _ = visual_question(rng, random_scene(rng), picref, n_pictures, qtype, weights)
         return "unknown", question, UNKNOWN_REPLY
     n = len(scene.objects)
     objs = scene.objects
     if qtype is None:
-        # colour-by-shape questions ("what colour is the square?") are weighted up: looking a
-        # picture token up by its shape is the skill a small model learns last (colour is the
-        # louder feature); with an even mix it stalled near 75% on those in several-shape scenes
-        qtype = rng.choices(
-            ["describe", "count", "colour", "shape", "where", "yesno", "background", "list"],
-            weights=[0.11, 0.06, 0.36, 0.13, 0.13, 0.11, 0.04, 0.06])[0]
+        w = weights or WEIGHTS
+        qtype = rng.choices(list(w), weights=list(w.values()))[0]
+    if qtype == "side" and n < 2:
+        qtype = "where"
     while True:
         q = None
         if qtype == "describe":
@@ -192,6 +245,12 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
                 ref = rng.choice([kind, f"{o.colour} {kind}"])
                 q = _fill(rng.choice(WHERE_T), picref, n_pictures, rng, R=ref)
                 a, qtype = f"The {ref} {NOT_THERE}", "absent"
+        elif qtype == "side":
+            sides = [d for d in SIDES if side_of(scene, d) is not None]
+            d = rng.choice(sides)
+            t = rng.choice(SIDE_T)
+            q = _fill(t, picref, n_pictures, rng, D=rng.choice(SIDES[d][1]), W=d)
+            a = side_answer(side_of(scene, d), d)
         elif qtype == "yesno":
             # answered by naming the shape first, then where it is, what colour it is, or that it is
             # not there: "Is there a blue star?" -> "The blue star is at the top." A bare "Yes."

@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: engine.platform.paths
 import shapes_data as sd  # noqa: E402
+import shapes_questions as questions  # noqa: E402
 import shapes_replies as replies  # noqa: E402
 import shapes_world as world  # noqa: E402
 from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
@@ -259,7 +260,13 @@ def main(argv=None) -> None:
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--freeze-vision", type=int, default=200,
                     help="stage-2 steps with the vision tower frozen (projector and LM catch up first)")
+    ap.add_argument("--weight", action="append", default=[], metavar="TYPE=W",
+                    help="stage 2: how often a question type is asked (default: shapes_questions.WEIGHTS)")
     args = ap.parse_args(argv)
+    try:
+        weights = questions.parse_weights(args.weight)
+    except ValueError as e:
+        ap.error(str(e))
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -357,7 +364,7 @@ def main(argv=None) -> None:
     for step in range(args.steps):
         td = time.time()
         if not pending:  # draw 4 batches at once and group similar lengths: less padding
-            pool = [sd.random_conversation(data_rng, draft_render) for _ in range(4 * args.batch)]
+            pool = [sd.random_conversation(data_rng, draft_render, weights) for _ in range(4 * args.batch)]
             pool.sort(key=lambda c: (len(c.images), sum(len(str(m["content"])) for m in c.messages)))
             pending = [pool[i * args.batch:(i + 1) * args.batch] for i in range(4)]
             data_rng.shuffle(pending)

@@ -122,3 +122,49 @@ def test_word_probe_names_a_shape_on_every_token_it_covers():
     assert tokens[centre_token(right, 6)] is right and tokens[centre_token(left, 6)] is left
     assert tokens[13] is left, "row 2, column 1: out of the heart's reach"
     assert tokens[14] is right, "row 2, column 2: both reach it, the heart is nearer"
+
+
+def test_side_questions_name_the_one_shape_farthest_that_way():
+    """"What shape is on the left?" names the shape alone in the leftmost occupied column; where no
+    one shape is (two in that column, or all in one column) the direction is not asked."""
+    import random
+
+    import eval_shapes
+    import shapes_world as world
+    from shapes_questions import side_of, visual_question
+
+    def scene(*cells):
+        objs = [world.Obj(k, c, cell, (cell % 3 + 0.5) / 3, (cell // 3 + 0.5) / 3, 0.1)
+                for k, c, cell in zip(["circle", "square", "star"], ["red", "blue", "green"], cells)]
+        return world.Scene(objs, ["white"], size=(96, 96))
+
+    two = scene(3, 5)  # a red circle on the left, a blue square on the right: issue 27's drawing
+    assert side_of(two, "left").kind == "circle" and side_of(two, "right").kind == "square"
+    assert side_of(two, "top") is None and side_of(two, "bottom") is None, "one row: neither is higher"
+    three = scene(0, 6, 5)  # top left, bottom left, right
+    assert side_of(three, "left") is None, "two shapes share the left column"
+    assert side_of(three, "right").kind == "star" and side_of(three, "top").kind == "circle"
+    assert side_of(three, "bottom").kind == "square"
+
+    rng = random.Random(5)
+    for _ in range(200):
+        t, q, a = visual_question(rng, three, 0, 1, "side")
+        assert t == "side" and a in ("The shape on the right is a green star.", "The shape at the top is a red circle.",
+                                     "The shape at the bottom is a blue square."), (q, a)
+    assert visual_question(rng, scene(4), 0, 1, "side")[0] == "where", "one shape: asked where it is"
+
+    # the drawn set asks both of two and three shapes, the answer checked against its own scene
+    for qtype in ("where", "side"):
+        for _ in range(20):
+            conv = eval_shapes.conversation(rng, qtype, "drawn")
+            assert len(conv.scenes[0].objects) in (2, 3) and conv.answers[-1][0] == qtype
+
+
+def test_question_mix_is_checked_where_it_enters():
+    import shapes_questions as questions
+
+    mix = questions.parse_weights(["side=0.18", "where=0.22"])
+    assert mix["side"] == 0.18 and mix["colour"] == questions.WEIGHTS["colour"]
+    for bad in (["sides=1"], ["side=-1"], ["side=nan"], ["side"], [f"{t}=0" for t in questions.WEIGHTS]):
+        with pytest.raises(ValueError, match="--weight"):
+            questions.parse_weights(bad)

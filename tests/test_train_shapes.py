@@ -168,3 +168,16 @@ def test_question_mix_is_checked_where_it_enters():
     for bad in (["sides=1"], ["side=-1"], ["side=nan"], ["side"], [f"{t}=0" for t in questions.WEIGHTS]):
         with pytest.raises(ValueError, match="--weight"):
             questions.parse_weights(bad)
+
+
+def test_a_wrong_where_answer_that_read_another_shape_is_told_apart():
+    import eval_shapes
+    import shapes_world as world
+
+    circle = world.Obj("circle", "red", 3, 0.2, 0.5, 0.1)
+    square = world.Obj("square", "blue", 5, 0.8, 0.5, 0.1)
+    scene = world.Scene([circle, square], ["white"], size=(320, 240))
+    want = "The red circle is on the left."
+    assert eval_shapes.names_another_place("The red circle is on the right.", want, scene)
+    assert not eval_shapes.names_another_place("The red circle is at the top left.", want, scene)
+    assert not eval_shapes.names_another_place("A red circle on the left.", want, scene)

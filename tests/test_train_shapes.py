@@ -134,8 +134,9 @@ def test_side_questions_name_the_one_shape_farthest_that_way():
     from shapes_questions import side_of, visual_question
 
     def scene(*cells):
+        kinds, colours = ["circle", "square", "star"][:len(cells)], ["red", "blue", "green"][:len(cells)]
         objs = [world.Obj(k, c, cell, (cell % 3 + 0.5) / 3, (cell // 3 + 0.5) / 3, 0.1)
-                for k, c, cell in zip(["circle", "square", "star"], ["red", "blue", "green"], cells)]
+                for k, c, cell in zip(kinds, colours, cells, strict=True)]
         return world.Scene(objs, ["white"], size=(96, 96))
 
     two = scene(3, 5)  # a red circle on the left, a blue square on the right: issue 27's drawing

@@ -25,9 +25,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repo root: e
 import shapes_data as sd  # noqa: E402
 import shapes_drawn  # noqa: E402
 import shapes_grid  # noqa: E402
+from shapes_questions import POSITIONS  # noqa: E402
 
 from engine.platform.paths import DEMO_MODEL  # noqa: E402
-from shapes_questions import POSITIONS  # noqa: E402
 
 DEFAULT_MODEL = DEMO_MODEL
 EVAL_SEED = 20240601  # far from the training seeds

@@ -112,7 +112,7 @@ def side_of(scene: Scene, direction: str) -> Obj | None:
     if len(set(line)) < 2:
         return None
     far = min(line) if sign < 0 else max(line)
-    ones = [o for o, v in zip(scene.objects, line) if v == far]
+    ones = [o for o, v in zip(scene.objects, line, strict=True) if v == far]
     return ones[0] if len(ones) == 1 else None
 
 
@@ -246,11 +246,10 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
                 q = _fill(rng.choice(WHERE_T), picref, n_pictures, rng, R=ref)
                 a, qtype = f"The {ref} {NOT_THERE}", "absent"
         elif qtype == "side":
-            sides = [d for d in SIDES if side_of(scene, d) is not None]
-            d = rng.choice(sides)
-            t = rng.choice(SIDE_T)
-            q = _fill(t, picref, n_pictures, rng, D=rng.choice(SIDES[d][1]), W=d)
-            a = side_answer(side_of(scene, d), d)
+            ones = {d: o for d in SIDES if (o := side_of(scene, d)) is not None}
+            d = rng.choice(list(ones))
+            q = _fill(rng.choice(SIDE_T), picref, n_pictures, rng, D=rng.choice(SIDES[d][1]), W=d)
+            a = side_answer(ones[d], d)
         elif qtype == "yesno":
             # answered by naming the shape first, then where it is, what colour it is, or that it is
             # not there: "Is there a blue star?" -> "The blue star is at the top." A bare "Yes."

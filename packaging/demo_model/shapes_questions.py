@@ -246,7 +246,7 @@ def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: i
                 q = _fill(rng.choice(WHERE_T), picref, n_pictures, rng, R=ref)
                 a, qtype = f"The {ref} {NOT_THERE}", "absent"
         elif qtype == "side":
-            ones = {d: o for d in SIDES if (o := side_of(scene, d)) is not None}
+            ones = {d: one for d in SIDES if (one := side_of(scene, d)) is not None}
             d = rng.choice(list(ones))
             q = _fill(rng.choice(SIDE_T), picref, n_pictures, rng, D=rng.choice(SIDES[d][1]), W=d)
             a = side_answer(ones[d], d)

@@ -114,3 +114,27 @@ class AttachmentChip(QFrame):
     def document_text(self) -> str:
         doc = self.attachment.document
         return doc.text(self.chosen_pages(), self.attachment.name) if doc is not None else ""
+
+
+class ReadingChip(QFrame):
+    """A PDF or video still being read off the UI thread (app/media_read.py): its name, and a
+    remove button that cancels the read. `chat`: the draft it belongs to."""
+    removeRequested = Signal(object)  # the chip
+
+    def __init__(self, token: int, name: str, chat: str | None, parent=None):
+        super().__init__(parent)
+        self.token, self.name, self.chat = token, name, chat
+        self.setObjectName("attachmentChip")
+        self.setToolTip(name)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(8, 4, 2, 4)
+        lay.setSpacing(2)
+        self.label = QLabel(f"Reading {name}…")
+        self.label.setObjectName("attachmentNote")
+        lay.addWidget(self.label)
+        self.remove = QToolButton()
+        self.remove.setText("×")
+        self.remove.setToolTip(f"Stop reading {name}")
+        self.remove.setAutoRaise(True)
+        self.remove.clicked.connect(lambda: self.removeRequested.emit(self))
+        lay.addWidget(self.remove, 0, Qt.AlignmentFlag.AlignTop)

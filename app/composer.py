@@ -2,7 +2,8 @@
 
 Enter sends, Shift+Enter starts a new line. Pictures, PDFs and videos arrive by the attach
 button, by drag and drop (files or image data), or by paste; each is checked and stored on
-arrival (a PDF is one chip with its page count and a page range; a video one chip with its
+arrival (a PDF or a video is read off the UI thread, its chip saying so and Send waiting
+for it; then a PDF is one chip with its page count and a page range; a video one chip with its
 frames). A refused one (an encrypted PDF, a damaged or huge picture, a clip without pictures) is
 reported in a line above the draft, and the draft and the other attachments stay as they were.
 """
@@ -12,14 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, QSize, QStandardPaths, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
-    QPlainTextEdit,
-    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -28,8 +26,10 @@ from PySide6.QtWidgets import (
 from engine.pictures.file import PICTURE_TYPES, PictureError
 from engine.pictures.video import VIDEO_EXTENSIONS, FrameSampling
 
-from .attachment_chip import AttachmentChip
+from .attachment_chip import AttachmentChip, ReadingChip
+from .composer_edit import ComposerEdit
 from .icons import icon
+from .media_read import MediaRead, MediaReader
 from .picture_intake import Attachment, PictureIntake, mime_has_pictures
 
 
@@ -55,52 +55,6 @@ class Draft:
     attachments: list[Attachment]
 
 
-class ComposerEdit(QPlainTextEdit):
-    submit = Signal()
-    mimeOffered = Signal(QMimeData, str)  # pictures pasted or dropped into the text
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setObjectName("composerEdit")
-        self.setPlaceholderText("Message — Enter to send, Shift+Enter for a new line")
-        self.setTabChangesFocus(True)
-        self.document().contentsChanged.connect(self.updateGeometry)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-
-    def keyPressEvent(self, e: QKeyEvent) -> None:
-        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
-                e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
-            self.submit.emit()
-            return
-        super().keyPressEvent(e)
-
-    def sizeHint(self) -> QSize:
-        fm = self.fontMetrics()
-        lines = max(1, min(8, int(self.document().size().height())))
-        m = self.contentsMargins()
-        h = lines * fm.lineSpacing() + 2 * int(self.document().documentMargin()) + m.top() + m.bottom() + 4
-        return QSize(super().sizeHint().width(), h)
-
-    def minimumSizeHint(self) -> QSize:  # the scroll area's default is ~5 lines tall
-        return QSize(100, self.sizeHint().height())
-
-    def canInsertFromMimeData(self, source: QMimeData) -> bool:
-        return mime_has_pictures(source) or super().canInsertFromMimeData(source)
-
-    def insertFromMimeData(self, source: QMimeData) -> None:
-        if mime_has_pictures(source):
-            self.mimeOffered.emit(source, "pasted")
-            return
-        super().insertFromMimeData(source)
-
-    def dropEvent(self, e) -> None:
-        if mime_has_pictures(e.mimeData()):
-            self.mimeOffered.emit(e.mimeData(), "dropped")
-            e.acceptProposedAction()
-            return
-        super().dropEvent(e)
-
-
 class Composer(QFrame):
     sendRequested = Signal(str, list)  # text, picture refs
     stopRequested = Signal()
@@ -117,6 +71,10 @@ class Composer(QFrame):
         self.frame_sampling = FrameSampling()
         self._generating = False
         self._ready = True
+        self._not_ready_why = ""
+        self.reader = MediaReader(intake, self)
+        self.reader.finished.connect(self._media_read)
+        self._reads: dict[int, ReadingChip] = {}  # token -> its chip, in whichever draft it belongs to
         self._drafts: dict[str, Draft] = {}  # chat id -> the draft left there
         self._draft_chat: str | None = None  # the chat the composer's content belongs to
         self._last_folder: str | None = None  # where the last attached picture came from
@@ -186,7 +144,7 @@ class Composer(QFrame):
 
     def set_ready(self, ready: bool, why: str = "") -> None:
         self._ready = ready
-        self.send.setToolTip("" if ready else why)
+        self._not_ready_why = why
         self._update_send()
 
     def _update_send(self) -> None:
@@ -195,9 +153,14 @@ class Composer(QFrame):
             self.send.setToolTip("Stop (Esc)")
             self.send.setEnabled(True)
         else:
+            reading = self.reading()
             self.send.setIcon(icon("send"))
-            self.send.setEnabled(self._ready)
-            if self._ready:
+            self.send.setEnabled(self._ready and not reading)
+            if not self._ready:
+                self.send.setToolTip(self._not_ready_why)
+            elif reading:
+                self.send.setToolTip(f"Waiting for {', '.join(reading)} to be read")
+            else:
                 self.send.setToolTip("Send (Enter)")
 
     def attachments(self) -> list[Attachment]:
@@ -206,9 +169,17 @@ class Composer(QFrame):
     def text(self) -> str:
         return self.edit.toPlainText()
 
+    def reading_chips(self) -> list[ReadingChip]:
+        """This draft's PDFs and videos still being read."""
+        return [c for c in self._reads.values() if c.chat == self._draft_chat]
+
+    def reading(self) -> list[str]:
+        return [c.name for c in self.reading_chips()]
+
     # ------------------------------------------------------------ attachments
 
-    def add_attachments(self, atts: list[Attachment]) -> None:
+    def add_attachments(self, atts: list[Attachment], at: int | None = None) -> None:
+        """Chips for `atts` (each file once), at the end or from index `at` of the chips row."""
         have = {a.ref for a in self.attachments()}
         added = []
         for att in atts:
@@ -219,10 +190,13 @@ class Composer(QFrame):
             chip = AttachmentChip(att)
             chip.set_sampling(self.frame_sampling)
             chip.removeRequested.connect(self._remove_chip)
-            self.chips.insertWidget(self.chips.count() - 1, chip)
-        self.chips_row.setVisible(bool(have))
+            self.chips.insertWidget(self.chips.count() - 1 if at is None else at + len(added) - 1, chip)
+        self._show_chips_row()
         if added:
             self.picturesAdded.emit(added)
+
+    def _show_chips_row(self) -> None:
+        self.chips_row.setVisible(bool(self.attachments() or self.reading()))
 
     def set_picture_notes(self, notes: dict[str, str]) -> None:
         """A line per attached picture (by ref) for its tooltip: cached, or new and to be encoded."""
@@ -232,23 +206,56 @@ class Composer(QFrame):
                 note = notes.get(chip.attachment.ref)
                 chip.setToolTip(f"{chip.attachment.name}\n{note}" if note else chip.attachment.name)
 
-    def _remove_chip(self, chip: AttachmentChip) -> None:
+    def _remove_chip(self, chip: AttachmentChip | ReadingChip) -> None:
+        if isinstance(chip, ReadingChip):  # removed while being read: the read is cancelled
+            self._reads.pop(chip.token, None)
+            self.reader.cancel(chip.token)
         self.chips.removeWidget(chip)
         chip.deleteLater()
-        self.chips_row.setVisible(bool(self.attachments()))
+        self._show_chips_row()
+        self._update_send()
 
     def clear_attachments(self) -> None:
         for chip in [self.chips.itemAt(i).widget() for i in range(self.chips.count())]:
-            if isinstance(chip, AttachmentChip):
+            if isinstance(chip, (AttachmentChip, ReadingChip)):
                 self._remove_chip(chip)
 
     def take_mime(self, mime: QMimeData, verb: str = "dropped") -> None:
-        found, errors = self.intake.from_mime(mime, verb)
-        self.add_attachments(found)
-        if errors:
-            self.show_problem("; ".join(errors))
-        elif found:
+        taken = self.intake.from_mime(mime, verb)
+        self.add_attachments(taken.found)
+        for path in taken.media:  # hashed, probed and copied off the UI thread
+            chip = ReadingChip(self.reader.start(path), path.name or str(path), self._draft_chat)
+            chip.removeRequested.connect(self._remove_chip)
+            self._reads[chip.token] = chip
+            self.chips.insertWidget(self.chips.count() - 1, chip)
+        self._show_chips_row()
+        self._update_send()
+        if taken.errors:
+            self.show_problem("; ".join(taken.errors))
+        elif taken.found or taken.media:
             self.problem.hide()
+
+    def _media_read(self, result: MediaRead) -> None:
+        """A PDF or video was read: its chip takes the reading chip's place (in the draft of the
+        chat it was dropped in, wherever the person is now); a refused one is one line."""
+        chip = self._reads.pop(result.token, None)
+        if chip is None:
+            return
+        here = chip.chat == self._draft_chat
+        at = self.chips.indexOf(chip) if here else -1
+        if at >= 0:
+            self.chips.removeWidget(chip)
+        chip.deleteLater()
+        if result.attachment is None:  # joins the drop's other refusals when they still show
+            self.show_problem(f"{self.problem.text()}; {result.error}" if self.problem.isVisible() else result.error)
+        elif here:
+            self.add_attachments([result.attachment], at if at >= 0 else None)
+        elif chip.chat is not None:
+            draft = self._drafts.setdefault(chip.chat, Draft("", []))
+            if all(a.ref != result.attachment.ref for a in draft.attachments):
+                draft.attachments.append(result.attachment)
+        self._show_chips_row()
+        self._update_send()
 
     def take_files(self, paths: list[str]) -> None:
         mime = QMimeData()
@@ -277,6 +284,8 @@ class Composer(QFrame):
             return
         self._draft_chat = conversation_id
         if left is None:
+            for chip in self._reads.values():  # still being read: now this chat's
+                chip.chat = conversation_id if chip.chat is None else chip.chat
             return
         text, atts = self.text(), self.attachments()
         if text or atts:
@@ -286,14 +295,26 @@ class Composer(QFrame):
         draft = self._drafts.pop(conversation_id, None) if conversation_id else None
         self.edit.setPlainText(draft.text if draft else "")
         self.edit.moveCursor(self.edit.textCursor().MoveOperation.End)
+        for chip in self._reads.values():  # a read goes on; its chip waits with its draft
+            if chip.chat == left:
+                self.chips.removeWidget(chip)
+                chip.hide()
         self.clear_attachments()
         self.add_attachments(draft.attachments if draft else [])
+        for chip in self.reading_chips():
+            self.chips.insertWidget(self.chips.count() - 1, chip)
+            chip.show()
+        self._show_chips_row()
+        self._update_send()
         self.problem.hide()
 
     # ------------------------------------------------------------ send / edit
 
     def submit(self) -> None:
         if self._generating or not self._ready:
+            return
+        if self.reading():  # Send waits for the draft's PDFs and videos
+            self.show_problem(f"{', '.join(self.reading())} is still being read; send when its chip is ready")
             return
         text = self.edit.toPlainText().strip()
         refs: list[str] = []

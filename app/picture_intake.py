@@ -9,7 +9,8 @@ the original file. A rejected one yields a short reason for the composer to show
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import threading
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
@@ -45,6 +46,19 @@ class Attachment:
 
 class PictureRejected(Exception):
     pass
+
+
+class ReadCancelled(Exception):
+    """The person removed a PDF's or video's chip while it was being read."""
+
+
+@dataclass
+class Intake:
+    """What a drop or paste brought: pictures ready now, one reason per thing refused, and the
+    PDFs and videos still to be read (hashed, copied, probed) off the UI thread."""
+    found: list[Attachment] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    media: list[Path] = field(default_factory=list)
 
 
 def mime_has_pictures(mime: QMimeData) -> bool:
@@ -87,13 +101,28 @@ class PictureIntake:
         ref = self.history.add_picture_bytes(data, p.suffix)  # the bytes just checked; no second read
         return self._attachment(ref, name)
 
-    def _from_media(self, p: Path, name: str) -> Attachment:
+    def is_media(self, path: str | Path) -> bool:
+        """A PDF or a video: reading one takes seconds (see from_media), so the window does it off
+        the UI thread. Reads only the file's first bytes."""
+        p = Path(path)
+        return p.is_file() and kind_of(p) != AttachmentKind.PICTURE
+
+    def from_media(self, path: str | Path, cancelled: threading.Event | None = None) -> Attachment:
+        """Read a PDF or a video: hash it, probe it, copy it into the store, thumbnail its first
+        page or frame. A gigabyte clip takes seconds, so this runs off the UI thread (app/media_read.py);
+        ReadCancelled when `cancelled` is set before the copy."""
+        p = Path(path)
+        return self._from_media(p, p.name or str(p), cancelled)
+
+    def _from_media(self, p: Path, name: str, cancelled: threading.Event | None = None) -> Attachment:
         """A PDF or a video: checked with the engine's rules, then its bytes stored like a
         picture's (the draft no longer depends on the original file)."""
         try:
             att = attach(p)
         except PictureError as exc:
             raise PictureRejected(str(exc)) from None
+        if cancelled is not None and cancelled.is_set():
+            raise ReadCancelled(name)
         limit = MAX_DOCUMENT_BYTES if att.document is not None else MAX_VIDEO_BYTES
         size = p.stat().st_size
         if size > limit:
@@ -126,21 +155,25 @@ class PictureIntake:
         dev.close()
         return self.from_bytes(bytes(buf.data()), ".png", name)
 
-    def from_mime(self, mime: QMimeData, verb: str = "dropped") -> tuple[list[Attachment], list[str]]:
-        """Everything usable in a drop or paste, and a reason for each thing refused."""
-        found: list[Attachment] = []
-        errors: list[str] = []
+    def from_mime(self, mime: QMimeData, verb: str = "dropped") -> Intake:
+        """Everything usable in a drop or paste, a reason for each thing refused, and the PDFs and
+        videos for the caller to read off the UI thread (from_media)."""
+        taken = Intake()
+        found, errors = taken.found, taken.errors
         urls = [u for u in mime.urls()] if mime.hasUrls() else []
         local = [u.toLocalFile() for u in urls if u.isLocalFile()]
         if urls and not local:
             errors.append("Only pictures on this computer can be attached (not web links)")
         for path in local:
+            if self.is_media(path):
+                taken.media.append(Path(path))
+                continue
             try:
                 found.append(self.from_file(path))
             except PictureRejected as exc:
                 errors.append(str(exc))
         if local:
-            return found, errors
+            return taken
         for mime_type, ext in _RAW_TYPES:  # the sender's own bytes beat a re-encode
             if mime.hasFormat(mime_type):
                 try:
@@ -148,14 +181,14 @@ class PictureIntake:
                                                  f"{verb} picture"))
                 except PictureRejected as exc:
                     errors.append(str(exc))
-                return found, errors
+                return taken
         if mime.hasImage():
             image = mime.imageData()
             try:
                 found.append(self.from_image(QImage(image), f"{verb} picture"))
             except (PictureRejected, TypeError) as exc:
                 errors.append(str(exc))
-        return found, errors
+        return taken
 
     def restore(self, ref: str, name: str | None = None) -> Attachment:
         """An attachment for a picture already stored (editing a sent message)."""

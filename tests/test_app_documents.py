@@ -4,6 +4,9 @@ a second conversation on the same pages encodes nothing; settings choose the PDF
 video sampling; a bad file is one line and the draft stays."""
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import pytest
 from PySide6.QtCore import Qt
 
@@ -27,6 +30,7 @@ def test_a_pdf_is_one_chip_and_its_pages_are_pictures(make_window, qtbot, tmp_pa
     w.bridge.turnDone.connect(done.append)
     pdf = make_pdf(tmp_path / "report.pdf", 10, size=(120, 160))
     assert drop(w.composer.edit.viewport(), file_mime(pdf))
+    wait_read(qtbot, w)
     [chip] = chips(w)
     assert chip.attachment.document.pages == 10 and chip.title.text() == "report.pdf · 10 pages"
     assert chip.pages.text() == "1-10" and chip.note.text() == "all pages"
@@ -46,6 +50,7 @@ def test_a_pdf_is_one_chip_and_its_pages_are_pictures(make_window, qtbot, tmp_pa
     for r in msg.pictures[:1]:
         assert w.history.picture_ref(r).digest
     w.composer.take_files([str(w.history.picture_path(msg.pictures[0]))])
+    wait_read(qtbot, w)
     send(qtbot, w, "What do these pages say?")
     wait_reply(qtbot, w)
     s = done[-1].stats
@@ -56,6 +61,7 @@ def test_a_long_pdf_sends_the_chosen_pages_and_says_what_is_left_out(make_window
     w = make_window(load=False)
     pdf = make_pdf(tmp_path / "long.pdf", 30, size=(60, 80))
     w.composer.take_files([str(pdf)])
+    wait_read(qtbot, w)
     [chip] = chips(w)
     assert chip.pages.text() == f"1-{DEFAULT_PAGES}"
     assert chip.note.text() == f"pages {DEFAULT_PAGES + 1}-30 left out"
@@ -72,6 +78,7 @@ def test_settings_offer_the_pdf_text_and_set_video_sampling(make_window, qtbot, 
     w.composer.set_ready(True)
     w.composer.set_document_options(True, FrameSampling(fps=2, max_frames=3))
     w.composer.take_files([str(make_pdf(tmp_path / "notes.pdf", 3)), str(make_video(tmp_path / "clip.mp4", 3))])
+    wait_read(qtbot, w)
     pdf_chip, video_chip = chips(w)
     assert video_chip.note.text() == "3 frames (2 a second, at most 3)"
     pdf_chip.pages.setText("2")
@@ -86,6 +93,7 @@ def test_a_bad_pdf_is_one_line_and_the_draft_stays(make_window, qtbot, tmp_path)
     w.composer.edit.setFocus()
     qtbot.keyClicks(w.composer.edit, "my draft")
     assert drop(w.composer.edit.viewport(), file_mime(make_encrypted_pdf(tmp_path / "locked.pdf")))
+    wait_read(qtbot, w)
     assert w.composer.problem.isVisible()
     assert w.composer.problem.text() == "locked.pdf is password-protected; save an unprotected copy to attach it"
     assert w.composer.text() == "my draft" and not chips(w)
@@ -103,6 +111,7 @@ def test_paste_a_pdf_and_a_video_as_files(make_window, qtbot, tmp_path):
     QGuiApplication.clipboard().setMimeData(mime)
     w.composer.edit.setFocus()
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    wait_read(qtbot, w)
     assert [c.title.text() for c in chips(w)] == ["p.pdf · 2 pages", "v.mp4 · 0:01"]
     assert w.composer.text() == ""
     # the clipboard owns that mime data now: emptied here, not while Qt shuts down (a crash at exit)
@@ -130,3 +139,107 @@ def test_the_history_keeps_a_document_its_pages_name(tmp_path):
             h.add_message(cid, "user", "bad", [stored + "#p=x@144"])
     finally:
         h.close()
+
+
+def wait_read(qtbot, w) -> None:
+    """PDFs and videos are read (hashed, copied, probed) off the UI thread: wait for their chips."""
+    qtbot.waitUntil(lambda: not w.composer.reading(), timeout=10_000)
+
+
+@contextmanager
+def pdfium_held(seconds: float = 8):
+    """Hold the engine's own PDFium lock, so a PDF being read surely waits in flight (real code,
+    no stand-in). A watchdog frees it after `seconds`: a UI thread that reads the PDF itself would
+    otherwise wait forever; what it yields is non-empty when the watchdog had to."""
+    from engine.pictures import document
+
+    document._PDFIUM.acquire()
+    freed: list[bool] = []
+
+    def free() -> None:
+        freed.append(True)
+        document._PDFIUM.release()
+
+    watchdog = threading.Timer(seconds, free)
+    watchdog.start()
+    try:
+        yield freed
+    finally:
+        watchdog.cancel()
+        watchdog.join()
+        if not freed:
+            document._PDFIUM.release()
+
+
+def test_a_clip_is_read_off_the_ui_thread_and_send_waits(make_window, qtbot, tmp_path):
+    """While a PDF is being read the window keeps handling events, its chip says so and Send waits.
+    The read is held on the engine's own PDFium lock (real code, no stand-in) so it is surely in
+    flight; reading it on the UI thread would block the drop itself."""
+    from PySide6.QtCore import QTimer
+
+    w = make_window(load=False)
+    w.composer.set_ready(True)
+    pdf = make_pdf(tmp_path / "report.pdf", 3)
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "my draft")
+    with pdfium_held() as freed:
+        assert drop(w.composer.edit.viewport(), file_mime(pdf))
+        assert not freed, "the drop waited for the PDF to be read on the UI thread"
+        assert w.composer.reading() == ["report.pdf"]
+        assert w.composer.reading_chips()[0].label.text() == "Reading report.pdf…"
+        assert not w.composer.send.isEnabled() and "report.pdf" in w.composer.send.toolTip()
+        assert not w.composer.attachments()
+        timer = QTimer()
+        timer.setSingleShot(True)
+        with qtbot.waitSignal(timer.timeout, timeout=2000):  # the event loop runs meanwhile
+            timer.start(10)
+        qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)  # Enter does not send a half-read draft
+        assert w.composer.text() == "my draft" and w.composer.reading() == ["report.pdf"]
+    wait_read(qtbot, w)
+    [chip] = chips(w)
+    assert chip.title.text() == "report.pdf · 3 pages" and not w.composer.reading_chips()
+    assert w.composer.send.isEnabled() and w.composer.text() == "my draft"
+
+
+def test_a_bad_clip_read_off_the_ui_thread_is_one_line(make_window, qtbot, tmp_path):
+    w = make_window(load=False)
+    qtbot.keyClicks(w.composer.edit, "keep me")
+    bad = tmp_path / "clip.mp4"
+    bad.write_bytes(b"\x00" * 4096)
+    w.composer.take_files([str(bad)])
+    wait_read(qtbot, w)
+    assert w.composer.problem.isVisible() and w.composer.problem.text().startswith("clip.mp4 ")
+    assert not chips(w) and not w.composer.reading_chips() and w.composer.text() == "keep me"
+
+
+def test_removing_a_chip_while_it_is_read_cancels_it(make_window, qtbot, tmp_path):
+    w = make_window(load=False)
+    w.composer.set_ready(True)
+    pdf = make_pdf(tmp_path / "gone.pdf", 2)
+    with pdfium_held() as freed:  # the read waits on PDFium while the chip is removed
+        w.composer.take_files([str(pdf)])
+        assert not freed, "the PDF was read on the UI thread"
+        [reading] = w.composer.reading_chips()
+        qtbot.mouseClick(reading.remove, Qt.MouseButton.LeftButton)
+        assert not w.composer.reading() and w.composer.send.isEnabled()
+    qtbot.waitUntil(lambda: w.composer.reader.in_flight() == 0, timeout=10_000)
+    assert not chips(w) and not w.composer.problem.isVisible()
+    w.composer.take_files([str(pdf)])  # attached again, it is read again
+    wait_read(qtbot, w)
+    assert [c.title.text() for c in chips(w)] == ["gone.pdf · 2 pages"]
+
+
+def test_a_clip_read_while_the_person_changes_chat_lands_in_its_own_draft(make_window, qtbot, tmp_path):
+    w = make_window(load=False)
+    c = w.composer
+    c.switch_draft("first")
+    pdf = make_pdf(tmp_path / "mine.pdf", 2)
+    with pdfium_held() as freed:
+        c.take_files([str(pdf)])
+        assert not freed and c.reading() == ["mine.pdf"]
+        c.switch_draft("second")
+        assert not c.reading() and not chips(w) and c.send.isEnabled() == c._ready
+    qtbot.waitUntil(lambda: c.reader.in_flight() == 0, timeout=10_000)
+    assert not chips(w)  # not in the chat the person is in now
+    c.switch_draft("first")
+    assert [ch.title.text() for ch in chips(w)] == ["mine.pdf · 2 pages"]

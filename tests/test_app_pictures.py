@@ -114,6 +114,7 @@ def test_refused_files_explain_themselves_and_keep_the_draft(make_window, qtbot,
     huge = tmp_path / "huge.png"
     Image.new("1", (10000, 8000)).save(huge)
     assert drop(w.composer.edit.viewport(), file_mime(pdf, broken, huge))
+    qtbot.waitUntil(lambda: not w.composer.reading(), timeout=10_000)  # a PDF is read off the UI thread
 
     problem = w.composer.problem.text()
     assert w.composer.problem.isVisible()

@@ -374,3 +374,33 @@ def test_replay_sends_a_pdf_s_pages(tiny_model, tmp_path):
     assert lines[0]["stats"]["pictures_encoded"] == 3
     assert lines[1]["stats"]["pictures_encoded"] == 0 and lines[1]["stats"]["image_cache_hits"] == 3
     assert lines[2]["error"] == "missing.pdf was not found"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_ready_says_the_context_and_what_a_page_costs(family, tiny_model, tmp_path):
+    """ModelReady carries the model's context length and the tokens an A4 page takes at the
+    render dpi, so the window can default a PDF to the pages that fit: the estimate is what a
+    real A4 page of a PDF expands to."""
+    from engine.local.engine import Engine
+    from engine.model.load import load_model
+    from engine.protocol.client import load_blocking
+    from engine.protocol.events import ModelReady
+    from engine.protocol.settings import EngineSettings
+    from engine.vision.pictures import page_tokens, prepare_entry
+
+    model = tiny_model(family)
+    loaded = load_model(model)
+    a4 = Document.of_file(make_pdf(tmp_path / "a4.pdf", 1, size=(595, 842))).page(0)
+    real = prepare_entry(loaded, None, a4).n_tokens
+    assert page_tokens(loaded) == real > 0
+    ready: list[ModelReady] = []
+    engine = Engine(EngineSettings(), tmp_path / "data").start()
+    engine.add_listener(lambda e: ready.append(e) if isinstance(e, ModelReady) else None)
+    try:
+        load_blocking(engine, str(model))
+        [ev] = ready
+        assert ev.context_tokens == loaded.context_tokens and ev.context_tokens
+        assert ev.page_tokens == real
+    finally:
+        engine.shutdown()

@@ -266,6 +266,7 @@ class Engine(EngineWorker):
         try:
             from ..model.load import ModelLoadError, check_load, load_model
             from ..vision.gate import PictureGate
+            from ..vision.pictures import page_tokens
             from .chat_memory import ChatMemoryBoard
             from .memory_manager import MemoryManager
             from .pipeline import TurnPipeline
@@ -318,7 +319,8 @@ class Engine(EngineWorker):
         if loaded.weights_note:  # `auto` weights chose the fastest or a smaller format: say which and why
             self._emit(Notice("info", loaded.weights_note))
         self._emit(ModelReady(str(loaded.path), loaded.family.name, str(loaded.device),
-                              str(loaded.dtype).replace("torch.", ""), loaded.name))
+                              str(loaded.dtype).replace("torch.", ""), loaded.name,
+                              context_tokens=loaded.context_tokens, page_tokens=page_tokens(loaded)))
         if self.gate.disk_error and self.gate.disk_error != "disabled":
             self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
                                          "pictures are cached in memory only."))

@@ -65,6 +65,9 @@ class ModelReady(Event):
     device: str
     dtype: str
     name: str
+    # what the window sizes a PDF's default pages by; None when unknown (a remote engine)
+    context_tokens: int | None = None  # the model's context length
+    page_tokens: int | None = None  # about what one page costs at the render dpi (engine/vision/pictures.py)
 
 
 @dataclass

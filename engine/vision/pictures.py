@@ -1,6 +1,7 @@
 """A picture's first trip to the model: decode and the processor's per-picture step."""
 from __future__ import annotations
 
+from ..pictures.document import DEFAULT_DPI
 from ..pictures.ref import PictureRef, PixelLimit
 from ..pictures.span import PictureKey
 from .entry import PictureEntry
@@ -20,6 +21,23 @@ def pixel_limit(loaded) -> PixelLimit:
     if loaded.family.mrope:
         return PixelLimit(max_pixels=get("longest_edge") or get("max_pixels"))
     return PixelLimit(longest_edge=get("longest_edge"), shortest_edge=get("shortest_edge"))
+
+
+# A4 in inches: most documents' page (US Letter is within 6% of its area)
+A4_INCHES = (8.27, 11.69)
+
+
+def page_tokens(loaded, dpi: int = DEFAULT_DPI) -> int:
+    """Tokens one A4 page rendered at `dpi` (within the processor's limit, as render_page does)
+    expands to: what the window needs to choose how many of a PDF's pages fit the context.
+    Measured with the processor's own per-picture step on a blank page of that size."""
+    from PIL import Image
+
+    w, h = (x * dpi for x in A4_INCHES)
+    s = pixel_limit(loaded).scale_for(w, h)
+    page = Image.new("RGB", (max(1, round(w * s)), max(1, round(h * s))), "white")
+    _, replacement = preprocess(loaded, page)
+    return replacement.count(loaded.processor.image_token)
 
 
 def preprocess(loaded, image) -> tuple[dict, str]:

@@ -1,7 +1,10 @@
 """One attachment in the composer: a picture's thumbnail, or a document as one chip with its page
-count and a page range (by default every page up to DEFAULT_PAGES, saying which are left out), or
-a video with its length and the frames its sampling takes. `picture_refs` says what is sent."""
+count and a page range (by default every page that fits the loaded model's context, saying which
+are left out), or a video with its length and the frames its sampling takes. `picture_refs` says
+what is sent."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QPixmap
@@ -9,23 +12,44 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QLineEdit, QToolButto
 
 from engine.pictures import parts
 from engine.pictures.document import DEFAULT_DPI
-from engine.pictures.picture_budget import parse_ranges, ranges_text
+from engine.pictures.picture_budget import BudgetChoice, fit, parse_ranges, ranges_text
 from engine.pictures.video import FrameSampling, clock
 
 from .picture_intake import Attachment
 
-# Pages sent when the person chooses none: about what a 2B model's 32k context holds at the
-# processor's page size, with room left for the conversation (engine/pictures/picture_budget.py
-# refuses a turn that still does not fit, naming what would).
+# Pages sent when the person chooses none and the context is unknown (a remote engine): about
+# what a 2B model's 32k context holds at the processor's page size, with room left for the
+# conversation (the engine refuses a turn that still does not fit, naming what would).
 DEFAULT_PAGES = 20
+
+
+@dataclass(frozen=True)
+class PageBudget:
+    """What the loaded model takes, from its ModelReady: its context length and about what one
+    page costs at the render dpi. None when unknown (a remote engine, no model yet)."""
+    context_tokens: int | None = None
+    page_tokens: int | None = None
+
+    def default_pages(self, count: int, name: str = "") -> BudgetChoice:
+        """The pages sent unless the person chooses: every page that fits the context (at least
+        the first), else the first DEFAULT_PAGES."""
+        if not (self.context_tokens and self.page_tokens):
+            n = min(count, DEFAULT_PAGES)
+            return BudgetChoice(tuple(range(n)), tuple(range(n, count)), None)
+        choice = fit(list(range(count)), self.page_tokens, self.context_tokens, name=name)
+        if choice.kept:
+            return choice
+        return BudgetChoice((0,), tuple(range(1, count)), choice.line)
 
 
 class AttachmentChip(QFrame):
     removeRequested = Signal(object)  # the chip
 
-    def __init__(self, att: Attachment, parent=None):
+    def __init__(self, att: Attachment, budget: PageBudget = PageBudget(), parent=None):
         super().__init__(parent)
         self.attachment = att
+        self.budget = budget
+        self._default_range = ""  # the range the budget chose, while the person has not typed one
         self.setObjectName("attachmentChip")
         self.setToolTip(att.name)
         lay = QHBoxLayout(self)
@@ -58,9 +82,9 @@ class AttachmentChip(QFrame):
         if att.document is not None:
             n = att.document.pages
             self.title = QLabel(f"{att.name} · {n} page{'s' if n != 1 else ''}")
-            self.pages = QLineEdit(att.page_range or (f"1-{min(n, DEFAULT_PAGES)}" if n > 1 else "1"))
+            self._default_range = self._budget_range()
+            self.pages = QLineEdit(att.page_range or self._default_range)
             self.pages.setObjectName("pageRange")
-            self.pages.setToolTip("Pages to send, like 1-3, 6")
             self.pages.setMaximumWidth(110)
             self.pages.textChanged.connect(self._range_changed)
             col.addWidget(self.title)
@@ -72,18 +96,38 @@ class AttachmentChip(QFrame):
         col.addWidget(self.note)
         return col
 
+    def _budget_range(self) -> str:
+        doc = self.attachment.document
+        assert doc is not None
+        return ranges_text(self.budget.default_pages(doc.pages).kept)
+
+    def set_budget(self, budget: PageBudget) -> None:
+        """A model was loaded: a range the person left as it was becomes the pages that fit it."""
+        self.budget = budget
+        if self.pages is None:
+            return
+        untouched = self.pages.text() == self._default_range
+        self._default_range = self._budget_range()
+        if untouched:
+            self.pages.setText(self._default_range)
+        self._range_changed(self.pages.text())
+
     def _range_changed(self, text: str) -> None:
         self.attachment.page_range = text
         doc = self.attachment.document
-        if doc is None:
+        if doc is None or self.pages is None:
             return
+        line = self.budget.default_pages(doc.pages, self.attachment.name).line
+        self.pages.setToolTip("Pages to send, like 1-3, 6" + (f"\n{line}" if line else ""))
         try:
             chosen = parse_ranges(text, doc.pages)
         except ValueError as exc:
             self.note.setText(str(exc))
             return
         left = [i for i in range(doc.pages) if i not in chosen]
-        self.note.setText(f"pages {ranges_text(left)} left out" if left else "all pages")
+        fits = (f" (about {len(self.budget.default_pages(doc.pages).kept)} fit the model's context)"
+                if left and text == self._default_range and line else "")
+        self.note.setText(f"pages {ranges_text(left)} left out{fits}" if left else "all pages")
 
     def set_sampling(self, sampling: FrameSampling) -> None:
         if self.attachment.video is not None:

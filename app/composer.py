@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from engine.pictures.file import PICTURE_TYPES, PictureError
 from engine.pictures.video import VIDEO_EXTENSIONS, FrameSampling
 
-from .attachment_chip import AttachmentChip, ReadingChip
+from .attachment_chip import AttachmentChip, PageBudget, ReadingChip
 from .composer_edit import ComposerEdit
 from .icons import icon
 from .media_read import MediaRead, MediaReader
@@ -69,6 +69,7 @@ class Composer(QFrame):
         self.editing_message_id: int | None = None
         self.document_text = False  # settings: a PDF's own text goes with its pages
         self.frame_sampling = FrameSampling()
+        self.page_budget = PageBudget()  # the loaded model's context and page cost: a PDF's default pages
         self._generating = False
         self._ready = True
         self._not_ready_why = ""
@@ -187,7 +188,7 @@ class Composer(QFrame):
                 continue
             have.add(att.ref)
             added.append(att.ref)
-            chip = AttachmentChip(att)
+            chip = AttachmentChip(att, self.page_budget)
             chip.set_sampling(self.frame_sampling)
             chip.removeRequested.connect(self._remove_chip)
             self.chips.insertWidget(self.chips.count() - 1 if at is None else at + len(added) - 1, chip)
@@ -338,6 +339,12 @@ class Composer(QFrame):
         self.frame_sampling = sampling
         for chip in self._chips():
             chip.set_sampling(sampling)
+
+    def set_page_budget(self, budget: PageBudget) -> None:
+        """A model was loaded: PDFs default to the pages its context holds (unknown: DEFAULT_PAGES)."""
+        self.page_budget = budget
+        for chip in self._chips():
+            chip.set_budget(budget)
 
     def _chips(self) -> list[AttachmentChip]:
         out = []

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
 
 from .api_control import ApiControl
+from .attachment_chip import PageBudget
 from .bridge import EngineBridge
 from .chat_controller import ChatController
 from .chat_view import ChatView
@@ -237,6 +238,7 @@ class MainWindow(QMainWindow):
             "" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
         self.status.device_label.setVisible(bool(self.status.device_label.text()))
         self.composer.set_ready(True)
+        self.composer.set_page_budget(PageBudget(ev.context_tokens, ev.page_tokens))
         self.memory_dock.on_model(ev.device, ev.name, ev.dtype if ev.family != "remote" else "")
         if ev.family != "remote":  # a server's address is not a model folder
             self.prefs.add_recent_model(ev.path)

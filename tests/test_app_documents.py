@@ -243,3 +243,37 @@ def test_a_clip_read_while_the_person_changes_chat_lands_in_its_own_draft(make_w
     assert not chips(w)  # not in the chat the person is in now
     c.switch_draft("first")
     assert [ch.title.text() for ch in chips(w)] == ["mine.pdf · 2 pages"]
+
+
+def test_a_pdf_defaults_to_the_pages_the_models_context_holds(make_window, qtbot, tmp_path):
+    """The window learns the loaded model's context and what a page costs from its ModelReady; a
+    PDF's chip then defaults to the pages that fit and says which were left out. A range the
+    person typed stays theirs; unknown (no model, a remote engine): the first DEFAULT_PAGES."""
+    from app.attachment_chip import PageBudget
+
+    w = make_window(family="qwen2_vl", max_new_tokens=4)
+    ready = []
+    w.bridge.modelReady.connect(ready.append)
+    w.load_model(w.model_path)  # again, to see the event the window sized its budget by
+    qtbot.waitUntil(lambda: bool(ready) and w.model_ready, timeout=60_000)
+    budget = w.composer.page_budget
+    assert budget == PageBudget(ready[-1].context_tokens, ready[-1].page_tokens)
+    assert budget.context_tokens and budget.page_tokens and budget.page_tokens > 0
+
+    # a context of 1,000 tokens at 100 a page: 7 pages (3/4 of it; the reply and the text need the rest)
+    w.composer.set_page_budget(PageBudget(1000, 100))
+    w.composer.take_files([str(make_pdf(tmp_path / "long.pdf", 12, size=(60, 80))),
+                           str(make_pdf(tmp_path / "typed.pdf", 12, size=(60, 80), seed=1))])
+    wait_read(qtbot, w)
+    chip, typed = chips(w)
+    assert chip.pages.text() == "1-7"
+    assert chip.note.text() == "pages 8-12 left out (about 7 fit the model's context)"
+    assert "left out: pages 8-12" in chip.pages.toolTip()
+    typed.pages.setText("2-3")
+    w.composer.set_page_budget(PageBudget(2000, 100))  # another model: an untouched range follows it
+    assert chip.pages.text() == "1-12" and chip.note.text() == "all pages"
+    assert typed.pages.text() == "2-3"
+    w.composer.set_page_budget(PageBudget())  # unknown (a remote engine): the first DEFAULT_PAGES
+    assert chip.pages.text() == "1-12" and typed.pages.text() == "2-3"
+    w.composer.set_page_budget(PageBudget(1000, 2000))  # not even one page fits: the first, and the engine says why
+    assert chip.pages.text() == "1" and chip.note.text().startswith("pages 2-12 left out")

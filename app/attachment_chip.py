@@ -113,7 +113,8 @@ class AttachmentChip(QFrame):
         self._range_changed(self.pages.text())
 
     def _range_changed(self, text: str) -> None:
-        self.attachment.page_range = text
+        # "" while it is the budget's default: a draft brought back follows the model loaded then
+        self.attachment.page_range = "" if text == self._default_range else text
         doc = self.attachment.document
         if doc is None or self.pages is None:
             return

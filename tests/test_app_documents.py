@@ -277,3 +277,9 @@ def test_a_pdf_defaults_to_the_pages_the_models_context_holds(make_window, qtbot
     assert chip.pages.text() == "1-12" and typed.pages.text() == "2-3"
     w.composer.set_page_budget(PageBudget(1000, 2000))  # not even one page fits: the first, and the engine says why
     assert chip.pages.text() == "1" and chip.note.text().startswith("pages 2-12 left out")
+    w.composer.set_page_budget(PageBudget(1000, 100))
+    w.composer.switch_draft("a")
+    w.composer.switch_draft("b")  # the draft waits with chat "a" while another model loads
+    w.composer.set_page_budget(PageBudget(2000, 100))
+    w.composer.switch_draft("a")
+    assert [c.pages.text() for c in chips(w)] == ["1-12", "2-3"]

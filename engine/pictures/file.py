@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 MAX_PIXELS = 64_000_000  # beyond this a "picture" is almost surely a decompression bomb
 
 # Our own limit is below PIL's warning threshold (~89 MP), so every picture PIL would warn about
-# is refused here with one sentence; its warning would only leak past that sentence.
-assert MAX_PIXELS < Image.MAX_IMAGE_PIXELS
+# is refused here with one sentence; its warning would only leak past that sentence. (None would
+# mean PIL's own limit is off, which nothing here does.)
+assert Image.MAX_IMAGE_PIXELS is not None and MAX_PIXELS < Image.MAX_IMAGE_PIXELS
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
@@ -59,33 +62,41 @@ def read_bytes(path: str) -> bytes:
 
 def check(data: bytes, name: str) -> None:
     """The full decode without keeping the pixels (for the window and the API's upload check)."""
-    _decode(data, name, rgb=False)
+    _decode(data, name, lambda probe: None)
 
 
 def decode(data: bytes, name: str) -> Image.Image:
     """RGB pixels, upright as shown (EXIF orientation applied)."""
-    return _decode(data, name, rgb=True)
+    return _decode(data, name, _upright_rgb)
+
+
+def _upright_rgb(probe: Image.Image) -> Image.Image:
+    ImageOps.exif_transpose(probe, in_place=True)
+    return probe.convert("RGB")
 
 
 def _too_large(name: str, size: str) -> PictureError:
     return PictureError(f"{name} is too large ({size}; the limit is {MAX_PIXELS // 1_000_000} megapixels)")
 
 
-def _decode(data: bytes, name: str, rgb: bool) -> Image.Image | None:
+_Kept = TypeVar("_Kept")
+
+
+def _decode(data: bytes, name: str, keep: Callable[[Image.Image], _Kept]) -> _Kept:
+    """Opens and fully loads the picture, then gives keep() the loaded image (still open) to take what it needs."""
     try:
         with Image.open(io.BytesIO(data)) as probe:
             w, h = probe.size
             if w * h > MAX_PIXELS:
                 raise _too_large(name, f"{w}×{h} pixels")
             probe.load()  # catches truncated files now, not inside the processor
-            if not rgb:
-                return None
-            ImageOps.exif_transpose(probe, in_place=True)
-            return probe.convert("RGB")
+            return keep(probe)
     except PictureError:
         raise
     except Image.DecompressionBombError:  # PIL refuses over ~178 MP before we can read the size
-        raise _too_large(name, f"over {2 * Image.MAX_IMAGE_PIXELS // 1_000_000} megapixels") from None
+        pil_limit = Image.MAX_IMAGE_PIXELS
+        assert pil_limit is not None  # PIL raises this only while its limit is set
+        raise _too_large(name, f"over {2 * pil_limit // 1_000_000} megapixels") from None
     except UnidentifiedImageError:
         raise PictureError(f"{name} is not a picture ({PICTURE_NAMES})") from None
     except (OSError, SyntaxError, ValueError) as exc:

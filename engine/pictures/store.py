@@ -158,7 +158,7 @@ class PictureStore:
                 atomic_write(self.path(name), data)  # bytes and name durable before anyone names the picture
                 self._known[digest] = name
                 if transient:
-                    self._sizes[name] = len(data)
+                    self._transient_sizes()[name] = len(data)  # scanned already by _make_room
             else:
                 path = self.path(name)
                 if _size(path) != len(data):  # a copy damaged outside Parley: this put heals it
@@ -205,19 +205,22 @@ class PictureStore:
         if self._sizes is not None:
             self._sizes.pop(name, None)
 
-    def _scan(self) -> None:
+    def _transient_sizes(self) -> dict[str, int]:
+        """The transient pictures' sizes by name, scanned from the marks on first use."""
         if self._sizes is not None:
-            return
-        self._sizes = {}
+            return self._sizes
+        sizes: dict[str, int] = {}
         try:
             marked = [e.name for e in os.scandir(self.marks) if NAME_RE.match(e.name)]
         except FileNotFoundError:
             marked = []
         for name in marked:
             try:
-                self._sizes[name] = self.path(name).stat().st_size
+                sizes[name] = self.path(name).stat().st_size
             except OSError:
                 (self.marks / name).unlink(missing_ok=True)  # the file went; so does its mark
+        self._sizes = sizes
+        return sizes
 
     def _make_room(self, need: int) -> None:
         """Before `need` bytes of a new transient picture are written: prune the oldest transient
@@ -227,18 +230,18 @@ class PictureStore:
         if need > cap:
             raise PictureSpaceError(f"The picture is {_amount(need)}, more than the {_amount(cap)} this server "
                                     f"keeps for pictures sent to it.", too_big=True)
-        self._scan()
-        total = sum(self._sizes.values())
+        sizes = self._transient_sizes()
+        total = sum(sizes.values())
         short = self._below_floor(need)
         if total + need <= cap and short <= 0:
             return
         goal = min(total, int(cap * 0.9) - need) if total + need > cap else total  # transient bytes to keep
         freed = 0
-        for _, name in sorted((_mtime(self.path(n)), n) for n in self._sizes):
+        for _, name in sorted((_mtime(self.path(n)), n) for n in sizes):
             if total <= goal and freed >= short:
                 break
             if not self._is_transient(name):  # kept since (the window imported it): not ours to count
-                total -= self._sizes.pop(name, 0)
+                total -= sizes.pop(name, 0)
                 continue
             if self._held.get(name):
                 continue
@@ -246,7 +249,7 @@ class PictureStore:
                 self.path(name).unlink(missing_ok=True)
             except OSError:
                 continue
-            size = self._sizes.get(name, 0)
+            size = sizes.get(name, 0)
             total, freed = total - size, freed + size
             self._unmark(name)
             self._known.pop(name[:64], None)

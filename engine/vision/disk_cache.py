@@ -23,6 +23,9 @@ MAGIC = b"PRLYIMG1"
 
 
 def pack(entry: PictureEntry) -> bytes:
+    """The stored form of `entry`, features included (put() passes only entries that have them)."""
+    if entry.features is None:
+        raise ValueError(f"picture {entry.key!r} has no features to keep")
     payload = st_save({"features": entry.features.contiguous()}, metadata={"meta": json.dumps(entry.meta())})
     return MAGIC + blake3.blake3(payload).digest() + payload
 

@@ -33,10 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LAYOUT = "int8pack-rows-v4"  # named in the KV store namespace (with the prompt kernel: `layout`)
 
@@ -226,7 +230,7 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, attr, new)
 
 
-def pack_int8(model: nn.Module, skip: tuple[str, ...], dtype: torch.dtype) -> None:
+def pack_int8(model: PreTrainedModel, skip: tuple[str, ...], dtype: torch.dtype) -> None:
     """Swap torchao's int8 linears for Int8Linear, and quantize the token embedding and the
     output head (one shared table when tied). Modules under `skip` (the vision encoder and
     projector) are never touched."""
@@ -235,13 +239,15 @@ def pack_int8(model: nn.Module, skip: tuple[str, ...], dtype: torch.dtype) -> No
     names = {id(m): n for n, m in model.named_modules()}
     outside = lambda n: not n.startswith(tuple(p + "." for p in skip))  # noqa: E731
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    table = None
+    table, table_of = None, 0  # the embedding's int8 table, and the storage of the weight it was made from
     if type(embed) is nn.Embedding and outside(names[id(embed)]):
-        table = _quantize_rows(embed.weight, dtype)
+        table, table_of = _quantize_rows(embed.weight, dtype), embed.weight.data_ptr()
         _replace(model, names[id(embed)], Int8Embedding(*table))
     if type(head) is nn.Linear and outside(names[id(head)]) and not isinstance(head.weight, Int8Tensor):
-        tied = table is not None and head.weight.data_ptr() == embed.weight.data_ptr()
-        weight, scale = table if tied else _quantize_rows(head.weight, dtype)
+        if table is not None and head.weight.data_ptr() == table_of:
+            weight, scale = table  # tied: one shared table
+        else:
+            weight, scale = _quantize_rows(head.weight, dtype)
         _replace(model, names[id(head)], Int8Linear(weight, scale, head.bias))
     for name, module in list(model.named_modules()):
         if type(module) is nn.Linear and outside(name) and isinstance(module.weight, Int8Tensor):

@@ -23,6 +23,11 @@ def _starts(view: torch.Tensor | None, buf: torch.Tensor) -> bool:
             and view.shape[:-2] == buf.shape[:-2] and view.stride() == buf.stride())
 
 
+def _buffer(states: torch.Tensor, cap: int) -> torch.Tensor:
+    """An empty buffer like `states` with room for `cap` tokens."""
+    return states.new_empty(*states.shape[:-2], cap, states.shape[-1])
+
+
 class GrowingLayer(DynamicLayer):
     """DynamicLayer whose `keys`/`values` are views of buffers with room to grow."""
 
@@ -38,10 +43,12 @@ class GrowingLayer(DynamicLayer):
         if (room is None or not _starts(self.keys, room[0]) or not _starts(self.values, room[1])
                 or n + add > room[0].shape[-2]):
             cap = n + add + max(ROOM_MIN, (n + add) // 8)
-            room = tuple(s.new_empty(*s.shape[:-2], cap, s.shape[-1]) for s in (key_states, value_states))
+            room = (_buffer(key_states, cap), _buffer(value_states, cap))
             if n:
-                room[0][..., :n, :] = self.keys
-                room[1][..., :n, :] = self.values
+                keys, values = self.keys, self.values
+                assert keys is not None and values is not None  # initialized above, and holding n tokens
+                room[0][..., :n, :] = keys
+                room[1][..., :n, :] = values
             self._room = room
         room[0][..., n:n + add, :] = key_states
         room[1][..., n:n + add, :] = value_states

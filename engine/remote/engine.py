@@ -34,6 +34,8 @@ from .messages import chat_messages
 if TYPE_CHECKING:
     import openai
 
+    from .request import TurnRequest
+
 
 class ServerError(RuntimeError):
     """A server call failed; the message is the one sentence to show."""
@@ -86,7 +88,7 @@ class RemoteEngine(EngineWorker):
         self.model_name: str | None = None  # set once the server confirmed the model
         self._client = make_client(config)
         self._report = ServerReport(config.server, config.model, "connecting")
-        self._request = None  # the running turn's request (under _request_lock), for stop()
+        self._request: TurnRequest | None = None  # the running turn's request (under _request_lock), for stop()
         self._request_lock = threading.Lock()
 
     # ------------------------------------------------------------ public API (any thread)
@@ -130,6 +132,7 @@ class RemoteEngine(EngineWorker):
     def _loop(self) -> None:
         while True:
             request = self._next_request()
+            assert request is not None  # no timeout: it waits for the next request
             if isinstance(request, Shutdown):
                 return
             self._dispatch(request)  # the loop survives anything a request does
@@ -152,55 +155,56 @@ class RemoteEngine(EngineWorker):
     def _do_load(self, name: str) -> None:
         cfg = self.config
         self._emit(ModelLoading(cfg.server))
-        error = self._connect(name)
-        if error:
-            self._emit(ModelFailed(cfg.server, error))
+        try:
+            model = self._connect(name)
+        except ServerError as exc:
+            self._emit(ModelFailed(cfg.server, str(exc)))
         else:
-            self._emit(ModelReady(cfg.shown_url, "remote", cfg.server, "", self.model_name))
+            self._emit(ModelReady(cfg.shown_url, "remote", cfg.server, "", model))
 
     def _connect(self, name: str) -> str:
-        """Ask the server for its models and choose one; "" when done, else why not."""
-        cfg = self.config
+        """Ask the server for its models and choose one: its name, else ServerError saying why not."""
         try:
-            names = list_models(cfg, self._client)
+            self.model_name = self._choose(name, list_models(self.config, self._client))
         except ServerError as exc:
-            error = str(exc)
-        else:
-            wanted = (name or cfg.model).strip()
-            if wanted and wanted not in names:
-                offered = ", ".join(names[:8]) or "none"
-                error = f"The server at {cfg.server} has no model named {wanted!r} (it offers: {offered})."
-            elif not names and not wanted:
-                error = f"The server at {cfg.server} offers no model."
-            else:
-                self.model_name = wanted or names[0]
-                self._set_report(model=self.model_name, state="ready", last_error="")
-                return ""
-        self.model_name = None
-        self._set_report(state="failed", last_error=error)
-        return error
+            self.model_name = None
+            self._set_report(state="failed", last_error=str(exc))
+            raise
+        self._set_report(model=self.model_name, state="ready", last_error="")
+        return self.model_name
+
+    def _choose(self, name: str, names: list[str]) -> str:
+        """`name`, else the configured model, else the server's first; ServerError when it has none of them."""
+        cfg = self.config
+        wanted = (name or cfg.model).strip()
+        if wanted and wanted not in names:
+            offered = ", ".join(names[:8]) or "none"
+            raise ServerError(f"The server at {cfg.server} has no model named {wanted!r} (it offers: {offered}).")
+        if not names and not wanted:
+            raise ServerError(f"The server at {cfg.server} offers no model.")
+        return wanted or names[0]
 
     def _run_turn(self, turn: Turn, queued_at: float) -> TurnDone:
         if not turn.messages or turn.messages[-1].role != "user":
             raise ValueError("A turn must end with a user message.")
-        if self.model_name is None:  # not connected yet, or the server was away: try now
-            error = self._connect("")
-            if error:
-                raise TurnFailure(error)
+        model = self.model_name
+        if model is None:  # not connected yet, or the server was away: try now
+            try:
+                model = self._connect("")
+            except ServerError as exc:
+                raise TurnFailure(str(exc)) from None
         from .request import TurnRequest  # openai: see make_client
 
         tid = turn.turn_id
-        request = TurnRequest(self._client, self.config, self.model_name, turn, self._emit,
+        request = TurnRequest(self._client, self.config, model, turn, self._emit,
                               lambda: self._should_stop(tid), queued_at=queued_at)
         with self._request_lock:
             self._request = request
         try:
-            outcome = request.run(chat_messages(turn))
+            outcome = request.run(chat_messages(turn))  # a failed turn raises TurnFailure
         finally:
             with self._request_lock:
                 self._request = None
-        if outcome.error:
-            raise TurnFailure(outcome.error, outcome.reply)
         self._record(outcome.stats)
         return TurnDone(tid, turn.conversation_id, outcome.reply, [], outcome.stats, stopped=outcome.stopped)
 

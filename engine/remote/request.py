@@ -20,6 +20,7 @@ import openai
 
 from ..protocol.events import Token, Turn
 from ..protocol.turn_stats import RemoteTurnStats
+from ..protocol.worker import TurnFailure
 from .config import RemoteConfig
 from .failures import describe
 from .messages import sampling_params
@@ -33,10 +34,10 @@ BYTES_PER_PIECE = 4096
 
 @dataclass
 class Outcome:
-    reply: str = ""
-    stats: RemoteTurnStats | None = None  # None when the turn failed
+    """A turn that finished (stopped early included); one that failed raises TurnFailure instead."""
+    reply: str
+    stats: RemoteTurnStats
     stopped: bool = False
-    error: str = ""  # one sentence when the turn failed; `reply` then holds any partial text
 
 
 def _not_an_api(cfg: RemoteConfig, what: str) -> str:
@@ -136,13 +137,14 @@ class TurnRequest:
         self._items.put(("stop", None))
 
     def run(self, messages: list[dict]) -> Outcome:
+        """The finished turn, or TurnFailure with one sentence and any partial reply."""
         params = dict(model=self.model, messages=messages, **sampling_params(self.turn.sampling))
         self.t0 = time.perf_counter()
         error, stopped = self._read(params)
         self.t_end = time.perf_counter()
         reply = "".join(self.parts)
         if error:
-            return Outcome(reply, None, False, error)
+            raise TurnFailure(error, reply)
         return Outcome(reply, self._stats(), stopped)
 
     def _text(self, text: str) -> None:

@@ -332,10 +332,11 @@ class Engine(EngineWorker):
         self._emit(self._report())
 
     def _do_settings(self, changes: dict) -> None:
-        reload = self.loaded is not None and changes.get("weights", self.settings.weights) != self.settings.weights
+        loaded = self.loaded
+        reload = changes.get("weights", self.settings.weights) != self.settings.weights
         self.settings = self.settings.with_changes(changes)
-        if reload:  # a weight format only takes effect by loading the model again
-            self._do_load(str(self.loaded.path))
+        if loaded is not None and reload:  # a weight format only takes effect by loading the model again
+            self._do_load(str(loaded.path))
             return
         if self.memory is not None:
             self.memory.apply_settings(self.settings)
@@ -345,7 +346,7 @@ class Engine(EngineWorker):
                 self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
 
     def _do_check_pictures(self, pictures: tuple[PictureRef, ...], draft: bool) -> None:
-        if self.gate is None:
+        if self.gate is None or self.memory is None:  # no model (or a load that failed before its memory manager)
             return
         places = self.gate.places(pictures)  # a clip's frames are where the clip is
         self._emit(PictureMarks(places))
@@ -380,6 +381,8 @@ class Engine(EngineWorker):
     def _run_turn(self, turn: Turn, queued_at: float) -> TurnDone:
         if self.loaded is None:
             raise TurnFailure("No model is loaded. Choose a model folder first.")
+        if self.pipeline is None:  # the load failed after the model itself was read (_do_load)
+            raise TurnFailure("The model did not finish loading. Load it again.")
         tid = turn.turn_id
         return self.pipeline.run(turn, self.settings, self._emit, lambda: self._should_stop(tid))
 

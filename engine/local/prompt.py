@@ -93,6 +93,8 @@ class Prompt:
             if c.end <= a or c.start >= b:
                 continue
             rows = c.entry.features
+            if rows is None:  # the vision gate encodes every picture of the prompt before the prefill
+                raise RuntimeError(f"picture at tokens {c.start}-{c.end} reached the prefill without its features")
             if c.start < a:
                 held = sum(1 for t in c.ids[:a - c.start] if t == c.token_id)
                 rows = rows.reshape(-1, rows.shape[-1])[held:]

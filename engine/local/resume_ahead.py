@@ -156,7 +156,7 @@ class ResumeAhead:
             if time.monotonic() >= until:
                 break
         if r.job.finished:
-            self._install()
+            self._install(r)
         return True
 
     def _memory_short(self, r: _Running) -> bool:
@@ -180,7 +180,7 @@ class ResumeAhead:
         before = r.job.seconds
         r.job.run()
         r.turn_s = r.job.seconds - before
-        self._install()
+        self._install(r)
 
     def take(self, conversation_id: str) -> RestoredAhead | None:
         """What was restored for this conversation since its last turn (once: its turn takes it)."""
@@ -197,8 +197,9 @@ class ResumeAhead:
 
     # ------------------------------------------------------------ endings
 
-    def _install(self) -> None:
-        r, self.running = self.running, None
+    def _install(self, r: _Running) -> None:
+        """The running restore `r` finished: its session holds the KV read back (unless a turn filled it)."""
+        self.running = None
         if self._wanted == r.conversation_id:
             self._wanted = None
         got = r.job.result()

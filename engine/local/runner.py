@@ -116,8 +116,11 @@ def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> tor
         kwargs = {}
         features = prompt.picture_features_in(a, b)  # by modality: pictures, and clips (native video)
         if features:
+            # one tensor per picture, as the model's own encoder leaves it (a torch.split in the Qwen2-VL
+            # family's get_image_features); the output class types the field as the single tensor
             kwargs["mm_encoder_outputs"] = {
-                kind: BaseModelOutputWithPooling(pooler_output=[f.to(device=device, dtype=loaded.dtype) for f in fs])
+                kind: BaseModelOutputWithPooling(
+                    pooler_output=[f.to(device=device, dtype=loaded.dtype) for f in fs])  # type: ignore[arg-type]
                 for kind, fs in features.items()}
         try:
             out = model(
@@ -129,6 +132,8 @@ def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> tor
             session.drop_kv()  # a half-written cache must never be reused
             raise
         session.grow_to(prompt, b)
+    if out is None:  # reuse_prefix never keeps the prompt's last token: it is always run
+        raise RuntimeError(f"nothing to prefill: the session holds all {len(prompt.ids)} prompt tokens")
     return out.logits[0, -1]
 
 
@@ -192,6 +197,7 @@ def _decode(loaded, session: Session, logits: torch.Tensor, sampling: Sampling, 
             continue
         choices = out.logits[0].argmax(-1).tolist()  # choices[i]: greedy token after ids[:i + 1]
         n_ok = accepted_prefix(draft, choices)
+        assert drafter is not None  # a draft comes only from the drafter
         session.append([tok] + draft[:n_ok])  # the KV of the rejected draft tokens is dropped
         for t in draft[:n_ok]:
             drafter.append(t)

@@ -147,6 +147,8 @@ class Session:
         self._rope_delta = 0
 
     def _crop_cache(self, n: int) -> None:
+        if self._cache is None:
+            raise RuntimeError(f"conversation {self._conversation_id} holds no KV to crop to {n} tokens")
         extra = self._cache.get_seq_length() - n
         if extra > 0:
             self._cache.crop(-extra)  # this transformers takes only "remove N" here

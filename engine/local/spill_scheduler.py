@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kvstore import KVStore, KVStoreError, StoreUnavailable, UnsupportedCache, model_refusal
+from ..kvstore import KVStore, KVStoreError, SpillJob, SpillResult, StoreUnavailable, UnsupportedCache, model_refusal
 from ..pictures.span import cut_before
 from ..protocol.events import Notice, SpillState, SpillStatus
 from .rates import RateBook
@@ -36,7 +36,7 @@ class CommittedSpill:
 @dataclass
 class _Running:
     session: Session
-    job: object
+    job: SpillJob
     version: int
     blocking: bool = False
 
@@ -134,7 +134,7 @@ class SpillScheduler:
             r.job.step()
         if not r.job.copies_done or not r.job.done():
             return False
-        self._finish(r.job.result())
+        self._finish(r, r.job.result())
         return True
 
     def cancel_for(self, conversation_id: str) -> None:
@@ -146,8 +146,9 @@ class SpillScheduler:
             self.running = None
             self.emit(SpillState(conversation_id, SpillStatus.CANCELLED, "the conversation continued"))
 
-    def _finish(self, result) -> None:
-        r, self.running = self.running, None
+    def _finish(self, r: _Running, result: SpillResult) -> None:
+        """The running spill `r` ended with `result`: on success its session is freed (if unchanged since)."""
+        self.running = None
         cid = r.session.conversation_id
         if not result.ok:
             self.failed_at[cid] = time.monotonic()
@@ -167,15 +168,18 @@ class SpillScheduler:
     def spill_blocking(self, session: Session) -> bool:
         """Spill one session to completion now (exit, make-room, spill-now)."""
         if self.running is not None:
-            self.running.job.run_copies()
-            self.running.job.wait()
-            self._finish(self.running.job.result())
+            self._complete(self.running)
         if not self.begin(session, blocking=True):
             return False
-        self.running.job.run_copies()
-        self.running.job.wait()
-        self._finish(self.running.job.result())
+        assert self.running is not None  # begin() set it when it said True
+        self._complete(self.running)
         return session.cache is None
+
+    def _complete(self, r: _Running) -> None:
+        """Run the spill `r` to its end now."""
+        r.job.run_copies()
+        r.job.wait()
+        self._finish(r, r.job.result())
 
     def due(self, sessions: dict, keep: set[str | None]) -> Session | None:
         """The longest-idle hot conversation past spill_idle_s, never one in `keep` (the one whose

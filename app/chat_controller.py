@@ -123,14 +123,15 @@ class ChatController(QObject):
         return None
 
     def send(self, text: str, picture_refs: list[str]) -> int | None:
-        if self.current_id is None or self.history.get_conversation(self.current_id) is None:
-            self.current_id = self.history.create_conversation().id
-            self.model.set_messages(self.current_id, [])
-            self.currentChanged.emit(self.current_id)
-        cid = self.current_id
+        conv = None if self.current_id is None else self.history.get_conversation(self.current_id)
+        if conv is None:
+            conv = self.history.create_conversation()
+            self.current_id = conv.id
+            self.model.set_messages(conv.id, [])
+            self.currentChanged.emit(conv.id)
+        cid = conv.id
         if self.is_generating(cid):
             return None
-        conv = self.history.get_conversation(cid)
         first = not any(m.role == "user" for m in self.history.messages(cid))
         msg = self.history.add_message(cid, "user", text, picture_refs)
         if first and conv.title == DEFAULT_TITLE:

@@ -201,8 +201,7 @@ class Composer(QFrame):
 
     def set_picture_notes(self, notes: dict[str, str]) -> None:
         """A line per attached picture (by ref) for its tooltip: cached, or new and to be encoded."""
-        for i in range(self.chips.count()):
-            chip = self.chips.itemAt(i).widget()
+        for chip in self._chip_widgets():
             if isinstance(chip, AttachmentChip):
                 note = notes.get(chip.attachment.ref)
                 chip.setToolTip(f"{chip.attachment.name}\n{note}" if note else chip.attachment.name)
@@ -217,7 +216,7 @@ class Composer(QFrame):
         self._update_send()
 
     def clear_attachments(self) -> None:
-        for chip in [self.chips.itemAt(i).widget() for i in range(self.chips.count())]:
+        for chip in self._chip_widgets():  # a list: removing a chip changes the row
             if isinstance(chip, (AttachmentChip, ReadingChip)):
                 self._remove_chip(chip)
 
@@ -347,12 +346,12 @@ class Composer(QFrame):
             chip.set_budget(budget)
 
     def _chips(self) -> list[AttachmentChip]:
-        out = []
-        for i in range(self.chips.count()):
-            w = self.chips.itemAt(i).widget()
-            if isinstance(w, AttachmentChip):
-                out.append(w)
-        return out
+        return [w for w in self._chip_widgets() if isinstance(w, AttachmentChip)]
+
+    def _chip_widgets(self) -> list[QWidget]:
+        """The widgets in the chips row, in order (its stretch is an item without one)."""
+        items = (self.chips.itemAt(i) for i in range(self.chips.count()))
+        return [w for item in items if item is not None and (w := item.widget()) is not None]
 
     def _send_or_stop(self) -> None:
         if self._generating:

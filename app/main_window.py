@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QGuiApplication
@@ -45,6 +46,9 @@ from .sidebar import Sidebar
 from .theme import apply_theme
 from .window_chrome import StatusLine, WindowMenus
 
+if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
+    from .models_page import ModelsPage
+
 HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
                  "with File ▸ Models….")
 HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
@@ -65,6 +69,7 @@ class MainWindow(QMainWindow):
         self.model_path: str | None = None
         self.model_name = ""
         self.edit_confirm: QMessageBox | None = None  # open while an edit waits for its go-ahead
+        self.models_page: ModelsPage | None = None  # while the Models page is open
         self._closed = False
         self._turn_t0: dict[int, float] = {}
 
@@ -210,14 +215,14 @@ class MainWindow(QMainWindow):
         """The Models page: find, size up and download models; a finished one loads in one click."""
         from .models_page import ModelsPage
 
-        if getattr(self, "models_page", None) is not None and self.models_page.isVisible():
+        if self.models_page is not None and self.models_page.isVisible():
             self.models_page.raise_()
             return
-        self.models_page = ModelsPage(recent=self.prefs.recent_models(), parent=self, data_dir=self.data_dir)
-        self.models_page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        self.models_page.loadRequested.connect(self.load_model)
-        self.models_page.destroyed.connect(lambda *_: setattr(self, "models_page", None))
-        self.models_page.open()
+        self.models_page = page = ModelsPage(recent=self.prefs.recent_models(), parent=self, data_dir=self.data_dir)
+        page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        page.loadRequested.connect(self.load_model)
+        page.destroyed.connect(lambda *_: setattr(self, "models_page", None))
+        page.open()
 
     def _on_model_loading(self, ev: ModelLoading) -> None:
         self.model_ready = False
@@ -319,7 +324,7 @@ class MainWindow(QMainWindow):
         """This conversation's own system prompt (empty: use the one from Settings)."""
         cid = self.controller.current_id
         conv = self.history.get_conversation(cid) if cid else None
-        if conv is None:
+        if cid is None or conv is None:
             return
         text, ok = QInputDialog.getMultiLineText(
             self, "Chat instructions", "System prompt for this chat (empty: the default from Settings):",
@@ -457,7 +462,7 @@ class MainWindow(QMainWindow):
             self.bridge.update_settings(**changes)
         self.chat.offer_varied_regenerate(self.prefs.sampling().greedy)
         self.composer.set_document_options(self.prefs.document_text(), self.prefs.frame_sampling())
-        apply_theme(QApplication.instance(), self.prefs.theme())
+        apply_theme(_application(), self.prefs.theme())
         self.refresh_icons()
         self.apply_api(self.prefs.api_config())  # nothing to do when the dialog already applied it
         self.engines.apply()
@@ -472,7 +477,7 @@ class MainWindow(QMainWindow):
 
     def _on_color_scheme(self, _scheme) -> None:
         if self.prefs.theme() == "system" and not self._closed:
-            apply_theme(QApplication.instance(), "system")
+            apply_theme(_application(), "system")
             self.refresh_icons()
 
     def refresh_icons(self) -> None:
@@ -516,3 +521,10 @@ class MainWindow(QMainWindow):
         self.bridge.shutdown()
         self.history.close()
         self.prefs.sync()
+
+
+def _application() -> QApplication:
+    """The running QApplication (a window exists only inside one; instance() is typed as any core app)."""
+    app = QApplication.instance()
+    assert isinstance(app, QApplication), "a window runs inside a QApplication"
+    return app

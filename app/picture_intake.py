@@ -151,7 +151,8 @@ class PictureIntake:
         buf = QByteArray()
         dev = QBuffer(buf)
         dev.open(QIODevice.OpenModeFlag.WriteOnly)
-        image.save(dev, "PNG")
+        # the stubs type format as bytes, but PySide6 6.12 rejects b"PNG" at runtime and takes a str
+        image.save(dev, "PNG")  # type: ignore[call-overload]
         dev.close()
         return self.from_bytes(bytes(buf.data()), ".png", name)
 

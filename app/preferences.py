@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QSettings
 
@@ -37,7 +38,7 @@ class ApiConfig:
 class Preferences:
     def __init__(self, settings: QSettings | None = None):
         self.qs = settings if settings is not None else QSettings("Parley", "Parley")
-        self.session_overrides: dict = {}  # from the command line; not written back
+        self.session_overrides: dict[str, Any] = {}  # from the command line; not written back
         self.secrets = Secrets.beside(self.qs)
         _make_private(self.qs)
         token = str(self.qs.value("api/token", "") or "").strip()
@@ -80,7 +81,7 @@ class Preferences:
 
     def engine_settings(self) -> EngineSettings:
         base = EngineSettings()
-        changes = {}
+        changes: dict[str, Any] = {}
         types = {f.name: f.type for f in fields(EngineSettings)}
         for key in USER_ENGINE_KEYS:
             raw = self.qs.value(f"engine/{key}")
@@ -114,9 +115,11 @@ class Preferences:
 
     def recent_models(self) -> list[str]:
         v = self.qs.value("models/recent", [])
-        if isinstance(v, str):
+        if isinstance(v, str):  # an INI file gives a one-item list back as its item
             v = [v]
-        return [str(x) for x in (v or []) if x]
+        if not isinstance(v, (list, tuple)):  # anything else is not a list of paths: none kept
+            return []
+        return [str(x) for x in v if x]
 
     def add_recent_model(self, path: str) -> None:
         recent = [p for p in self.recent_models() if p != path]
@@ -133,7 +136,7 @@ class Preferences:
 
     def api_config(self) -> ApiConfig:
         try:
-            port = int(self.qs.value("api/port", API_PORT))
+            port = int(str(self.qs.value("api/port", API_PORT)))
         except (TypeError, ValueError):
             port = API_PORT
         return ApiConfig(enabled=_bool(self.qs.value("api/enabled", False)),

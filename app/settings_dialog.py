@@ -193,7 +193,8 @@ class SettingsDialog(QDialog):
     def show_tab_of(self, widget: QWidget) -> None:
         """Bring forward the tab holding `widget` (a problem shown there must be seen)."""
         for i in range(self.tabs.count()):
-            if self.tabs.widget(i).isAncestorOf(widget):
+            page = self.tabs.widget(i)
+            if page is not None and page.isAncestorOf(widget):
                 self.tabs.setCurrentIndex(i)
                 return
 

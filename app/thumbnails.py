@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 from collections import OrderedDict
 
-from PySide6.QtCore import QObject, QRunnable, QSize, Qt, QThreadPool, Signal
+from PySide6.QtCore import QObject, QRunnable, QSize, Qt, QThreadPool, Signal, SignalInstance
 from PySide6.QtGui import QImage, QImageReader, QPixmap
 
 from engine.pictures import parts
@@ -40,11 +40,12 @@ def _part_scaled(source: str, box: int) -> QImage:
         return QImage()
     buf = io.BytesIO()
     image.save(buf, "PNG")
-    return QImage.fromData(buf.getvalue(), "PNG")
+    # the stubs type format as bytes, but PySide6 6.12 rejects b"PNG" at runtime and takes a str
+    return QImage.fromData(buf.getvalue(), "PNG")  # type: ignore[arg-type]
 
 
 class _Decode(QRunnable):
-    def __init__(self, key: tuple, done: Signal):
+    def __init__(self, key: tuple, done: SignalInstance):
         super().__init__()
         self.key, self.done = key, done
 

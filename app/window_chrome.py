@@ -53,8 +53,11 @@ class MenuHost(Protocol):
     """What the menus call on the window."""
     sidebar: Sidebar  # undo_delete, rename_current and its search field
     controller: ChatController  # regenerate()
-    memory_dock: QDockWidget
-    chat: QWidget
+
+    @property
+    def memory_dock(self) -> QDockWidget: ...  # read-only: any dock widget, e.g. MemoryDock
+    @property
+    def chat(self) -> QWidget: ...  # read-only: any widget, e.g. ChatView
 
     def new_chat(self) -> None: ...
     def choose_model(self) -> None: ...

@@ -16,8 +16,9 @@ Needs a real display server (QT_QPA_PLATFORM=xcb under Xvfb, set here unless alr
   chat-dark.png chat.png in the dark theme (chat-light.png with --theme dark)
   memory.png    the same, with the memory dock: weights, encoder, hot KV, image cache, counters,
                 the last turn's timings
-  bad-drop.png  a PDF and a damaged PNG dropped next to a good picture and a draft: the inline
-                refusal, with the draft and the good picture kept
+  bad-drop.png  a 6-page PDF (one chip with its page count and range), then an empty PDF and a
+                damaged PNG dropped next to it, a good picture and a draft: the inline refusal,
+                with the draft, the picture and the document kept
 
 The replies and what the pictures show are printed, so a wrong answer is easy to spot.
 """
@@ -53,6 +54,7 @@ from app.main_window import MainWindow  # noqa: E402
 from app.preferences import Preferences  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
 from engine.platform.paths import DEMO_MODEL  # noqa: E402
+from tests.fixtures.documents import make_empty_pdf, make_pdf  # noqa: E402
 
 WINDOW = (1360, 860)
 LOAD_TIMEOUT_S = 180
@@ -88,10 +90,7 @@ def draw_pictures(folder: Path) -> dict[str, Path]:
 
 
 def not_pictures(folder: Path) -> list[Path]:
-    pdf = folder / "report.pdf"
-    pdf.write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n"
-                    b"2 0 obj << /Type /Pages /Kids [] /Count 0 >> endobj\n"
-                    b"trailer << /Root 1 0 R >>\n%%EOF\n")
+    pdf = make_empty_pdf(folder / "report.pdf")  # a PDF with no pages: nothing to show the model
     good = folder / "whole.png"
     world.render(SCENES["shapes.png"], random.Random(7), size=(256, 256)).save(good)
     cut = folder / "cut.png"
@@ -190,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEMO_MODEL), help="model folder (default: the demo model)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"), help="where to write the PNGs")
+    ap.add_argument("--size", default=f"{WINDOW[0]}x{WINDOW[1]}",
+                    help="window size WxH (e.g. 1280x720 under a 1280x720 Xvfb screen: a small laptop)")
     ap.add_argument("--theme", default="light", choices=["light", "dark"],
                     help="theme of the screenshots (chat.png is also taken in the other one)")
     args = ap.parse_args(argv)
+    window = tuple(int(n) for n in args.size.lower().split("x"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.environ["QT_QPA_PLATFORM"] == "xcb" and not os.environ.get("DISPLAY"):
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         bridge.turnFailed.connect(lambda ev: failed.append(ev))
         bridge.modelFailed.connect(lambda ev: failed.append(ev))
         try:
-            w.resize(*WINDOW)
+            w.resize(*window)
             w.move(0, 0)
             w.show()
             w.activateWindow()
@@ -254,18 +256,19 @@ def main(argv: list[str] | None = None) -> int:
             settle(300)
             show_whole_dock(w)
             grab(w, out / "memory.png")
-            w.resize(*WINDOW)
+            w.resize(*window)
 
             w.memory_dock.hide()
             type_text(w, "How many shapes are there?")
-            drop_files(w.composer.edit.viewport(), [pictures["star.png"]])
-            settle(200)
+            drop_files(w.composer.edit.viewport(), [pictures["star.png"], make_pdf(tmp / "in" / "notes.pdf", 6)])
+            wait_until(lambda: not w.composer.reading(), 30, "the PDF to be read")
             drop_files(w.composer.edit.viewport(), refused)
+            wait_until(lambda: not w.composer.reading() and w.composer.problem.isVisible(), 30, "the refusal")
             settle(200)
             problem = w.composer.problem.text()
             kept = [a.name for a in w.composer.attachments()]
             print(f"refusal: {problem!r}; kept {kept} and the draft {w.composer.text()!r}", flush=True)
-            if not w.composer.problem.isVisible() or kept != ["star.png"]:
+            if not w.composer.problem.isVisible() or kept != ["star.png", "notes.pdf"]:
                 raise SystemExit("screenshots: the refusal did not show as expected")
             grab(w, out / "bad-drop.png")
         finally:

@@ -18,9 +18,7 @@ run: $(STAMP)
 	$(PY) main.py
 
 # Static checks, seconds each once mypy's cache (.mypy_cache) is warm; configuration in pyproject.toml.
-# FORMAT_CHECK is empty until the code base has been formatted in one commit; then it becomes
-# FORMAT_CHECK := $(PY) -m ruff format --check .
-FORMAT_CHECK :=
+FORMAT_CHECK := $(PY) -m ruff format --check .
 check: $(STAMP)
 	$(PY) -m ruff check .
 	$(FORMAT_CHECK)

@@ -1,5 +1,6 @@
 """Parley entry point: the window by default; `ask`, `replay`, `serve` and `models` headless
 (engine/headless/, engine/library/cli.py). Here: the command line and which command runs."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,12 @@ from engine.headless.options import CommandError, data_dir, model_dir
 def _add_weights(sub) -> None:
     from engine.protocol.settings import WEIGHT_FORMATS
 
-    sub.add_argument("--weights", choices=WEIGHT_FORMATS, help="language-model weights: auto (default: full precision "
-                     "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision")
+    sub.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        help="language-model weights: auto (default: full precision "
+        "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision",
+    )
 
 
 # each command's module is imported only when it runs: the window starts without them
@@ -56,18 +61,27 @@ def cmd_window(args) -> int:
 
 
 def _add_remote_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote", metavar="URL", help="use an OpenAI-compatible server (vLLM, transformers serve, another "
-                                                   "Parley) instead of the built-in engine; with or without /v1. "
-                                                   "--model then names the server's model")
-    p.add_argument("--api-key", help="the server's API key; better: set PARLEY_REMOTE_API_KEY, which other users "
-                                     "cannot read in `ps` as they can a command line")
+    p.add_argument(
+        "--remote",
+        metavar="URL",
+        help="use an OpenAI-compatible server (vLLM, transformers serve, another "
+        "Parley) instead of the built-in engine; with or without /v1. "
+        "--model then names the server's model",
+    )
+    p.add_argument(
+        "--api-key",
+        help="the server's API key; better: set PARLEY_REMOTE_API_KEY, which other users "
+        "cannot read in `ps` as they can a command line",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="parley",
-                                     description="Chat with a local vision-language model about pictures.")
-    parser.add_argument("--model", help="model folder or a Hub repo id in the HF cache "
-                                         "(default: the built-in Parley Shapes demo model)")
+    parser = argparse.ArgumentParser(
+        prog="parley", description="Chat with a local vision-language model about pictures."
+    )
+    parser.add_argument(
+        "--model", help="model folder or a Hub repo id in the HF cache (default: the built-in Parley Shapes demo model)"
+    )
     parser.add_argument("--data-dir", help="keep history, caches and the KV store in this folder")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command")
@@ -78,8 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--image", action="append", help="a picture, PDF or video to send (repeatable)")
     ask.add_argument("--file", action="append", help="the same as --image: a picture, PDF or video (repeatable)")
     ask.add_argument("--pages", help="which pages of a PDF to send, e.g. 1-3,6 (default: all)")
-    ask.add_argument("--dpi", type=int, default=144, help="render PDF pages at this resolution (within what the "
-                                                          "model's processor uses; default 144)")
+    ask.add_argument(
+        "--dpi",
+        type=int,
+        default=144,
+        help="render PDF pages at this resolution (within what the model's processor uses; default 144)",
+    )
     ask.add_argument("--pdf-text", action="store_true", help="also send the text a PDF carries (few tokens)")
     ask.add_argument("--fps", type=float, default=1.0, help="video frames sampled per second (default 1)")
     ask.add_argument("--max-frames", type=int, default=16, help="at most this many frames of a video (default 16)")
@@ -106,9 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--data-dir", default=argparse.SUPPRESS)
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     srv.add_argument("--port", type=int, default=8011, help="port (default 8011; 0 = any free port)")
-    srv.add_argument("--api-token", help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback); "
-                                         "better: set PARLEY_API_TOKEN, which other users cannot read in `ps` as "
-                                         "they can a command line")
+    srv.add_argument(
+        "--api-token",
+        help="require 'Authorization: Bearer TOKEN' (needed to listen beyond loopback); "
+        "better: set PARLEY_API_TOKEN, which other users cannot read in `ps` as "
+        "they can a command line",
+    )
     _add_weights(srv)
     srv.set_defaults(func=cmd_serve)
 
@@ -120,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Apple GPU: an op MPS lacks runs on the CPU instead of failing the turn (read when torch loads)
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")

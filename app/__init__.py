@@ -1,4 +1,5 @@
 """Parley's window (PySide6). Talks to the engine only through app.bridge."""
+
 from __future__ import annotations
 
 from pathlib import Path

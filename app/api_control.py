@@ -5,6 +5,7 @@ Everything here runs on the UI thread except `_on_activity`, which the server ca
 threads: it only posts a queued wake-up (at most one pending at a time); the UI thread then reads
 a fresh snapshot of the counters, so widgets are only ever touched on the UI thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,10 @@ def config_problem(cfg: ApiConfig) -> str | None:
     except ApiConfigError as exc:
         if cfg.token:
             return str(exc)
-        return (f"An API token is required to listen on {cfg.host}: other machines can reach it. "
-                f"Enter a token, or use 127.0.0.1.")
+        return (
+            f"An API token is required to listen on {cfg.host}: other machines can reach it. "
+            f"Enter a token, or use 127.0.0.1."
+        )
     return None
 
 
@@ -115,8 +118,14 @@ class ApiControl(QObject):
         gen = self._gen
         from engine.api import ApiServer  # its web stack loads only when a server is wanted
 
-        server = ApiServer(self.engine, cfg.host, cfg.port, token=cfg.token or None, data_dir=self.data_dir,
-                           on_activity=lambda snap: self._on_activity(gen, snap))
+        server = ApiServer(
+            self.engine,
+            cfg.host,
+            cfg.port,
+            token=cfg.token or None,
+            data_dir=self.data_dir,
+            on_activity=lambda snap: self._on_activity(gen, snap),
+        )
         server.start()
         self.server, self.config = server, cfg
         self._set_state(LISTENING, server.url)

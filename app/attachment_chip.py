@@ -2,6 +2,7 @@
 count and a page range (by default every page that fits the loaded model's context, saying which
 are left out), or a video with its length and the frames its sampling takes. `picture_refs` says
 what is sent."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ DEFAULT_PAGES = 20
 class PageBudget:
     """What the loaded model takes, from its ModelReady: its context length and about what one
     page costs at the render dpi. None when unknown (a remote engine, no model yet)."""
+
     context_tokens: int | None = None
     page_tokens: int | None = None
 
@@ -60,8 +62,9 @@ class AttachmentChip(QFrame):
         self.picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
         pm = QPixmap.fromImage(att.thumb)
         if not pm.isNull():
-            self.picture.setPixmap(pm.scaled(56, 56, Qt.AspectRatioMode.KeepAspectRatio,
-                                             Qt.TransformationMode.SmoothTransformation))
+            self.picture.setPixmap(
+                pm.scaled(56, 56, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation)
+            )
         lay.addWidget(self.picture)
         self.pages: QLineEdit | None = None  # a document's page range
         self.title: QLabel | None = None  # a document's or video's name and size
@@ -126,15 +129,19 @@ class AttachmentChip(QFrame):
             self.note.setText(str(exc))
             return
         left = [i for i in range(doc.pages) if i not in chosen]
-        fits = (f" (about {len(self.budget.default_pages(doc.pages).kept)} fit the model's context)"
-                if left and text == self._default_range and line else "")
+        fits = (
+            f" (about {len(self.budget.default_pages(doc.pages).kept)} fit the model's context)"
+            if left and text == self._default_range and line
+            else ""
+        )
         self.note.setText(f"pages {ranges_text(left)} left out{fits}" if left else "all pages")
 
     def set_sampling(self, sampling: FrameSampling) -> None:
         if self.attachment.video is not None:
             n = len(sampling.times(self.attachment.video.duration))
-            self.note.setText(f"{n} frame{'s' if n != 1 else ''} ({sampling.fps:g} a second, at most "
-                              f"{sampling.max_frames})")
+            self.note.setText(
+                f"{n} frame{'s' if n != 1 else ''} ({sampling.fps:g} a second, at most {sampling.max_frames})"
+            )
 
     def chosen_pages(self) -> list[int]:
         """The document's pages to send (ValueError with one sentence when the range is not
@@ -164,6 +171,7 @@ class AttachmentChip(QFrame):
 class ReadingChip(QFrame):
     """A PDF or video still being read off the UI thread (app/media_read.py): its name, and a
     remove button that cancels the read. `chat`: the draft it belongs to."""
+
     removeRequested = Signal(object)  # the chip
 
     def __init__(self, token: int, name: str, chat: str | None, parent=None):

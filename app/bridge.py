@@ -10,6 +10,7 @@ Two engines may sit behind it: the built-in one (always there: the API server us
 a remote one (a server). Turn events of either reach the window (a reply started before a
 switch still finishes); model, memory and notice events only from the engine in use.
 """
+
 from __future__ import annotations
 
 import threading
@@ -90,8 +91,13 @@ class EngineBridge(QObject):
         self._listen(engine)
 
     @classmethod
-    def create(cls, settings: EngineSettings | None = None, data_dir: Path | None = None,
-               parent: QObject | None = None, start: bool = True) -> EngineBridge:
+    def create(
+        cls,
+        settings: EngineSettings | None = None,
+        data_dir: Path | None = None,
+        parent: QObject | None = None,
+        start: bool = True,
+    ) -> EngineBridge:
         """An Engine wrapped in a bridge, started unless `start=False` (then `start()` it later:
         requests made before wait in its queue)."""
         bridge = cls(Engine(settings, data_dir), parent=parent)
@@ -293,12 +299,19 @@ class EngineBridge(QObject):
             self.tokens.emit(item.turn_id, item.conversation_id, "".join(item.parts), item.count)
             return
         signal = {
-            ModelLoading: self.modelLoading, ModelReady: self.modelReady,
-            ModelFailed: self.modelFailed, TurnStarted: self.turnStarted,
-            TurnDone: self.turnDone, TurnFailed: self.turnFailed,
-            MemoryReport: self.memoryReport, EncoderState: self.encoderState,
-            SpillState: self.spillState, Notice: self.notice, ServerReport: self.serverReport,
-            ChatMemoryReport: self.chatMemory, PictureMarks: self.pictureMarks,
+            ModelLoading: self.modelLoading,
+            ModelReady: self.modelReady,
+            ModelFailed: self.modelFailed,
+            TurnStarted: self.turnStarted,
+            TurnDone: self.turnDone,
+            TurnFailed: self.turnFailed,
+            MemoryReport: self.memoryReport,
+            EncoderState: self.encoderState,
+            SpillState: self.spillState,
+            Notice: self.notice,
+            ServerReport: self.serverReport,
+            ChatMemoryReport: self.chatMemory,
+            PictureMarks: self.pictureMarks,
         }.get(type(item))
         if signal is not None:
             signal.emit(item)

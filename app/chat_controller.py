@@ -5,6 +5,7 @@ about once a second while it streams, and flipped to `complete` when the engine 
 so a stop or a crash leaves what was seen. Several conversations may have a reply queued or
 running; each conversation has at most one.
 """
+
 from __future__ import annotations
 
 import time
@@ -48,8 +49,9 @@ class ChatController(QObject):
     turnFailed = Signal(str)  # conversation id whose turn failed (it can be sent again)
     turnFinished = Signal(object)  # TurnDone
 
-    def __init__(self, history: History, bridge: EngineBridge, prefs: Preferences,
-                 model: MessageListModel, parent=None):
+    def __init__(
+        self, history: History, bridge: EngineBridge, prefs: Preferences, model: MessageListModel, parent=None
+    ):
         super().__init__(parent)
         self.history, self.bridge, self.prefs, self.model = history, bridge, prefs, model
         self.current_id: str | None = None
@@ -178,7 +180,7 @@ class ChatController(QObject):
         at = next((i for i, m in enumerate(msgs) if m.id == message_id), None)
         if at is None:
             return []
-        after = msgs[at + 1:]
+        after = msgs[at + 1 :]
         return after[1:] if after and after[0].role == "assistant" else after
 
     def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str]) -> int | None:
@@ -191,9 +193,13 @@ class ChatController(QObject):
         row = self.model.row_of(message_id)
         if row is not None and row + 1 < self.model.rowCount():
             self.model.remove_from(self.model.item(row + 1).id)
-        self.model.update(message_id, text=msg.text, edited=True,
-                          pictures=[self.history.thumbnail_source(r) for r in msg.pictures],
-                          digests=[self.history.picture_ref(r).digest for r in msg.pictures])
+        self.model.update(
+            message_id,
+            text=msg.text,
+            edited=True,
+            pictures=[self.history.thumbnail_source(r) for r in msg.pictures],
+            digests=[self.history.picture_ref(r).digest for r in msg.pictures],
+        )
         turn_id = self._start_reply(cid)
         self.conversationsChanged.emit()
         return turn_id
@@ -206,9 +212,12 @@ class ChatController(QObject):
 
     def _start_reply(self, cid: str, sampling=None) -> int:
         conv = self.history.get_conversation(cid)
-        turn = Turn(cid, self._engine_messages(self.history.messages(cid)),
-                    sampling=sampling or self.prefs.sampling(),
-                    system_prompt=(conv.system_prompt if conv else None) or self.prefs.system_prompt() or None)
+        turn = Turn(
+            cid,
+            self._engine_messages(self.history.messages(cid)),
+            sampling=sampling or self.prefs.sampling(),
+            system_prompt=(conv.system_prompt if conv else None) or self.prefs.system_prompt() or None,
+        )
         reply = self.history.begin_reply(cid)
         turn_id = self.bridge.submit(turn)
         self._active[turn_id] = ActiveReply(turn_id, cid, reply.id, last_saved=time.monotonic())
@@ -254,12 +263,15 @@ class ChatController(QObject):
         text = ev.reply or a.text()
         self.history.finish_reply(a.message_id, text, stopped=ev.stopped)
         note = self._notes[a.message_id] = turn_line(ev.stats)
-        self.model.update(a.message_id, text=text, streaming=False,
-                          status=INTERRUPTED if ev.stopped else "complete", note=note)
+        self.model.update(
+            a.message_id, text=text, streaming=False, status=INTERRUPTED if ev.stopped else "complete", note=note
+        )
         self._name_from_first_reply(a.conversation_id, text)
         if a.replaced is not None and text == a.replaced and not ev.stopped:
-            self.note.emit("The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
-                           "most likely words each time. More varied samples a different one.")
+            self.note.emit(
+                "The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
+                "most likely words each time. More varied samples a different one."
+            )
         self.turnFinished.emit(ev)
         self.conversationsChanged.emit()
         if a.conversation_id == self.current_id:
@@ -300,10 +312,17 @@ class ChatController(QObject):
     # ------------------------------------------------------------ helpers
 
     def _item(self, m: StoredMessage) -> MessageItem:
-        return MessageItem(m.id, m.role, m.text, [self.history.thumbnail_source(r) for r in m.pictures],
-                           m.status, False, m.edited is not None,
-                           digests=[self.history.picture_ref(r).digest for r in m.pictures],
-                           note=self._notes.get(m.id, ""))
+        return MessageItem(
+            m.id,
+            m.role,
+            m.text,
+            [self.history.thumbnail_source(r) for r in m.pictures],
+            m.status,
+            False,
+            m.edited is not None,
+            digests=[self.history.picture_ref(r).digest for r in m.pictures],
+            note=self._notes.get(m.id, ""),
+        )
 
     def tokens_so_far(self, turn_id: int) -> int:
         a = self._active.get(turn_id)

@@ -5,6 +5,7 @@ content words tell them apart: "Red circle, blue square, green triangle"; a spec
 its words and gains the answer's: "Where is the red circle? Top left". No model call: words of the
 question and the reply, function words and picture words left out.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,8 @@ MAX_REPLY_TITLE_CHARS = 40  # about what a 260 px sidebar shows in bold
 MAX_QUESTION_CHARS = 34  # a longer question names its chat well enough alone
 
 # words that say nothing about what a picture holds
-STOP = set("""
+STOP = set(
+    """
 a an the this that these those it its it's there here is are was were be been being am do does did
 has have had can could would should will shall may might must i me my we our you your he she they them
 his her their what which who whom whose where when why how whether if then than so such and or but nor
@@ -26,10 +28,12 @@ some any each every all both either neither several many much more most few litt
 image images picture pictures photo photos photograph pic scene shown shows show showing see seen sees
 looks look looking appears appear appearing depicts depicted contains containing visible there's
 please describe tell explain one ones thing things kind sort
-""".split())
+""".split()
+)
 # place words: an answer to "where", but not what a description is about
-PLACE = set("top bottom left right middle centre center corner side upper lower front back background "
-            "foreground edge".split())
+PLACE = set(
+    "top bottom left right middle centre center corner side upper lower front back background foreground edge".split()
+)
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*|[^\sA-Za-z0-9]")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")
 
@@ -39,7 +43,7 @@ def title_from(text: str, pictures: int) -> str:
     line = re.sub(r"\s+", " ", text).strip()
     if not line:
         return "Picture" if pictures == 1 else ("Pictures" if pictures else DEFAULT_TITLE)
-    return line if len(line) <= MAX_CHARS else line[:MAX_CHARS - 1].rstrip() + "…"
+    return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1].rstrip() + "…"
 
 
 def _phrases(text: str) -> list[list[str]]:
@@ -87,6 +91,6 @@ def title_from_reply(question: str, reply: str) -> str | None:
         return None
     title = title if head else title[0].upper() + title[1:]
     if head:
-        rest = title[len(head) + 1:]
+        rest = title[len(head) + 1 :]
         title = f"{head} {rest[0].upper()}{rest[1:]}"
     return title

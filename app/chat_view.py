@@ -3,6 +3,7 @@
 It follows the newest message while the user is at the bottom (streaming keeps the reply in
 view) and leaves the scroll position alone once they scroll up to read.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import QElapsedTimer, QMimeData, QModelIndex, QPoint, Qt, QTimer, Signal

@@ -7,6 +7,7 @@ for it; then a PDF is one chip with its page count and a page range; a video one
 frames). A refused one (an encrypted PDF, a damaged or huge picture, a clip without pictures) is
 reported in a line above the draft, and the draft and the other attachments stay as they were.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,10 @@ def picture_filter() -> str:
     """The attach dialog's filter: the formats the picture check names, and nothing else."""
     patterns = " ".join(f"*{ext}" for t in PICTURE_TYPES for ext in t.extensions)
     videos = " ".join(f"*{ext}" for ext in VIDEO_EXTENSIONS)
-    return (f"Pictures, PDFs and videos ({patterns} *.pdf {videos});;Pictures ({patterns});;PDF documents (*.pdf);;"
-            f"Videos ({videos});;All files (*)")
+    return (
+        f"Pictures, PDFs and videos ({patterns} *.pdf {videos});;Pictures ({patterns});;PDF documents (*.pdf);;"
+        f"Videos ({videos});;All files (*)"
+    )
 
 
 def pictures_folder() -> str:
@@ -51,6 +54,7 @@ def pictures_folder() -> str:
 @dataclass
 class Draft:
     """What a chat's composer held when the person left that chat."""
+
     text: str
     attachments: list[Attachment]
 
@@ -370,9 +374,14 @@ class Composer(QFrame):
         """Edit a sent message; `later`: how many messages after its reply sending it removes."""
         self.clear()
         self.editing_message_id = message_id
-        self.banner_label.setText("Editing a message — sending it removes the "
-                                  + (f"{later} later message{'s' if later != 1 else ''}" if later else
-                                     "reply to it: its reply is asked again"))
+        self.banner_label.setText(
+            "Editing a message — sending it removes the "
+            + (
+                f"{later} later message{'s' if later != 1 else ''}"
+                if later
+                else "reply to it: its reply is asked again"
+            )
+        )
         self.edit.setPlainText(text)
         self.add_attachments(atts)
         self.banner.show()

@@ -1,5 +1,6 @@
 """The composer's text box: Enter sends, Shift+Enter starts a new line; pictures, PDFs and
 videos pasted or dropped into the text go to the composer (mimeOffered), not into the text."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import QMimeData, QSize, Qt, Signal
@@ -22,8 +23,7 @@ class ComposerEdit(QPlainTextEdit):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def keyPressEvent(self, e: QKeyEvent) -> None:
-        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
-                e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
             self.submit.emit()
             return
         super().keyPressEvent(e)

@@ -6,6 +6,7 @@ found with the system's loader (`ldd`) before a QApplication exists, and one mes
 packages to install on Debian/Ubuntu, Fedora and Arch. Standard library only: it must run when
 Qt itself cannot load.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -16,8 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEADLESS = ("Without a display, the headless commands still work: python main.py ask \"...\" "
-            "[--image PICTURE], python main.py replay SCRIPT.json, python main.py serve.")
+HEADLESS = (
+    'Without a display, the headless commands still work: python main.py ask "..." '
+    "[--image PICTURE], python main.py replay SCRIPT.json, python main.py serve."
+)
 
 # shared library -> (Debian/Ubuntu, Fedora, Arch) package
 PACKAGES: dict[str, tuple[str, str, str]] = {
@@ -97,19 +100,26 @@ def missing_libraries(path: Path) -> list[str]:
 
 def install_message(missing: list[str], what: str) -> str:
     known = [lib for lib in missing if lib in PACKAGES]
-    lines = [f"Parley's window cannot start: {what} needs system libraries that are not installed: "
-             f"{', '.join(missing)}."]
+    lines = [
+        f"Parley's window cannot start: {what} needs system libraries that are not installed: {', '.join(missing)}."
+    ]
     if known:
+
         def pkgs(i: int) -> str:
             return " ".join(dict.fromkeys(PACKAGES[lib][i] for lib in known))
-        lines += ["Install them, then start Parley again:",
-                  f"  Debian/Ubuntu:  sudo apt install {pkgs(0)}",
-                  f"  Fedora:         sudo dnf install {pkgs(1)}",
-                  f"  Arch:           sudo pacman -S {pkgs(2)}"]
+
+        lines += [
+            "Install them, then start Parley again:",
+            f"  Debian/Ubuntu:  sudo apt install {pkgs(0)}",
+            f"  Fedora:         sudo dnf install {pkgs(1)}",
+            f"  Arch:           sudo pacman -S {pkgs(2)}",
+        ]
     unknown = [lib for lib in missing if lib not in PACKAGES]
     if unknown:
-        lines.append(f"Find the package that provides {', '.join(unknown)} in your distribution "
-                     "(e.g. apt-file search, dnf provides, pacman -F).")
+        lines.append(
+            f"Find the package that provides {', '.join(unknown)} in your distribution "
+            "(e.g. apt-file search, dnf provides, pacman -F)."
+        )
     lines.append(HEADLESS)
     return "\n".join(lines)
 
@@ -130,8 +140,10 @@ def problem(environ=os.environ, platform: str = sys.platform) -> str | None:
     if not chosen and not environ.get("DISPLAY"):
         if environ.get("WAYLAND_DISPLAY"):
             return None  # a Wayland session: Qt uses its wayland plugin
-        return "Parley's window needs a desktop session, and there is no display here ($DISPLAY and " \
-               "$WAYLAND_DISPLAY are not set).\n" + HEADLESS
+        return (
+            "Parley's window needs a desktop session, and there is no display here ($DISPLAY and "
+            "$WAYLAND_DISPLAY are not set).\n" + HEADLESS
+        )
     plugin, _searched = xcb_plugin(environ)
     if plugin is None:  # laid out otherwise (a bundle): Qt looks for itself; its failure gets the hint
         return None
@@ -141,9 +153,11 @@ def problem(environ=os.environ, platform: str = sys.platform) -> str | None:
 
 def qt_failed_hint() -> str:
     """Said after Qt's own fatal message when a platform plugin fails anyway."""
-    return ("Parley: Qt could not start its display plugin (above). On Linux, check that a desktop "
-            "session is running and the X11 libraries are installed (Debian/Ubuntu: sudo apt install "
-            "libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 "
-            "libxkbcommon-x11-0; Fedora: sudo dnf install xcb-util-cursor xcb-util-wm xcb-util-keysyms "
-            "xcb-util-image xcb-util-renderutil libxkbcommon-x11; Arch: sudo pacman -S xcb-util-cursor "
-            "xcb-util-wm xcb-util-keysyms xcb-util-image xcb-util-renderutil libxkbcommon-x11).\n" + HEADLESS)
+    return (
+        "Parley: Qt could not start its display plugin (above). On Linux, check that a desktop "
+        "session is running and the X11 libraries are installed (Debian/Ubuntu: sudo apt install "
+        "libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 "
+        "libxkbcommon-x11-0; Fedora: sudo dnf install xcb-util-cursor xcb-util-wm xcb-util-keysyms "
+        "xcb-util-image xcb-util-renderutil libxkbcommon-x11; Arch: sudo pacman -S xcb-util-cursor "
+        "xcb-util-wm xcb-util-keysyms xcb-util-image xcb-util-renderutil libxkbcommon-x11).\n" + HEADLESS
+    )

@@ -1,5 +1,6 @@
 """How sizes and a download's progress read on the Models page: decimal units (1 GB = 10^9 B),
 as the Hub and disk tools show download sizes (the memory dock uses binary units: memory_bar)."""
+
 from __future__ import annotations
 
 

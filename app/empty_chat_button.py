@@ -1,5 +1,6 @@
 """'Get a model…' under the empty chat's hint while no model is loaded, 'Get a real model…' while
 the built-in demo is: the Models page is one click away from where a new user looks first."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Settings ▸ Engine: Built-in, or a remote OpenAI-compatible server (address, API key, model
 chosen from the server's /v1/models). Several servers are kept; the chosen one is used."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt

@@ -3,6 +3,7 @@
 Built-in (the default) or one of several saved OpenAI-compatible servers. Their API keys are
 kept apart, among the secrets (app/secrets.py), under each server's address; keys an older
 version left in the settings move there when the servers are read."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@ its name in the status bar, and which dock shows its memory (local VRAM or the s
 
 History stays Parley's, so a conversation carries on across a switch: the server gets the whole
 conversation each turn."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,9 @@ from .server_panel import ServerPanel
 
 
 class EngineSwitch(QObject):
-    def __init__(self, bridge: EngineBridge, qs: QSettings, window: QMainWindow, memory_dock: QDockWidget,
-                 data_dir: Path):
+    def __init__(
+        self, bridge: EngineBridge, qs: QSettings, window: QMainWindow, memory_dock: QDockWidget, data_dir: Path
+    ):
         super().__init__(window)
         self.bridge, self.qs, self.memory_dock, self.data_dir = bridge, qs, memory_dock, data_dir
         self.label = QLabel("Built-in engine")
@@ -47,8 +49,13 @@ class EngineSwitch(QObject):
             self.bridge.load_model(path)
         else:
             self._pending_model = path
-            self.bridge.inject(Notice("info", f"{Path(path).name} will load when the built-in engine is chosen "
-                                              "(Settings ▸ Engine); replies now come from the server."))
+            self.bridge.inject(
+                Notice(
+                    "info",
+                    f"{Path(path).name} will load when the built-in engine is chosen "
+                    "(Settings ▸ Engine); replies now come from the server.",
+                )
+            )
 
     def apply(self, choice: EngineChoice | None = None) -> None:
         """Use the engine chosen in Settings (read from preferences unless given)."""

@@ -12,6 +12,7 @@ token and flipped to `complete` at the end, so a stop or a crash leaves the part
 
 No Qt here: the UI calls this from its own thread; a lock makes it safe from any thread.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,6 @@ from .history_db import create_schema, open_database
 COMPLETE = "complete"
 INTERRUPTED = "interrupted"
 DEFAULT_TITLE = "New chat"
-
 
 
 @dataclass(frozen=True)
@@ -141,13 +141,14 @@ class History:
 
     # ------------------------------------------------------------ conversations
 
-    def create_conversation(self, title: str = DEFAULT_TITLE,
-                            system_prompt: str | None = None) -> Conversation:
+    def create_conversation(self, title: str = DEFAULT_TITLE, system_prompt: str | None = None) -> Conversation:
         now = time.time()
         conv = Conversation(uuid.uuid4().hex, title, now, now, system_prompt)
         with self._tx(durable=True) as db:
-            db.execute("INSERT INTO conversations(id, title, created, updated, system_prompt)"
-                       " VALUES (?, ?, ?, ?, ?)", (conv.id, title, now, now, system_prompt))
+            db.execute(
+                "INSERT INTO conversations(id, title, created, updated, system_prompt) VALUES (?, ?, ?, ?, ?)",
+                (conv.id, title, now, now, system_prompt),
+            )
         return conv
 
     def list_conversations(self, include_deleted: bool = False) -> list[Conversation]:
@@ -165,14 +166,12 @@ class History:
 
     def set_system_prompt(self, conversation_id: str, prompt: str | None) -> None:
         with self._tx(durable=True) as db:
-            db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?",
-                       (prompt, conversation_id))
+            db.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (prompt, conversation_id))
 
     def delete_conversation(self, conversation_id: str) -> None:
         """Soft delete: hidden from lists and search until restore() or purge_deleted()."""
         with self._tx(durable=True) as db:
-            db.execute("UPDATE conversations SET deleted = ? WHERE id = ?",
-                       (time.time(), conversation_id))
+            db.execute("UPDATE conversations SET deleted = ? WHERE id = ?", (time.time(), conversation_id))
 
     def restore_conversation(self, conversation_id: str) -> None:
         with self._tx(durable=True) as db:
@@ -182,8 +181,12 @@ class History:
         """Really remove soft-deleted conversations (deleted before `before`, default: all)."""
         cutoff = time.time() if before is None else before
         with self._tx(durable=True) as db:
-            ids = [r[0] for r in db.execute(
-                "SELECT id FROM conversations WHERE deleted IS NOT NULL AND deleted <= ?", (cutoff,))]
+            ids = [
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM conversations WHERE deleted IS NOT NULL AND deleted <= ?", (cutoff,)
+                )
+            ]
             for cid in ids:
                 db.execute("DELETE FROM messages WHERE conversation = ?", (cid,))
                 db.execute("DELETE FROM conversations WHERE id = ?", (cid,))
@@ -192,25 +195,25 @@ class History:
     # ------------------------------------------------------------ messages
 
     def messages(self, conversation_id: str) -> list[StoredMessage]:
-        rows = self._query("SELECT * FROM messages WHERE conversation = ? ORDER BY id",
-                           (conversation_id,))
+        rows = self._query("SELECT * FROM messages WHERE conversation = ? ORDER BY id", (conversation_id,))
         return [_message(r) for r in rows]
 
     def get_message(self, message_id: int) -> StoredMessage | None:
         rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
         return _message(rows[0]) if rows else None
 
-    def add_message(self, conversation_id: str, role: str, text: str,
-                    pictures: Iterable[str] = (), status: str = COMPLETE) -> StoredMessage:
+    def add_message(
+        self, conversation_id: str, role: str, text: str, pictures: Iterable[str] = (), status: str = COMPLETE
+    ) -> StoredMessage:
         refs = tuple(pictures)
         for ref in refs:
             self._check_ref(ref)
         now = time.time()
         with self._tx(durable=status == COMPLETE) as db:
             cur = db.execute(
-                "INSERT INTO messages(conversation, role, text, pictures, status, created)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, text, json.dumps(list(refs)), status, now))
+                "INSERT INTO messages(conversation, role, text, pictures, status, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, text, json.dumps(list(refs)), status, now),
+            )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return StoredMessage(cur.lastrowid, conversation_id, role, text, refs, status, now)
 
@@ -221,20 +224,19 @@ class History:
     def update_reply(self, message_id: int, text: str) -> None:
         """Save the partial text of a streaming reply (cheap: no fsync)."""
         with self._tx() as db:
-            db.execute("UPDATE messages SET text = ? WHERE id = ? AND text != ?",
-                       (text, message_id, text))
+            db.execute("UPDATE messages SET text = ? WHERE id = ? AND text != ?", (text, message_id, text))
 
     def finish_reply(self, message_id: int, text: str, stopped: bool = False) -> None:
         status = INTERRUPTED if stopped else COMPLETE
         now = time.time()
         with self._tx(durable=True) as db:
-            db.execute("UPDATE messages SET text = ?, status = ? WHERE id = ?",
-                       (text, status, message_id))
-            db.execute("UPDATE conversations SET updated = ? WHERE id ="
-                       " (SELECT conversation FROM messages WHERE id = ?)", (now, message_id))
+            db.execute("UPDATE messages SET text = ?, status = ? WHERE id = ?", (text, status, message_id))
+            db.execute(
+                "UPDATE conversations SET updated = ? WHERE id = (SELECT conversation FROM messages WHERE id = ?)",
+                (now, message_id),
+            )
 
-    def edit_message(self, message_id: int, text: str,
-                     pictures: Iterable[str] | None = None) -> StoredMessage:
+    def edit_message(self, message_id: int, text: str, pictures: Iterable[str] | None = None) -> StoredMessage:
         """Change a message and drop everything after it (edit-and-resend)."""
         now = time.time()
         with self._tx(durable=True) as db:
@@ -244,32 +246,30 @@ class History:
             refs = tuple(json.loads(row["pictures"]) if pictures is None else pictures)
             for ref in refs:
                 self._check_ref(ref)
-            db.execute("UPDATE messages SET text = ?, pictures = ?, edited = ?, status = ?"
-                       " WHERE id = ?", (text, json.dumps(list(refs)), now, COMPLETE, message_id))
-            db.execute("DELETE FROM messages WHERE conversation = ? AND id > ?",
-                       (row["conversation"], message_id))
-            db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
-                       (now, row["conversation"]))
-        return StoredMessage(message_id, row["conversation"], row["role"], text, refs,
-                             COMPLETE, row["created"], now)
+            db.execute(
+                "UPDATE messages SET text = ?, pictures = ?, edited = ?, status = ? WHERE id = ?",
+                (text, json.dumps(list(refs)), now, COMPLETE, message_id),
+            )
+            db.execute("DELETE FROM messages WHERE conversation = ? AND id > ?", (row["conversation"], message_id))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, row["conversation"]))
+        return StoredMessage(message_id, row["conversation"], row["role"], text, refs, COMPLETE, row["created"], now)
 
     def truncate_after(self, message_id: int) -> int:
         """Delete the messages after this one in its conversation; returns how many."""
         with self._tx(durable=True) as db:
-            cur = db.execute("DELETE FROM messages WHERE id > ? AND conversation ="
-                             " (SELECT conversation FROM messages WHERE id = ?)",
-                             (message_id, message_id))
+            cur = db.execute(
+                "DELETE FROM messages WHERE id > ? AND conversation = (SELECT conversation FROM messages WHERE id = ?)",
+                (message_id, message_id),
+            )
             return cur.rowcount
 
     def delete_from(self, message_id: int) -> int:
         """Delete this message and everything after it (regenerate drops the old reply)."""
         with self._tx(durable=True) as db:
-            row = db.execute("SELECT conversation FROM messages WHERE id = ?",
-                             (message_id,)).fetchone()
+            row = db.execute("SELECT conversation FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 return 0
-            cur = db.execute("DELETE FROM messages WHERE conversation = ? AND id >= ?",
-                             (row[0], message_id))
+            cur = db.execute("DELETE FROM messages WHERE conversation = ? AND id >= ?", (row[0], message_id))
             return cur.rowcount
 
     # ------------------------------------------------------------ search
@@ -282,9 +282,11 @@ class History:
         hits: list[SearchHit] = []
         seen: set[tuple[str, int | None]] = set()
         like = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        for r in self._query("SELECT id, title FROM conversations WHERE deleted IS NULL"
-                             " AND title LIKE ? ESCAPE '\\' ORDER BY updated DESC LIMIT ?",
-                             (like, limit)):
+        for r in self._query(
+            "SELECT id, title FROM conversations WHERE deleted IS NULL"
+            " AND title LIKE ? ESCAPE '\\' ORDER BY updated DESC LIMIT ?",
+            (like, limit),
+        ):
             hits.append(SearchHit(r["id"], r["title"], None, r["title"]))
             seen.add((r["id"], None))
         if self._fts and len(q) >= 3:
@@ -293,13 +295,17 @@ class History:
                 "SELECT m.id, m.conversation, m.text, c.title FROM messages_fts f"
                 " JOIN messages m ON m.id = f.rowid JOIN conversations c ON c.id = m.conversation"
                 " WHERE messages_fts MATCH ? AND c.deleted IS NULL"
-                " ORDER BY c.updated DESC, m.id DESC LIMIT ?", (phrase, limit))
+                " ORDER BY c.updated DESC, m.id DESC LIMIT ?",
+                (phrase, limit),
+            )
         else:
             rows = self._query(
                 "SELECT m.id, m.conversation, m.text, c.title FROM messages m"
                 " JOIN conversations c ON c.id = m.conversation"
                 " WHERE m.text LIKE ? ESCAPE '\\' AND c.deleted IS NULL"
-                " ORDER BY c.updated DESC, m.id DESC LIMIT ?", (like, limit))
+                " ORDER BY c.updated DESC, m.id DESC LIMIT ?",
+                (like, limit),
+            )
         for r in rows:
             hits.append(SearchHit(r["conversation"], r["title"], r["id"], _snippet(r["text"], q)))
         return hits[:limit]
@@ -363,14 +369,22 @@ class History:
 
 # ---------------------------------------------------------------- helpers
 
+
 def _conversation(r: sqlite3.Row) -> Conversation:
-    return Conversation(r["id"], r["title"], r["created"], r["updated"], r["system_prompt"],
-                        r["deleted"])
+    return Conversation(r["id"], r["title"], r["created"], r["updated"], r["system_prompt"], r["deleted"])
 
 
 def _message(r: sqlite3.Row) -> StoredMessage:
-    return StoredMessage(r["id"], r["conversation"], r["role"], r["text"],
-                         tuple(json.loads(r["pictures"])), r["status"], r["created"], r["edited"])
+    return StoredMessage(
+        r["id"],
+        r["conversation"],
+        r["role"],
+        r["text"],
+        tuple(json.loads(r["pictures"])),
+        r["status"],
+        r["created"],
+        r["edited"],
+    )
 
 
 def _snippet(text: str, query: str, width: int = 80) -> str:
@@ -378,7 +392,5 @@ def _snippet(text: str, query: str, width: int = 80) -> str:
     if i < 0:
         return text[:width].replace("\n", " ")
     start = max(0, i - width // 3)
-    s = text[start:start + width].replace("\n", " ")
+    s = text[start : start + width].replace("\n", " ")
     return ("…" if start else "") + s + ("…" if start + width < len(text) else "")
-
-

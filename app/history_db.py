@@ -6,6 +6,7 @@ can still be read from it are copied into a fresh database, and the caller gets 
 `HistoryRecovery` to tell the person. Errors that are not damage (locked, disk full, read-only)
 are raised as they are: treating those as damage would throw a good history away.
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,6 +78,7 @@ def create_schema(db: sqlite3.Connection) -> bool:
         return False
     return True
 
+
 DAMAGED_SUFFIX = ".damaged"
 _DAMAGE_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
 
@@ -90,12 +92,16 @@ class HistoryRecovery:
 
     def describe(self) -> str:
         if self.conversations:
-            got = (f"{self.conversations} conversation(s) with {self.messages} message(s) were recovered "
-                   "from it; anything else is lost")
+            got = (
+                f"{self.conversations} conversation(s) with {self.messages} message(s) were recovered "
+                "from it; anything else is lost"
+            )
         else:
             got = "nothing could be recovered from it, so history starts empty"
-        return (f"The chat history was damaged and could not be opened ({self.reason}); {got}. "
-                f"The damaged file is kept at {self.kept_at}.")
+        return (
+            f"The chat history was damaged and could not be opened ({self.reason}); {got}. "
+            f"The damaged file is kept at {self.kept_at}."
+        )
 
 
 class _Damaged(Exception):
@@ -110,8 +116,9 @@ def is_damage(exc: sqlite3.DatabaseError) -> bool:
     return "malformed" in text or "not a database" in text
 
 
-def open_database(path: Path, busy_timeout_ms: int,
-                  setup: Callable[[sqlite3.Connection], None]) -> tuple[sqlite3.Connection, HistoryRecovery | None]:
+def open_database(
+    path: Path, busy_timeout_ms: int, setup: Callable[[sqlite3.Connection], None]
+) -> tuple[sqlite3.Connection, HistoryRecovery | None]:
     """A connection with `setup` (pragmas, schema) applied; a damaged file is replaced first."""
     try:
         return _open_checked(path, busy_timeout_ms, setup), None
@@ -174,22 +181,32 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
     try:
         convs = _readable_rows(src, "SELECT id, title, created, updated, system_prompt, deleted FROM conversations")
         ids = {r[0] for r in convs}
-        msgs = [r for r in _readable_rows(
-            src, "SELECT id, conversation, role, text, pictures, status, created, edited FROM messages ORDER BY id")
-            if r[1] in ids]
+        msgs = [
+            r
+            for r in _readable_rows(
+                src, "SELECT id, conversation, role, text, pictures, status, created, edited FROM messages ORDER BY id"
+            )
+            if r[1] in ids
+        ]
     finally:
         src.close()
     if not convs:
         return 0, 0
     db.execute("BEGIN IMMEDIATE")
     try:
-        db.executemany("INSERT OR IGNORE INTO conversations(id, title, created, updated, system_prompt, deleted)"
-                       " VALUES (?, ?, ?, ?, ?, ?)", convs)
+        db.executemany(
+            "INSERT OR IGNORE INTO conversations(id, title, created, updated, system_prompt, deleted)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            convs,
+        )
         kept_msgs = 0
         for r in msgs:
             try:
-                db.execute("INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited)"
-                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", r)
+                db.execute(
+                    "INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    r,
+                )
                 kept_msgs += 1
             except sqlite3.IntegrityError:  # a row the damage garbled past the schema's checks
                 pass

@@ -1,4 +1,5 @@
 """Icons from resources/icons, drawn in the current text colour so they suit light and dark."""
+
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,9 @@ def app_icon() -> QIcon:
 
 def icon(name: str) -> QIcon:
     pal = QGuiApplication.palette()
-    return _tinted(name, pal.color(QPalette.ColorRole.WindowText).name(),
-                   pal.color(QPalette.ColorRole.PlaceholderText).name())
+    return _tinted(
+        name, pal.color(QPalette.ColorRole.WindowText).name(), pal.color(QPalette.ColorRole.PlaceholderText).name()
+    )
 
 
 def clear_icon_cache() -> None:

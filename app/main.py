@@ -1,4 +1,5 @@
 """run_app: the window's entry point (main.py calls it)."""
+
 from __future__ import annotations
 
 import logging
@@ -53,6 +54,7 @@ def make_application(argv: list[str] | None = None) -> QApplication:
     if sys.platform == "win32":  # its own taskbar group and icon, not python's
         try:
             import ctypes
+
             ctypes.windll.shell32.SetCurrentProcessExplicitAppUserModelID("Parley.Parley")
         except (AttributeError, OSError):
             pass
@@ -63,6 +65,7 @@ def _hint_on_plugin_failure(kind, _context, message: str) -> None:
     sys.stderr.write(message + "\n")
     if kind == QtMsgType.QtFatalMsg and "platform plugin" in message:
         from .display_check import qt_failed_hint
+
         sys.stderr.write(qt_failed_hint() + "\n")
     sys.stderr.flush()
 
@@ -70,6 +73,7 @@ def _hint_on_plugin_failure(kind, _context, message: str) -> None:
 def close_on_signals(window) -> dict:
     """SIGTERM (logout, `kill`) and Ctrl+C close the window as the user would: layout saved,
     engine stopped. Returns the previous handlers for `restore_signals`."""
+
     def handler(_signum, _frame):
         QTimer.singleShot(0, window.close)
 
@@ -136,10 +140,12 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     except (ValueError, TypeError) as exc:  # a bad stored value must not stop the app
         log.warning("ignoring stored engine settings: %s", exc)
         from engine.protocol.settings import EngineSettings
+
         engine_settings = EngineSettings()
     history = History(data_dir)
     bridge = EngineBridge.create(engine_settings, data_dir, start=False)  # started once the window shows
     window = MainWindow(bridge, history, prefs, data_dir)
+
     def on_activated(msg: dict) -> None:
         bring_to_front(window, msg)
         announce("activated")

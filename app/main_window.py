@@ -3,6 +3,7 @@
 It wires parts together and owns no chat logic (that is ChatController) and no engine
 access beyond the bridge.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,8 +50,7 @@ from .window_chrome import StatusLine, WindowMenus
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
     from .models_page import ModelsPage
 
-HINT_NO_MODEL = ("No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one "
-                 "with File ▸ Models….")
+HINT_NO_MODEL = "No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one with File ▸ Models…."
 HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
 # On a small screen the memory dock gives way before the conversation does: the conversation keeps
 # room for a ~40-character bubble beside the picture thumbnails, the sidebar for a title.
@@ -135,8 +135,13 @@ class MainWindow(QMainWindow):
         self.engines.apply()
         self.history_problem: QMessageBox | None = None
         if history.recovery is not None:  # said once the window is up; the window opens anyway
-            self.history_problem = QMessageBox(QMessageBox.Icon.Warning, "Chat history was damaged",
-                                               history.recovery.describe(), QMessageBox.StandardButton.Ok, self)
+            self.history_problem = QMessageBox(
+                QMessageBox.Icon.Warning,
+                "Chat history was damaged",
+                history.recovery.describe(),
+                QMessageBox.StandardButton.Ok,
+                self,
+            )
             self.history_problem.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.history_problem.open()  # window-modal, never blocks startup
 
@@ -187,7 +192,8 @@ class MainWindow(QMainWindow):
         self.chat.mimeDropped.connect(lambda mime: self.composer.take_mime(mime, "dropped"))
         # a page or frame ("file#fragment") opens its document or video
         self.chat.delegate.pictureClicked.connect(
-            lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p.partition("#")[0])))
+            lambda p: QDesktopServices.openUrl(QUrl.fromLocalFile(p.partition("#")[0]))
+        )
         self.chat.delegate.linkClicked.connect(self._open_link)
 
     # ------------------------------------------------------------ model
@@ -197,8 +203,9 @@ class MainWindow(QMainWindow):
         self.engines.load_builtin(str(path))
 
     def choose_model(self) -> None:
-        picker = ModelPicker(self.prefs.recent_models(), self.bridge.check_model_folder,
-                             current=self.model_path, parent=self)
+        picker = ModelPicker(
+            self.prefs.recent_models(), self.bridge.check_model_folder, current=self.model_path, parent=self
+        )
         if picker.exec() and picker.chosen:
             self.load_model(picker.chosen)
         elif picker.wants_models:
@@ -240,7 +247,8 @@ class MainWindow(QMainWindow):
         self.status.model_label.setText(f"{ev.name} ({ev.family})")
         # a server's "device" is its address, which the engine label already shows
         self.status.device_label.setText(
-            "" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x))
+            "" if ev.family == "remote" else " · ".join(x for x in (ev.device, ev.dtype) if x)
+        )
         self.status.device_label.setVisible(bool(self.status.device_label.text()))
         self.composer.set_ready(True)
         self.composer.set_page_budget(PageBudget(ev.context_tokens, ev.page_tokens))
@@ -257,8 +265,9 @@ class MainWindow(QMainWindow):
         self.status.model_label.setText("No model")
         self.composer.set_ready(False, "No model is loaded")
         self.show_notice(ev.message)
-        self._update_hints(f"The model could not be loaded.\n{ev.message}\n\n"
-                           "Choose another with File ▸ Open model… (Ctrl+O).")
+        self._update_hints(
+            f"The model could not be loaded.\n{ev.message}\n\nChoose another with File ▸ Open model… (Ctrl+O)."
+        )
 
     # ------------------------------------------------------------ chat
 
@@ -287,20 +296,27 @@ class MainWindow(QMainWindow):
 
     def _confirm_edit(self, message_id: int, text: str, refs: list, later: list) -> None:
         n = len(later)
-        box = QMessageBox(QMessageBox.Icon.Question, "Send the edited message?",
-                          f"Sending it removes the {n} later message{'s' if n != 1 else ''} of this chat.",
-                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, self)
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Send the edited message?",
+            f"Sending it removes the {n} later message{'s' if n != 1 else ''} of this chat.",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+            self,
+        )
         first = " ".join(later[0].text.split())
         first = first if len(first) <= 60 else first[:59] + "…"
-        box.setInformativeText(f"From “{first}” to the end; this cannot be undone." if first else
-                               "This cannot be undone.")
+        box.setInformativeText(
+            f"From “{first}” to the end; this cannot be undone." if first else "This cannot be undone."
+        )
         box.button(QMessageBox.StandardButton.Yes).setText(f"Send and remove {n}")
         box.setDefaultButton(QMessageBox.StandardButton.Cancel)
         box.setWindowModality(Qt.WindowModality.WindowModal)
 
         def answered(button) -> None:
-            if box.standardButton(button) == QMessageBox.StandardButton.Yes and \
-                    self.composer.editing_message_id == message_id:
+            if (
+                box.standardButton(button) == QMessageBox.StandardButton.Yes
+                and self.composer.editing_message_id == message_id
+            ):
                 self.controller.edit_and_resend(message_id, text, refs)
                 self.composer.clear()
 
@@ -327,8 +343,11 @@ class MainWindow(QMainWindow):
         if cid is None or conv is None:
             return
         text, ok = QInputDialog.getMultiLineText(
-            self, "Chat instructions", "System prompt for this chat (empty: the default from Settings):",
-            conv.system_prompt or "")
+            self,
+            "Chat instructions",
+            "System prompt for this chat (empty: the default from Settings):",
+            conv.system_prompt or "",
+        )
         if ok:
             self.history.set_system_prompt(cid, text.strip() or None)
 
@@ -486,8 +505,7 @@ class MainWindow(QMainWindow):
         self.sidebar.new_button.setIcon(icon("new-chat"))
 
     def show_about(self) -> None:
-        QMessageBox.about(self, "About Parley",
-                          "Parley — chat with a local vision-language model about pictures.")
+        QMessageBox.about(self, "About Parley", "Parley — chat with a local vision-language model about pictures.")
 
     # ------------------------------------------------------------ layout and closing
 

@@ -4,6 +4,7 @@ Raw HTML in a reply is shown as text, never interpreted: a model's output must n
 images or restyle the window. A code fence still open while a reply streams is closed
 for display, so the block does not flip between text and code as tokens arrive.
 """
+
 from __future__ import annotations
 
 import html
@@ -47,7 +48,7 @@ class MarkdownRenderer:
 
 def plain_html(text: str) -> str:
     """User messages: shown as typed, line breaks kept."""
-    return ("<p style='white-space: pre-wrap'>" + html.escape(clean_text(text)) + "</p>")
+    return "<p style='white-space: pre-wrap'>" + html.escape(clean_text(text)) + "</p>"
 
 
 def document_css(code_bg: str, code_fg: str, link: str, border: str) -> str:

@@ -6,6 +6,7 @@ froze the window. So each read runs on the thread pool (as thumbnails do, app/th
 its result comes back to the UI thread as one `finished` signal. A read whose chip was removed
 is cancelled: it stops before the copy when it can, and its result is dropped either way.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,6 +22,7 @@ from .picture_intake import Attachment, PictureIntake, PictureRejected, ReadCanc
 @dataclass(frozen=True)
 class MediaRead:
     """One read's outcome: the attachment, or one sentence saying why the file cannot be used."""
+
     token: int
     name: str
     attachment: Attachment | None
@@ -28,8 +30,7 @@ class MediaRead:
 
 
 class _Read(QRunnable):
-    def __init__(self, token: int, path: Path, intake: PictureIntake, cancelled: threading.Event,
-                 done: SignalInstance):
+    def __init__(self, token: int, path: Path, intake: PictureIntake, cancelled: threading.Event, done: SignalInstance):
         super().__init__()
         self.token, self.path, self.intake, self.cancelled, self.done = token, path, intake, cancelled, done
 

@@ -1,4 +1,5 @@
 """A horizontal bar of device memory: one coloured segment per component, then other use, then free."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import QRectF, QSize, Qt
@@ -61,8 +62,12 @@ class MemoryBar(QWidget):
         self.segments, self.total, self.free = list(segments), int(total), int(free)
         ours = sum(b for _, b in segments)
         other = max(0, total - free - ours)
-        self.setToolTip("\n".join([f"{self.names.get(k, k)}: {exact_bytes(b)}" for k, b in segments]
-                                  + [f"other use: {exact_bytes(other)}", f"free: {exact_bytes(free)}"]))
+        self.setToolTip(
+            "\n".join(
+                [f"{self.names.get(k, k)}: {exact_bytes(b)}" for k, b in segments]
+                + [f"other use: {exact_bytes(other)}", f"free: {exact_bytes(free)}"]
+            )
+        )
         self.update()
 
     def paintEvent(self, _event) -> None:

@@ -7,6 +7,7 @@ Events only record the latest values; a 4 Hz timer writes them into labels creat
 (rows for keys seen for the first time are added, never rebuilt), so a burst of reports
 costs nothing and the encoder's idle countdown ticks smoothly between reports.
 """
+
 from __future__ import annotations
 
 import time
@@ -61,33 +62,53 @@ def on_device(key: str) -> bool:
 
 # The SSD store's counters (StoreCounters' fields), named for a person.
 STORE_MAIN = [("bytes_on_disk", "On disk", True), ("reused_bytes", "Not written again (shared or unchanged)", True)]
-STORE_DETAILS = [("sessions", "Chats stored", False), ("blobs_on_disk", "Blocks on disk", False),
-                 ("blocks_written", "Blocks written", False), ("reused_blobs", "Blocks not written again", False),
-                 ("spills", "Times a chat was saved", False), ("spill_failures", "Saves that failed", False),
-                 ("restores", "Times a chat was restored", False), ("restored_tokens", "Tokens restored", False),
-                 ("restore_bytes", "Bytes restored", True), ("bytes_written", "Bytes written", True),
-                 ("missing_blobs", "Blocks found missing (re-read instead)", False),
-                 ("bad_blobs", "Damaged blocks (re-read instead)", False),
-                 ("evicted_sessions", "Chats removed to stay under the size cap", False),
-                 ("host_buffer_bytes", "Save buffers in memory", True)]
+STORE_DETAILS = [
+    ("sessions", "Chats stored", False),
+    ("blobs_on_disk", "Blocks on disk", False),
+    ("blocks_written", "Blocks written", False),
+    ("reused_blobs", "Blocks not written again", False),
+    ("spills", "Times a chat was saved", False),
+    ("spill_failures", "Saves that failed", False),
+    ("restores", "Times a chat was restored", False),
+    ("restored_tokens", "Tokens restored", False),
+    ("restore_bytes", "Bytes restored", True),
+    ("bytes_written", "Bytes written", True),
+    ("missing_blobs", "Blocks found missing (re-read instead)", False),
+    ("bad_blobs", "Damaged blocks (re-read instead)", False),
+    ("evicted_sessions", "Chats removed to stay under the size cap", False),
+    ("host_buffer_bytes", "Save buffers in memory", True),
+]
 STORE_KEYS = STORE_MAIN + STORE_DETAILS
 # the image gate's counters
 PICTURE_COUNTERS = {
-    "hits": "Pictures found in the cache", "ram_hits": "… in memory", "disk_hits": "… on disk",
-    "misses": "Pictures not in the cache", "encodes": "Pictures encoded",
-    "encoder_loads": "Times the encoder loaded", "encoder_unloads": "Times the encoder unloaded",
-    "image_cache_ram_entries": "Pictures cached in memory", "image_cache_disk_entries": "Pictures cached on disk",
+    "hits": "Pictures found in the cache",
+    "ram_hits": "… in memory",
+    "disk_hits": "… on disk",
+    "misses": "Pictures not in the cache",
+    "encodes": "Pictures encoded",
+    "encoder_loads": "Times the encoder loaded",
+    "encoder_unloads": "Times the encoder unloaded",
+    "image_cache_ram_entries": "Pictures cached in memory",
+    "image_cache_disk_entries": "Pictures cached on disk",
     "image_cache_evictions": "Pictures dropped from memory (cache full)",
     "image_cache_damaged": "Damaged cache entries (encoded again)",
 }
-TURN_KEYS = [("prefill_s", "Reading the prompt", "s"), ("decode_s", "Writing the reply", "s"),
-             ("encode_s", "Encoding pictures", "s"), ("restore_s", "Restoring from SSD", "s"),
-             ("first_token_s", "First word after", "s"),
-             ("tokens_per_s", "Speed", "tok/s"), ("draft_acceptance", "Drafted words kept", "%"),
-             ("prompt_tokens", "Prompt tokens", ""), ("reused_tokens", "… already in memory", ""),
-             ("restored_tokens", "… restored from SSD", ""), ("prefill_tokens", "… read now", ""),
-             ("generated_tokens", "Reply tokens", ""),
-             ("image_cache_hits", "Pictures from the cache", ""), ("image_cache_misses", "Pictures encoded", "")]
+TURN_KEYS = [
+    ("prefill_s", "Reading the prompt", "s"),
+    ("decode_s", "Writing the reply", "s"),
+    ("encode_s", "Encoding pictures", "s"),
+    ("restore_s", "Restoring from SSD", "s"),
+    ("first_token_s", "First word after", "s"),
+    ("tokens_per_s", "Speed", "tok/s"),
+    ("draft_acceptance", "Drafted words kept", "%"),
+    ("prompt_tokens", "Prompt tokens", ""),
+    ("reused_tokens", "… already in memory", ""),
+    ("restored_tokens", "… restored from SSD", ""),
+    ("prefill_tokens", "… read now", ""),
+    ("generated_tokens", "Reply tokens", ""),
+    ("image_cache_hits", "Pictures from the cache", ""),
+    ("image_cache_misses", "Pictures encoded", ""),
+]
 REFRESH_MS = 250
 POLL_MS = 1000
 API_KEYS = [("requests", "Requests"), ("active", "Active"), ("errors", "Errors"), ("disconnects", "Disconnects")]
@@ -144,8 +165,9 @@ class MemoryDock(QDockWidget):
     unloadEncoderRequested = Signal()
     spillRequested = Signal()
 
-    def __init__(self, title_for: Callable[[str], str] = lambda cid: cid[:8],
-                 marks: ChatMemoryMarks | None = None, parent=None):
+    def __init__(
+        self, title_for: Callable[[str], str] = lambda cid: cid[:8], marks: ChatMemoryMarks | None = None, parent=None
+    ):
         super().__init__("Memory", parent)
         self.setObjectName("vramPanel")  # the name saved window layouts know this dock by
         self.title_for = title_for
@@ -171,8 +193,13 @@ class MemoryDock(QDockWidget):
         words = QWidget()
         self.words = _Rows(QFormLayout(words))
         self.words.form.setContentsMargins(0, 0, 0, 0)
-        for key, title in (("model", "Language model"), ("encoder", "Vision encoder"), ("chat", "This chat"),
-                           ("store", "SSD store"), ("turn", "Last turn")):
+        for key, title in (
+            ("model", "Language model"),
+            ("encoder", "Vision encoder"),
+            ("chat", "This chat"),
+            ("store", "SSD store"),
+            ("turn", "Last turn"),
+        ):
             self.words.set(key, title, "—")
         self.encoder = self.words.labels["encoder"]
         self.encoder.setObjectName("encoderLabel")
@@ -313,7 +340,7 @@ class MemoryDock(QDockWidget):
         self._dirty = True
 
     def on_api_state(self, state: str, detail: str) -> None:
-        """"off" | "listening" (detail: the URL) | "failed" (detail: why)."""
+        """ "off" | "listening" (detail: the URL) | "failed" (detail: why)."""
         self.api_state, self.api_detail = state, detail
         self._dirty = True
 
@@ -352,8 +379,9 @@ class MemoryDock(QDockWidget):
         if r is not None:
             self.device.setText(f"{r.device_name} ({r.device})")
             used = r.total_bytes - r.free_bytes
-            self.totals.setText(f"Total {human_bytes(r.total_bytes)} · free {human_bytes(r.free_bytes)}"
-                                f" · used {human_bytes(used)}")
+            self.totals.setText(
+                f"Total {human_bytes(r.total_bytes)} · free {human_bytes(r.free_bytes)} · used {human_bytes(used)}"
+            )
             self.totals.setToolTip(f"total {r.total_bytes:,} B\nfree {r.free_bytes:,} B")
             self.bar.set_values(self._bar_segments(r), r.total_bytes, r.free_bytes)
             for k, v in r.components.items():
@@ -364,8 +392,9 @@ class MemoryDock(QDockWidget):
             known = {k for k, _, _ in STORE_KEYS}
             for key, v in sorted(store.items()):
                 if key not in known:  # a counter the store gained since this list was written
-                    self.store_details.set(key, key.replace("_", " ").capitalize(),
-                                           exact_bytes(v) if key.endswith("bytes") else _num(v))
+                    self.store_details.set(
+                        key, key.replace("_", " ").capitalize(), exact_bytes(v) if key.endswith("bytes") else _num(v)
+                    )
             for rows, keys in ((self.store_rows, STORE_MAIN), (self.store_details, STORE_DETAILS)):
                 for key, title, is_bytes in keys:
                     if key in store:
@@ -374,8 +403,9 @@ class MemoryDock(QDockWidget):
         last = self.last_stats
         if isinstance(last, LocalTurnStats) and last.restored_tokens:
             took = last.restore_s + last.restore_ahead_s
-            self.store_rows.set("last_restore", "Last restore", f"{last.restored_tokens:,} tokens in "
-                                f"{took * 1000:.0f} ms")
+            self.store_rows.set(
+                "last_restore", "Last restore", f"{last.restored_tokens:,} tokens in {took * 1000:.0f} ms"
+            )
         if self.last_spill is not None:
             at, cid, detail = self.last_spill
             self.store_rows.set("last_spill", "Last spill", f"{self.title(cid)}: {detail} ({_ago(time.time() - at)})")
@@ -439,8 +469,11 @@ class MemoryDock(QDockWidget):
         if not store:
             return "not in use"
         chats = int(store.get("sessions", 0))
-        text = (f"holds {chats} chat{'s' if chats != 1 else ''} ({human_bytes(store.get('bytes_on_disk', 0))})"
-                if chats else "empty")
+        text = (
+            f"holds {chats} chat{'s' if chats != 1 else ''} ({human_bytes(store.get('bytes_on_disk', 0))})"
+            if chats
+            else "empty"
+        )
         if self.last_spill is not None:
             at, cid, _ = self.last_spill
             text += f"; last saved “{self.title(cid)}” {_ago(time.time() - at)}"
@@ -471,7 +504,7 @@ class MemoryDock(QDockWidget):
     def title(self, conversation_id: str) -> str:
         """A window conversation's title, or "API conversation N" for an API client's session."""
         if conversation_id.startswith(STATELESS_PREFIX):  # sessions the engine keeps for API clients
-            return f"API conversation {conversation_id[len(STATELESS_PREFIX):]}"
+            return f"API conversation {conversation_id[len(STATELESS_PREFIX) :]}"
         return self.title_for(conversation_id)
 
     def _apply_api(self) -> None:

@@ -7,6 +7,7 @@ machine; when none was measured yet the words say so instead of guessing.
 
 Marks are shown for the built-in engine only: with a server, its caches are the server's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from .turn_line import estimate
 @dataclass(frozen=True)
 class Mark:
     place: KVPlace
-    words: str    # a few words for the sidebar row
+    words: str  # a few words for the sidebar row
     tooltip: str  # what it means for the next turn, with the figures
 
 
@@ -37,27 +38,33 @@ def _resume(chat: ChatMemory) -> str:
 def mark_of(chat: ChatMemory) -> Mark:
     size = human_bytes(chat.kv_bytes)
     if chat.place == KVPlace.HOT:
-        return Mark(chat.place, "in memory",
-                    f"In memory: {chat.tokens:,} tokens of KV ({size}). Its next turn starts at once.")
+        return Mark(
+            chat.place, "in memory", f"In memory: {chat.tokens:,} tokens of KV ({size}). Its next turn starts at once."
+        )
     if chat.place == KVPlace.SPILLING:
-        return Mark(chat.place, "saving to SSD…",
-                    f"Saving to SSD: its KV ({size}) is being written to the SSD store; "
-                    "it stays in memory until that is done.")
+        return Mark(
+            chat.place,
+            "saving to SSD…",
+            f"Saving to SSD: its KV ({size}) is being written to the SSD store; it stays in memory until that is done.",
+        )
     if chat.place == KVPlace.ON_SSD:
         tip = f"On SSD: {chat.tokens:,} tokens of KV ({size}); {_resume(chat)}."
         if chat.held_back:
             tip += f"\nNot restored ahead of its next turn: {chat.held_back}."
         return Mark(chat.place, "on SSD", tip)
     if chat.place == KVPlace.RESTORING:
-        return Mark(chat.place, "restoring…",
-                    f"Restoring from SSD: {chat.restored_tokens:,} of {chat.tokens:,} tokens read back "
-                    f"({size}); the next turn starts from them.")
-    return Mark(KVPlace.NOT_CACHED, "not cached",
-                "Not cached: its next turn re-reads the whole conversation.")
+        return Mark(
+            chat.place,
+            "restoring…",
+            f"Restoring from SSD: {chat.restored_tokens:,} of {chat.tokens:,} tokens read back "
+            f"({size}); the next turn starts from them.",
+        )
+    return Mark(KVPlace.NOT_CACHED, "not cached", "Not cached: its next turn re-reads the whole conversation.")
 
 
 class ChatMemoryMarks(QObject):
     """The latest ChatMemoryReport, as marks per conversation."""
+
     changed = Signal()
     chatChanged = Signal(str, object)  # conversation id, its new Mark (tests follow transitions)
 
@@ -109,6 +116,7 @@ PICTURE_WORDS = {
 
 class PictureMarkBook(QObject):
     """Where each picture's encoded features are (picture digest -> PicturePlace)."""
+
     changed = Signal()
 
     def __init__(self, parent=None):

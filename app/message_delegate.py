@@ -6,6 +6,7 @@ drawn is what is clicked. Laid-out text documents are cached per (message, versi
 scrolling through hundreds of messages re-uses them, and a streaming reply rebuilds only its
 own document.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,8 +51,11 @@ class Geometry:
 
 
 def mix(a: QColor, b: QColor, t: float) -> QColor:
-    return QColor(round(a.red() * (1 - t) + b.red() * t), round(a.green() * (1 - t) + b.green() * t),
-                  round(a.blue() * (1 - t) + b.blue() * t))
+    return QColor(
+        round(a.red() * (1 - t) + b.red() * t),
+        round(a.green() * (1 - t) + b.green() * t),
+        round(a.blue() * (1 - t) + b.blue() * t),
+    )
 
 
 # "varied": regenerate once with sampling, offered while replies are greedy (a greedy repeat is the same text)
@@ -112,9 +116,14 @@ class MessageDelegate(QStyledItemDelegate):
         doc.setDocumentMargin(0)
         doc.setDefaultFont(self._view.font())
         code_bg = mix(pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Text), 0.08)
-        doc.setDefaultStyleSheet(document_css(
-            code_bg.name(), pal.color(QPalette.ColorRole.Text).name(),
-            pal.color(QPalette.ColorRole.Link).name(), pal.color(QPalette.ColorRole.Mid).name()))
+        doc.setDefaultStyleSheet(
+            document_css(
+                code_bg.name(),
+                pal.color(QPalette.ColorRole.Text).name(),
+                pal.color(QPalette.ColorRole.Link).name(),
+                pal.color(QPalette.ColorRole.Mid).name(),
+            )
+        )
         text = it.text
         if it.role == "assistant":
             doc.setHtml(self._md.to_html(text, streaming=it.streaming))
@@ -153,16 +162,16 @@ class MessageDelegate(QStyledItemDelegate):
         thumbs = []
         for i, path in enumerate(pictures):
             r, c = divmod(i, per_row)
-            thumbs.append((path, QRect(int(x) + PAD + c * (THUMB + GAP), GAP + PAD + r * (THUMB + GAP),
-                                       THUMB, THUMB)))
+            thumbs.append((path, QRect(int(x) + PAD + c * (THUMB + GAP), GAP + PAD + r * (THUMB + GAP), THUMB, THUMB)))
         footer_y = GAP + bubble_h + 3
         height = footer_y + fm.height() + GAP
         note = None
         if it.note and not it.streaming:
             note_w = max(80, min(MAX_TEXT_WIDTH, width - 2 * MARGIN))
             box = fm.boundingRect(QRect(0, 0, note_w, 10_000), int(Qt.TextFlag.TextWordWrap), it.note)
-            note = QRect(MARGIN if not user else width - MARGIN - box.width(), height - GAP + 2,
-                         box.width() + 2, box.height())
+            note = QRect(
+                MARGIN if not user else width - MARGIN - box.width(), height - GAP + 2, box.width() + 2, box.height()
+            )
             height = note.bottom() + 1 + GAP
         if it.streaming:
             # Reserve room to grow, so the list re-flows every few lines, not every token.
@@ -173,8 +182,15 @@ class MessageDelegate(QStyledItemDelegate):
             height = reserved
         else:
             self._reserved.pop(it.id, None)
-        geo = Geometry(height=height, bubble=bubble, thumbs=thumbs,
-                       doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h), doc=doc, footer_y=footer_y, note=note)
+        geo = Geometry(
+            height=height,
+            bubble=bubble,
+            thumbs=thumbs,
+            doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h),
+            doc=doc,
+            footer_y=footer_y,
+            note=note,
+        )
 
         tags = []
         if it.streaming:
@@ -195,7 +211,7 @@ class MessageDelegate(QStyledItemDelegate):
         # Actions sit under the bubble, on the side it is aligned to.
         cursor = int(bubble.right()) if user else int(bubble.left())
         spans = []
-        for name in (reversed(names) if user else names):
+        for name in reversed(names) if user else names:
             w = fm.horizontalAdvance(labels[name]) + 4
             if user:
                 cursor -= w
@@ -378,7 +394,8 @@ class MessageDelegate(QStyledItemDelegate):
                 self._view.viewport().update()
             pointing = what is not None
             self._view.viewport().setCursor(
-                Qt.CursorShape.PointingHandCursor if pointing else Qt.CursorShape.ArrowCursor)
+                Qt.CursorShape.PointingHandCursor if pointing else Qt.CursorShape.ArrowCursor
+            )
             return False
         if event.button() != Qt.MouseButton.LeftButton or what is None:
             return False

@@ -3,6 +3,7 @@
 Rows change only at the end (append, stream into the last reply, truncate), so a streaming
 token touches one row: dataChanged for that row, nothing else is rebuilt.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -59,14 +60,25 @@ class MessageListModel(QAbstractListModel):
         if role == Qt.ItemDataRole.ToolTipRole:
             return None
         return {
-            MessageIdRole: it.id, RoleRole: it.role, PicturesRole: it.pictures,
-            StatusRole: it.status, StreamingRole: it.streaming, EditedRole: it.edited,
-            VersionRole: it.version, IsLastRole: index.row() == len(self._items) - 1,
+            MessageIdRole: it.id,
+            RoleRole: it.role,
+            PicturesRole: it.pictures,
+            StatusRole: it.status,
+            StreamingRole: it.streaming,
+            EditedRole: it.edited,
+            VersionRole: it.version,
+            IsLastRole: index.row() == len(self._items) - 1,
         }.get(role)
 
     def roleNames(self):
-        return {MessageIdRole: b"messageId", RoleRole: b"role", PicturesRole: b"pictures",
-                StatusRole: b"status", StreamingRole: b"streaming", Qt.ItemDataRole.DisplayRole: b"text"}
+        return {
+            MessageIdRole: b"messageId",
+            RoleRole: b"role",
+            PicturesRole: b"pictures",
+            StatusRole: b"status",
+            StreamingRole: b"streaming",
+            Qt.ItemDataRole.DisplayRole: b"text",
+        }
 
     # ------------------------------------------------------------ changes
 

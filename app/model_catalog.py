@@ -2,6 +2,7 @@
 
 Only reads config.json files (no model loading), so listing is instant.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,11 +41,11 @@ def read_config(folder: Path) -> dict | None:
 
 def is_vision_language(config: dict) -> bool:
     return "vision_config" in config or any(
-        k in config for k in ("image_token_index", "image_token_id", "vision_start_token_id"))
+        k in config for k in ("image_token_index", "image_token_id", "vision_start_token_id")
+    )
 
 
-def scan_hf_cache(hub: Path | None = None,
-                  check: Callable[[Path], str | None] | None = None) -> list[ModelEntry]:
+def scan_hf_cache(hub: Path | None = None, check: Callable[[Path], str | None] | None = None) -> list[ModelEntry]:
     """Vision-language models in the HF hub cache (text-only models are left out)."""
     hub = hub or hf_hub_dir()
     out: list[ModelEntry] = []
@@ -57,19 +58,23 @@ def scan_hf_cache(hub: Path | None = None,
         config = read_config(snap)
         if config is None or not is_vision_language(config):
             continue
-        name = repo_dir.name[len("models--"):].replace("--", "/")
-        out.append(ModelEntry(str(snap), name, "cache", check(snap) if check else None,
-                              config.get("model_type")))
+        name = repo_dir.name[len("models--") :].replace("--", "/")
+        out.append(ModelEntry(str(snap), name, "cache", check(snap) if check else None, config.get("model_type")))
     return out
 
 
 def demo_entry(check: Callable[[Path], str | None] | None = None) -> ModelEntry:
     if not (DEMO_MODEL / "config.json").is_file():
-        return ModelEntry(str(DEMO_MODEL), "Parley Shapes (demo)", "demo",
-                          "The demo model is not installed yet (resources/models/parley-shapes).")
+        return ModelEntry(
+            str(DEMO_MODEL),
+            "Parley Shapes (demo)",
+            "demo",
+            "The demo model is not installed yet (resources/models/parley-shapes).",
+        )
     config = read_config(DEMO_MODEL) or {}
-    return ModelEntry(str(DEMO_MODEL), "Parley Shapes (demo)", "demo",
-                      check(DEMO_MODEL) if check else None, config.get("model_type"))
+    return ModelEntry(
+        str(DEMO_MODEL), "Parley Shapes (demo)", "demo", check(DEMO_MODEL) if check else None, config.get("model_type")
+    )
 
 
 def recent_entries(paths: list[str], check: Callable[[Path], str | None] | None = None) -> list[ModelEntry]:
@@ -78,6 +83,7 @@ def recent_entries(paths: list[str], check: Callable[[Path], str | None] | None 
         if Path(p).resolve() == DEMO_MODEL.resolve():
             continue
         config = read_config(Path(p))
-        out.append(ModelEntry(p, Path(p).name, "recent", check(Path(p)) if check else None,
-                              (config or {}).get("model_type")))
+        out.append(
+            ModelEntry(p, Path(p).name, "recent", check(Path(p)) if check else None, (config or {}).get("model_type"))
+        )
     return out

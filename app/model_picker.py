@@ -3,6 +3,7 @@
 An entry that cannot be loaded says why (the engine's own check) and cannot be chosen.
 Loading itself happens on the engine thread; this dialog only returns a path.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,8 +38,14 @@ def problem_tag(e: ModelEntry) -> str:
 
 
 class ModelPicker(QDialog):
-    def __init__(self, recent: list[str], check: Callable[[Path], str | None],
-                 hub: Path | None = None, current: str | None = None, parent=None):
+    def __init__(
+        self,
+        recent: list[str],
+        check: Callable[[Path], str | None],
+        hub: Path | None = None,
+        current: str | None = None,
+        parent=None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.setObjectName("modelPicker")

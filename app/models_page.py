@@ -4,6 +4,7 @@ pause/cancel, delete, and one click to load.
 All Hub, disk and device work runs on a background thread through engine.library (plain
 functions returning numbers); results come back as queued Qt signals. No torch here.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,9 +36,11 @@ from .download_text import human_bytes, progress_text
 
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed", "Speed here"]
 COL_FIT, COL_INSTALLED, COL_SPEED = 4, 5, 6
-SPEED_TIP = ("Expected decode tokens/s per weight format on this computer, from Parley's own measurement "
-             "of its kernels (taken when a model of this shape was first loaded; '~': scaled from another "
-             "shape measured here). Empty until a large model has been loaded once.")
+SPEED_TIP = (
+    "Expected decode tokens/s per weight format on this computer, from Parley's own measurement "
+    "of its kernels (taken when a model of this shape was first loaded; '~': scaled from another "
+    "shape measured here). Empty until a large model has been loaded once."
+)
 log = logging.getLogger(__name__)
 
 
@@ -56,8 +59,13 @@ class _Signals(QObject):
 class ModelsPage(QDialog):
     loadRequested = Signal(str)  # a snapshot folder to load
 
-    def __init__(self, catalog: list[CatalogEntry] | None = None, recent: list[str] | None = None, parent=None,
-                 data_dir: Path | None = None):
+    def __init__(
+        self,
+        catalog: list[CatalogEntry] | None = None,
+        recent: list[str] | None = None,
+        parent=None,
+        data_dir: Path | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.setObjectName("modelsPage")
@@ -116,8 +124,9 @@ class ModelsPage(QDialog):
         lay.addWidget(self.status)
         self.bar = QProgressBar(minimum=0, maximum=1000, textVisible=False)
         self.bar_text = QLabel()
-        self.bar_text.setMinimumWidth(self.bar_text.fontMetrics().horizontalAdvance(
-            "000.0 MB of 000.0 MB at 000.0 MB/s, 00:00 left  "))
+        self.bar_text.setMinimumWidth(
+            self.bar_text.fontMetrics().horizontalAdvance("000.0 MB of 000.0 MB at 000.0 MB/s, 00:00 left  ")
+        )
         row = QHBoxLayout()
         row.addWidget(self.bar, 1)
         row.addWidget(self.bar_text)
@@ -249,8 +258,14 @@ class ModelsPage(QDialog):
         self._on_installed(found)
 
     def _emit_progress(self, p) -> None:
-        self._emit("progress", float(p.done_bytes), float(p.total_bytes), float(p.speed_bps),
-                   -1.0 if p.eta_s is None else float(p.eta_s), p.file)
+        self._emit(
+            "progress",
+            float(p.done_bytes),
+            float(p.total_bytes),
+            float(p.speed_bps),
+            -1.0 if p.eta_s is None else float(p.eta_s),
+            p.file,
+        )
 
     def refresh_fits(self) -> None:
         repos = [self._cell(r, 0).text() for r in range(self.table.rowCount())]
@@ -279,9 +294,13 @@ class ModelsPage(QDialog):
             fit = estimate_fit_from_catalog(entry, precision, context)
         except ValueError:
             return False
-        self._emit("fit", repo_id, f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of "
-                                   f"{human_bytes(fit.free_bytes)} free (estimated from the catalog)",
-                   fit.line() + "; the model's config.json could not be fetched yet")
+        self._emit(
+            "fit",
+            repo_id,
+            f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of "
+            f"{human_bytes(fit.free_bytes)} free (estimated from the catalog)",
+            fit.line() + "; the model's config.json could not be fetched yet",
+        )
         return True
 
     def _fit_one(self, repo_id: str, precision: str, context: int, with_plan: bool = True) -> None:
@@ -304,8 +323,12 @@ class ModelsPage(QDialog):
             else:
                 config = remote_config(repo_id, installed, offline=offline, token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
-            self._emit("fit", repo_id, f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of "
-                                       f"{human_bytes(fit.free_bytes)} free", fit.line())
+            self._emit(
+                "fit",
+                repo_id,
+                f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
+                fit.line(),
+            )
             if self.data_dir is not None and config:
                 from engine.model.speed import describe
 
@@ -348,14 +371,23 @@ class ModelsPage(QDialog):
             if r is None:
                 r = self._add_row(m.repo_id, m.model_type or "?", "", human_bytes(m.size_on_disk))
                 if fit_new_rows:
-                    self._background(functools.partial(self._fit_one, m.repo_id, self.precision.currentText(),
-                                                       self.context.value(), with_plan=False))
-            self._cell(r, COL_INSTALLED).setText(
-                f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
+                    self._background(
+                        functools.partial(
+                            self._fit_one,
+                            m.repo_id,
+                            self.precision.currentText(),
+                            self.context.value(),
+                            with_plan=False,
+                        )
+                    )
+            self._cell(r, COL_INSTALLED).setText(f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):
             name = self._cell(r, 0).text()
-            if name not in self.installed and name not in self.folders and \
-                    self._cell(r, COL_INSTALLED).text() != "cannot be used":
+            if (
+                name not in self.installed
+                and name not in self.folders
+                and self._cell(r, COL_INSTALLED).text() != "cannot be used"
+            ):
                 self._cell(r, COL_INSTALLED).setText("")
         self._update_buttons()
 
@@ -393,8 +425,7 @@ class ModelsPage(QDialog):
                 self._emit("done", repo_id, "", f"{repo_id} cannot be used by Parley: {plan.problem}")
                 return
             snap = pull(plan, self._emit_progress, cancel)
-            self._emit("done", repo_id, str(snap),
-                       f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
+            self._emit("done", repo_id, str(snap), f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
         except Cancelled as exc:
             self._emit("done", repo_id, "", str(exc))
         except LibraryError as exc:
@@ -454,8 +485,9 @@ class ModelsPage(QDialog):
         repo_id = self.selected_repo()
         m = self.installed.get(repo_id or "")
         folder = (repo_id or "") in self.folders
-        self.btn_download.setEnabled(bool(repo_id) and self.downloading is None and not (m and m.complete)
-                                     and not folder)
+        self.btn_download.setEnabled(
+            bool(repo_id) and self.downloading is None and not (m and m.complete) and not folder
+        )
         self.btn_cancel.setEnabled(self.downloading is not None)
         self.btn_delete.setEnabled(m is not None and repo_id != self.downloading)
         self.btn_load.setEnabled(bool(m and m.complete) or folder)
@@ -463,4 +495,3 @@ class ModelsPage(QDialog):
     def reject(self) -> None:
         self.cancel.set()  # closing pauses a running download (the partial file stays)
         super().reject()
-

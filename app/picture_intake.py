@@ -7,6 +7,7 @@ rules: a format Pillow reads, at most 64 megapixels, fully decodable. Good ones 
 into the history's content-addressed folder right away, so the draft no longer depends on
 the original file. A rejected one yields a short reason for the composer to show.
 """
+
 from __future__ import annotations
 
 import threading
@@ -29,8 +30,13 @@ MAX_FILE_BYTES = 64 << 20
 MAX_VIDEO_BYTES = 4 << 30  # streamed into the store; frames are decoded one at a time
 THUMB_BOX = 160
 # Raw image bytes other apps put on the clipboard / in drags, best first.
-_RAW_TYPES = (("image/png", ".png"), ("image/jpeg", ".jpg"), ("image/webp", ".webp"),
-              ("image/gif", ".gif"), ("image/bmp", ".bmp"))
+_RAW_TYPES = (
+    ("image/png", ".png"),
+    ("image/jpeg", ".jpg"),
+    ("image/webp", ".webp"),
+    ("image/gif", ".gif"),
+    ("image/bmp", ".bmp"),
+)
 
 
 @dataclass
@@ -56,6 +62,7 @@ class ReadCancelled(Exception):
 class Intake:
     """What a drop or paste brought: pictures ready now, one reason per thing refused, and the
     PDFs and videos still to be read (hashed, copied, probed) off the UI thread."""
+
     found: list[Attachment] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     media: list[Path] = field(default_factory=list)
@@ -70,8 +77,7 @@ def mime_has_pictures(mime: QMimeData) -> bool:
 
 def check_picture_bytes(data: bytes, name: str) -> None:
     if len(data) > MAX_FILE_BYTES:
-        raise PictureRejected(f"{name} is too big ({len(data) / 2**20:.0f} MB; the limit is "
-                              f"{MAX_FILE_BYTES >> 20} MB)")
+        raise PictureRejected(f"{name} is too big ({len(data) / 2**20:.0f} MB; the limit is {MAX_FILE_BYTES >> 20} MB)")
     try:
         check(data, name)  # the engine's own check: a full decode, size limit included
     except PictureError as exc:
@@ -91,8 +97,7 @@ class PictureIntake:
             return self._from_media(p, name)
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is "
-                                  f"{MAX_FILE_BYTES >> 20} MB)")
+            raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is {MAX_FILE_BYTES >> 20} MB)")
         try:
             data = p.read_bytes()
         except OSError as exc:
@@ -178,8 +183,7 @@ class PictureIntake:
         for mime_type, ext in _RAW_TYPES:  # the sender's own bytes beat a re-encode
             if mime.hasFormat(mime_type):
                 try:
-                    found.append(self.from_bytes(bytes(mime.data(mime_type).data()), ext,
-                                                 f"{verb} picture"))
+                    found.append(self.from_bytes(bytes(mime.data(mime_type).data()), ext, f"{verb} picture"))
                 except PictureRejected as exc:
                     errors.append(str(exc))
                 return taken

@@ -1,6 +1,7 @@
 """User preferences in QSettings: sampling, system prompt, engine knobs, recent models, theme,
 the in-app API server. Secrets (the API server's token) are kept apart (app/secrets.py), and the
 settings file is made private (0600 in a 0700 folder): it names the user's models and folders."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -17,8 +18,13 @@ from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 
 # Engine settings the user may change from the settings dialog (the rest stay at defaults).
 USER_ENGINE_KEYS = (
-    "elastic_idle_s", "spill_idle_s", "image_cache_entries", "image_cache_ram_bytes",
-    "image_cache_disk_bytes", "store_cap_bytes", "weights",
+    "elastic_idle_s",
+    "spill_idle_s",
+    "image_cache_entries",
+    "image_cache_ram_bytes",
+    "image_cache_disk_bytes",
+    "store_cap_bytes",
+    "weights",
 )
 MAX_RECENT = 8
 API_TOKEN = "api-token"  # its name among the secrets
@@ -29,6 +35,7 @@ API_PORT = 8011
 @dataclass(frozen=True)
 class ApiConfig:
     """The OpenAI-compatible API server run inside the app (off unless the user turns it on)."""
+
     enabled: bool = False
     host: str = API_HOST
     port: int = API_PORT
@@ -58,8 +65,7 @@ class Preferences:
             greedy=bool(o.get("greedy", greedy_default)),
             temperature=temperature,
             top_p=float(o.get("top_p", self.qs.value("sampling/top_p", d.top_p))),
-            max_new_tokens=int(o.get("max_new_tokens",
-                                     self.qs.value("sampling/max_new_tokens", d.max_new_tokens))),
+            max_new_tokens=int(o.get("max_new_tokens", self.qs.value("sampling/max_new_tokens", d.max_new_tokens))),
             seed=o.get("seed"),
         )
 
@@ -94,8 +100,7 @@ class Preferences:
                 changes[key] = str(raw) if str(raw) in WEIGHT_FORMATS else "auto"  # a stale value loads as auto
                 continue
             changes[key] = float(raw) if "float" in str(types[key]) else int(raw)
-        changes.update({k: v for k, v in self.session_overrides.items()
-                        if k in EngineSettings.field_names()})
+        changes.update({k: v for k, v in self.session_overrides.items() if k in EngineSettings.field_names()})
         return base.with_changes(changes)
 
     def set_engine_value(self, key: str, value) -> None:
@@ -139,10 +144,12 @@ class Preferences:
             port = int(str(self.qs.value("api/port", API_PORT)))
         except (TypeError, ValueError):
             port = API_PORT
-        return ApiConfig(enabled=_bool(self.qs.value("api/enabled", False)),
-                         host=str(self.qs.value("api/host", API_HOST) or API_HOST).strip(),
-                         port=port if 0 < port < 65536 else API_PORT,
-                         token=self.secrets.get(API_TOKEN).strip())
+        return ApiConfig(
+            enabled=_bool(self.qs.value("api/enabled", False)),
+            host=str(self.qs.value("api/host", API_HOST) or API_HOST).strip(),
+            port=port if 0 < port < 65536 else API_PORT,
+            token=self.secrets.get(API_TOKEN).strip(),
+        )
 
     def set_api_config(self, cfg: ApiConfig) -> None:
         self.qs.setValue("api/enabled", cfg.enabled)
@@ -160,8 +167,9 @@ class Preferences:
         """How a video's frames are sampled; a stored value out of range falls back to the default."""
         d = FrameSampling()
         try:
-            return FrameSampling(float(str(self.qs.value("video/fps", d.fps))),
-                                 int(str(self.qs.value("video/max_frames", d.max_frames))))
+            return FrameSampling(
+                float(str(self.qs.value("video/fps", d.fps))), int(str(self.qs.value("video/max_frames", d.max_frames)))
+            )
         except (TypeError, ValueError):
             return d
 

@@ -9,6 +9,7 @@ The fix makes None, True and False effectively immortal, as Python 3.12 does, by
 counts by 2**40 once. It is applied only when a probe shows the leak, so a fixed PySide6 or a
 newer Python leaves everything untouched.
 """
+
 from __future__ import annotations
 
 import ctypes

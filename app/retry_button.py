@@ -1,5 +1,6 @@
 """'Retry' under a failed turn: sends the conversation's last turn again (a partial reply a cut
 stream left is replaced, as Regenerate does). Shown only for the open conversation's failure."""
+
 from __future__ import annotations
 
 from PySide6.QtWidgets import QPushButton

@@ -5,6 +5,7 @@ else in a 0600 JSON file in a 0700 folder beside the settings file. Never in the
 itself: QSettings writes it under the usual umask (0644), readable by every user of the machine,
 and that is where older versions kept them (Preferences moves them out at start).
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """The memory dock for a remote engine: the server owns memory there, so it shows the server,
 its model, the last turn's time to first token, tokens per second and cached-prompt share,
 and the last error."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -20,9 +21,16 @@ class ServerPanel(QDockWidget):
         body = QWidget()
         form = QFormLayout(body)
         self.rows: dict[str, QLabel] = {}
-        for key, title in (("server", "Server"), ("model", "Model"), ("state", "State"), ("ttft", "First token"),
-                           ("speed", "Speed"), ("cached", "Cached prompt"), ("turns", "Turns"),
-                           ("error", "Last error")):
+        for key, title in (
+            ("server", "Server"),
+            ("model", "Model"),
+            ("state", "State"),
+            ("ttft", "First token"),
+            ("speed", "Speed"),
+            ("cached", "Cached prompt"),
+            ("turns", "Turns"),
+            ("error", "Last error"),
+        ):
             label = QLabel("—")
             label.setObjectName(f"server_{key}")
             label.setWordWrap(True)

@@ -1,5 +1,6 @@
 """Settings: sampling, system prompt, engine idle timers and cache sizes, the API server, data folder,
 theme."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -60,8 +61,13 @@ class SettingsDialog(QDialog):
     """`api_apply(cfg) -> error | None`, when given, is tried on OK: an API server that cannot start
     as asked keeps the dialog open with the reason shown under the API settings."""
 
-    def __init__(self, prefs: Preferences, data_dir: Path, parent=None,
-                 api_apply: Callable[[ApiConfig], str | None] | None = None):
+    def __init__(
+        self,
+        prefs: Preferences,
+        data_dir: Path,
+        parent=None,
+        api_apply: Callable[[ApiConfig], str | None] | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setObjectName("settingsDialog")
@@ -121,8 +127,10 @@ class SettingsDialog(QDialog):
         for label, key in WEIGHT_CHOICES:
             self.weights.addItem(label, key)
         self.weights.setCurrentIndex(max(0, self.weights.findData(es.weights)))
-        self.weights.setToolTip("The language model's weights; the vision encoder always stays in full precision. "
-                                "A change loads the model again.")
+        self.weights.setToolTip(
+            "The language model's weights; the vision encoder always stays in full precision. "
+            "A change loads the model again."
+        )
         m.addRow("Weights", self.weights)
         m.addRow("Unload the vision encoder after idle", self.elastic_idle)
         m.addRow("Move idle conversations to disk after", self.spill_idle)
@@ -152,8 +160,14 @@ class SettingsDialog(QDialog):
         self.theme.setCurrentIndex(max(0, self.theme.findData(prefs.theme())))
         o.addRow("Theme", self.theme)
         media = self._build_media(prefs)
-        for box, name in ((gen, "Replies"), (self.engine_box, "Engine"), (mem, "Memory and caches"),
-                          (media, "Documents and video"), (self.api_box, "API server"), (other, "Storage and look")):
+        for box, name in (
+            (gen, "Replies"),
+            (self.engine_box, "Engine"),
+            (mem, "Memory and caches"),
+            (media, "Documents and video"),
+            (self.api_box, "API server"),
+            (other, "Storage and look"),
+        ):
             self._add_tab(box, name)
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -206,8 +220,10 @@ class SettingsDialog(QDialog):
         self.api_enabled.setChecked(cfg.enabled)
         self.api_host = QLineEdit(cfg.host)
         self.api_host.setPlaceholderText("127.0.0.1")
-        self.api_host.setToolTip("127.0.0.1 or localhost: this machine only. Any other address can be "
-                                 "reached from other machines and needs a token.")
+        self.api_host.setToolTip(
+            "127.0.0.1 or localhost: this machine only. Any other address can be "
+            "reached from other machines and needs a token."
+        )
         self.api_port = QSpinBox()
         self.api_port.setRange(1, 65535)
         self.api_port.setValue(cfg.port)
@@ -247,8 +263,12 @@ class SettingsDialog(QDialog):
         self.show_tab_of(self.api_error)
 
     def api_config(self) -> ApiConfig:
-        return ApiConfig(enabled=self.api_enabled.isChecked(), host=self.api_host.text().strip(),
-                         port=int(self.api_port.value()), token=self.api_token.text().strip())
+        return ApiConfig(
+            enabled=self.api_enabled.isChecked(),
+            host=self.api_host.text().strip(),
+            port=int(self.api_port.value()),
+            token=self.api_token.text().strip(),
+        )
 
     def accept(self) -> None:
         """OK: refuse an API setting that cannot work, with the reason shown inline."""
@@ -291,8 +311,14 @@ class SettingsDialog(QDialog):
     def save(self) -> dict:
         """Write everything to preferences; returns the engine settings that changed."""
         p = self.prefs
-        p.set_sampling(Sampling(greedy=self.greedy.isChecked(), temperature=self.temperature.value(),
-                                top_p=self.top_p.value(), max_new_tokens=self.max_tokens.value()))
+        p.set_sampling(
+            Sampling(
+                greedy=self.greedy.isChecked(),
+                temperature=self.temperature.value(),
+                top_p=self.top_p.value(),
+                max_new_tokens=self.max_tokens.value(),
+            )
+        )
         p.set_system_prompt(self.system_prompt.toPlainText().strip())
         before = p.engine_settings()
         changes = {}
@@ -303,8 +329,9 @@ class SettingsDialog(QDialog):
         if self.data_dir.text().strip() != self._initial_data_dir:
             p.set_data_dir_override(Path(self.data_dir.text().strip()).expanduser())
         p.set_theme(self.theme.currentData())
-        p.set_document_options(self.pdf_text.isChecked(),
-                               FrameSampling(round(self.video_fps.value(), 1), int(self.video_frames.value())))
+        p.set_document_options(
+            self.pdf_text.isChecked(), FrameSampling(round(self.video_fps.value(), 1), int(self.video_frames.value()))
+        )
         p.set_api_config(self.api_config())
         save_choice(p.qs, self.engine_box.choice())
         p.sync()

@@ -1,5 +1,6 @@
 """The sidebar: conversations newest first, search, new chat, rename, delete with undo; each row
 marks where that chat's memory is (in memory, on SSD, restoring…, not cached: app/memory_marks.py)."""
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,13 @@ SubtitleRole = Qt.ItemDataRole.UserRole + 2
 MarkRole = Qt.ItemDataRole.UserRole + 3  # a memory_marks.Mark, or None (no model, or a server in use)
 UNDO_SECONDS = 10
 # a mark's dot: filled while the KV is in memory or on the SSD, a ring while it moves, hollow when gone
-MARK_COLORS = {KVPlace.HOT: "#2fb171", KVPlace.SPILLING: "#2fb171", KVPlace.ON_SSD: "#4f7cff",
-               KVPlace.RESTORING: "#4f7cff", KVPlace.NOT_CACHED: ""}
+MARK_COLORS = {
+    KVPlace.HOT: "#2fb171",
+    KVPlace.SPILLING: "#2fb171",
+    KVPlace.ON_SSD: "#4f7cff",
+    KVPlace.RESTORING: "#4f7cff",
+    KVPlace.NOT_CACHED: "",
+}
 MARK_FILLED = {KVPlace.HOT, KVPlace.ON_SSD}
 
 
@@ -147,8 +153,11 @@ class TwoLineDelegate(QStyledItemDelegate):
         d = max(6, fm.height() // 2 - 1)
         width = d + 5 + words_w
         x = line.right() - width
-        colour = QColor(MARK_COLORS[mark.place]) if MARK_COLORS[mark.place] else pal.color(
-            QPalette.ColorRole.PlaceholderText)
+        colour = (
+            QColor(MARK_COLORS[mark.place])
+            if MARK_COLORS[mark.place]
+            else pal.color(QPalette.ColorRole.PlaceholderText)
+        )
         dot = QRectF(x + 0.5, line.center().y() - d / 2 + 0.5, d - 1, d - 1)
         painter.setPen(colour)
         painter.setBrush(colour if mark.place in MARK_FILLED else Qt.BrushStyle.NoBrush)
@@ -160,8 +169,9 @@ class TwoLineDelegate(QStyledItemDelegate):
         else:
             painter.drawEllipse(dot)
         painter.setPen(colour if mark.place != KVPlace.NOT_CACHED else pal.color(QPalette.ColorRole.PlaceholderText))
-        painter.drawText(QRect(x + d + 5, line.top(), words_w + 2, line.height()), Qt.AlignmentFlag.AlignLeft,
-                         mark.words)
+        painter.drawText(
+            QRect(x + d + 5, line.top(), words_w + 2, line.height()), Qt.AlignmentFlag.AlignLeft, mark.words
+        )
         return width
 
 
@@ -201,8 +211,9 @@ class Sidebar(QWidget):
         self.list.setObjectName("conversationList")
         self.list.setModel(self.model)
         self.list.setItemDelegate(TwoLineDelegate(self.list))
-        self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
-                                  | QAbstractItemView.EditTrigger.DoubleClicked)
+        self.list.setEditTriggers(
+            QAbstractItemView.EditTrigger.EditKeyPressed | QAbstractItemView.EditTrigger.DoubleClicked
+        )
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.setFrameShape(QFrame.Shape.NoFrame)

@@ -9,6 +9,7 @@ Two launches at the same moment cannot both become primary: only one `listen` ca
 the loser then finds the winner listening. Where listening fails for any other reason the app
 runs unguarded rather than not at all.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -82,8 +83,9 @@ class SingleInstance(QObject):
                 return False
             QLocalServer.removeServer(self.name)
             if not server.listen(self.name):
-                log.warning("single instance: cannot listen on %s (%s); running unguarded",
-                            self.name, server.errorString())
+                log.warning(
+                    "single instance: cannot listen on %s (%s); running unguarded", self.name, server.errorString()
+                )
                 return True
         server.newConnection.connect(self._accept)
         self.server = server

@@ -3,6 +3,7 @@
 ended), with the wall-clock time and which heavy modules were imported by then. A benchmark or
 test that launched the app times its start from it, and checks the window came before torch.
 No Qt here: the launcher reads the file with `read_trace`."""
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,7 @@ def read_trace(path: str | Path) -> dict[str, tuple[float, str]]:
         parts = line.split()
         if len(parts) == 3 and parts[2].startswith("heavy="):
             try:
-                marks.setdefault(parts[0], (float(parts[1]), parts[2][len("heavy="):]))
+                marks.setdefault(parts[0], (float(parts[1]), parts[2][len("heavy=") :]))
             except ValueError:
                 continue
     return marks

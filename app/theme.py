@@ -3,6 +3,7 @@
 Widgets take their colours from the palette (the message delegate and resources/theme.qss
 both do), so switching the palette is all a theme change needs.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -15,15 +16,24 @@ from .icons import clear_icon_cache, resources_dir
 def dark_palette() -> QPalette:
     p = QPalette()
     c = {
-        QPalette.ColorRole.Window: "#202124", QPalette.ColorRole.WindowText: "#e8e8ea",
-        QPalette.ColorRole.Base: "#17181a", QPalette.ColorRole.AlternateBase: "#26282b",
-        QPalette.ColorRole.Text: "#e8e8ea", QPalette.ColorRole.Button: "#2a2c30",
-        QPalette.ColorRole.ButtonText: "#e8e8ea", QPalette.ColorRole.Highlight: "#4f7cff",
-        QPalette.ColorRole.HighlightedText: "#ffffff", QPalette.ColorRole.Link: "#8fb0ff",
-        QPalette.ColorRole.PlaceholderText: "#8e9096", QPalette.ColorRole.ToolTipBase: "#2a2c30",
-        QPalette.ColorRole.ToolTipText: "#e8e8ea", QPalette.ColorRole.Mid: "#45474c",
-        QPalette.ColorRole.Midlight: "#34363a", QPalette.ColorRole.Dark: "#111214",
-        QPalette.ColorRole.Light: "#4a4c52", QPalette.ColorRole.BrightText: "#ffffff",
+        QPalette.ColorRole.Window: "#202124",
+        QPalette.ColorRole.WindowText: "#e8e8ea",
+        QPalette.ColorRole.Base: "#17181a",
+        QPalette.ColorRole.AlternateBase: "#26282b",
+        QPalette.ColorRole.Text: "#e8e8ea",
+        QPalette.ColorRole.Button: "#2a2c30",
+        QPalette.ColorRole.ButtonText: "#e8e8ea",
+        QPalette.ColorRole.Highlight: "#4f7cff",
+        QPalette.ColorRole.HighlightedText: "#ffffff",
+        QPalette.ColorRole.Link: "#8fb0ff",
+        QPalette.ColorRole.PlaceholderText: "#8e9096",
+        QPalette.ColorRole.ToolTipBase: "#2a2c30",
+        QPalette.ColorRole.ToolTipText: "#e8e8ea",
+        QPalette.ColorRole.Mid: "#45474c",
+        QPalette.ColorRole.Midlight: "#34363a",
+        QPalette.ColorRole.Dark: "#111214",
+        QPalette.ColorRole.Light: "#4a4c52",
+        QPalette.ColorRole.BrightText: "#ffffff",
     }
     for role, color in c.items():
         p.setColor(role, QColor(color))

@@ -4,6 +4,7 @@ Decoding a 12-megapixel photo takes tens of milliseconds; done while painting, e
 scrolling into view would hitch the list. So a miss starts a decode on the thread pool and
 paints a placeholder; `ready` asks the view to repaint when the pixmap exists.
 """
+
 from __future__ import annotations
 
 import io
@@ -28,8 +29,7 @@ def read_scaled(path: str, box: int) -> QImage:
         reader.setScaledSize(size.scaled(QSize(box, box), Qt.AspectRatioMode.KeepAspectRatio))
     img = reader.read()
     if not img.isNull() and (img.width() > box or img.height() > box):
-        img = img.scaled(box, box, Qt.AspectRatioMode.KeepAspectRatio,
-                         Qt.TransformationMode.SmoothTransformation)
+        img = img.scaled(box, box, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation)
     return img
 
 

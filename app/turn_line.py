@@ -5,6 +5,7 @@ and in the Memory dock; the figures are the engine's own (TurnStats), nothing is
     Resumed 8,190 tokens from SSD in 0.41 s (re-reading would take ~7 min) · picture from cache,
     encoder stayed off · 42 tok/s
 """
+
 from __future__ import annotations
 
 from engine.protocol.turn_stats import LocalTurnStats, RemoteTurnStats, TurnStats

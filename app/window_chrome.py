@@ -1,6 +1,7 @@
 """The main window's status line and menus, as two components the window holds (`status`,
 `menus`); their labels and actions are theirs. The menus call the window back through the
 `MenuHost` protocol below, so this module never imports main_window."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
@@ -51,6 +52,7 @@ class StatusLine:
 
 class MenuHost(Protocol):
     """What the menus call on the window."""
+
     sidebar: Sidebar  # undo_delete, rename_current and its search field
     controller: ChatController  # regenerate()
 
@@ -101,8 +103,9 @@ class WindowMenus:
         edit.addSeparator()
         self.act_regen = edit.addAction("Regenerate reply", lambda: window.controller.regenerate())
         self.act_regen.setShortcut(QKeySequence("Ctrl+R"))
-        self.act_regen_varied = edit.addAction("Regenerate reply (more varied)",
-                                               lambda: window.controller.regenerate(varied=True))
+        self.act_regen_varied = edit.addAction(
+            "Regenerate reply (more varied)", lambda: window.controller.regenerate(varied=True)
+        )
         self.act_regen_varied.setShortcut(QKeySequence("Ctrl+Shift+R"))
         self.act_stop = edit.addAction("Stop reply", window.stop_or_cancel)
         self.act_stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))

@@ -1,4 +1,5 @@
 """Parley's engine: model loading, turns, caches. Never imports Qt."""
+
 import logging
 
 # torchao (int8/4-bit weights) registers enums with torch's pytree when transformers imports it,

@@ -10,6 +10,7 @@ Figures are the lines the benchmarks print with tests/bench/_common.ratio_line:
 
     python packaging/bench_report.py [--only NAME ...] [--bench-args "--quick"] [--render]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tests" / "bench"
 DOCS = ROOT / "docs"
 RUNS = DOCS / "bench-runs"
-FIGURE = re.compile(r"^(?P<label>(?:(?!  ).){3,160}?): (?P<value>-?\d+(?:\.\d+)?)(?: (?P<unit>[^\s(\[]+))?"
-                    r"(?:  \((?P<paren>.*?)\))?(?:  \[(?P<note>.*)\])?\s*$")
+FIGURE = re.compile(
+    r"^(?P<label>(?:(?!  ).){3,160}?): (?P<value>-?\d+(?:\.\d+)?)(?: (?P<unit>[^\s(\[]+))?"
+    r"(?:  \((?P<paren>.*?)\))?(?:  \[(?P<note>.*)\])?\s*$"
+)
 VERDICT = re.compile(r"^goal (?P<goal>.+): (?P<met>yes|no)$")
 
 
@@ -51,12 +54,20 @@ def machine() -> dict:
         pass
     versions = subprocess.run(
         [sys.executable, "-c", "import torch, transformers; print(torch.__version__, transformers.__version__)"],
-        capture_output=True, text=True).stdout.split()
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": ram, "os": platform.platform(),
-            "python": platform.python_version(), "torch": versions[0] if versions else "?",
-            "transformers": versions[1] if len(versions) > 1 else "?",
-            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_bytes": ram,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": versions[0] if versions else "?",
+        "transformers": versions[1] if len(versions) > 1 else "?",
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -> None:
@@ -77,8 +88,12 @@ def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -
                 sys.stdout.write(line)
                 log.write(line)
             code = proc.wait()
-        meta = {"args": bench_args, "exit": code, "seconds": round(time.monotonic() - t0, 1),
-                "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+        meta = {
+            "args": bench_args,
+            "exit": code,
+            "seconds": round(time.monotonic() - t0, 1),
+            "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        }
         (RUNS / f"{name}.meta.json").write_text(json.dumps(meta, indent=1))
         if code:
             print(f"== {name} failed (exit {code}); the report says so", flush=True)
@@ -90,8 +105,14 @@ def figures(log: str) -> list[dict]:
         m = FIGURE.match(line.strip())
         if not m:
             continue
-        row = {"label": m["label"], "value": m["value"], "unit": m["unit"] or "", "goal": "", "met": "",
-               "note": m["note"] or ""}
+        row = {
+            "label": m["label"],
+            "value": m["value"],
+            "unit": m["unit"] or "",
+            "goal": "",
+            "met": "",
+            "note": m["note"] or "",
+        }
         verdict = VERDICT.match(m["paren"] or "")
         if verdict:
             row["goal"], row["met"] = verdict["goal"], verdict["met"]
@@ -127,14 +148,21 @@ def charts(rendered: list[str], where: Path) -> list[str]:
                 ax.plot(x2, [p["resume_ttft_s"] for p in more], "s--", label="resume from SSD (TTFT), float32")
             for s in data.get("skipped", []):
                 ax.axvline(s["tokens"], color="grey", ls=":", lw=1)
-                ax.annotate(f"{s['tokens']}: bf16 not run", (s["tokens"], ax.get_ylim()[1] * 0.5), rotation=90,
-                            fontsize=7, color="grey", ha="right")
+                ax.annotate(
+                    f"{s['tokens']}: bf16 not run",
+                    (s["tokens"], ax.get_ylim()[1] * 0.5),
+                    rotation=90,
+                    fontsize=7,
+                    color="grey",
+                    ha="right",
+                )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("conversation length (tokens)")
             ax.set_ylabel("seconds")
-            ax.set_title(f"Restore vs re-prefill, {data['shape']}{' (quick)' if data['quick'] else ''}, CPU",
-                         fontsize=9)
+            ax.set_title(
+                f"Restore vs re-prefill, {data['shape']}{' (quick)' if data['quick'] else ''}, CPU", fontsize=9
+            )
             ax.legend(fontsize=8)
             fig.tight_layout()
             fig.savefig(where / "bench-restore-vs-prefill.png", dpi=110)
@@ -161,8 +189,10 @@ def charts(rendered: list[str], where: Path) -> list[str]:
     if ig.exists() and "image_gate_real" in rendered:
         data = json.loads(ig.read_text())
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        for key, label, marker in (("gated", "gate on (cached after turn 1)", "o-"),
-                                   ("gate_off", "gate off (encoder every turn)", "s-")):
+        for key, label, marker in (
+            ("gated", "gate on (cached after turn 1)", "o-"),
+            ("gate_off", "gate off (encoder every turn)", "s-"),
+        ):
             ys = [t["s"] for t in data[key]]
             ax.plot(range(1, len(ys) + 1), ys, marker, label=label)
         text = [t["s"] for t in data["text_only"]]
@@ -186,18 +216,27 @@ def charts(rendered: list[str], where: Path) -> list[str]:
 def render(out: Path) -> None:
     logs = sorted(RUNS.glob("*.log"))
     mach = json.loads((RUNS / "machine.json").read_text()) if (RUNS / "machine.json").exists() else machine()
-    lines = ["# Benchmarks", "",
-             "Written by `make bench-report` (packaging/bench_report.py) from the runs in "
-             "[docs/bench-runs/](bench-runs/): every figure below is a line a benchmark printed. "
-             "Benchmarks at published model shapes use random weights of exactly that shape "
-             "(tests/fixtures/published_configs.py), so times are real and replies are not.", "",
-             "## Machine", "",
-             f"- CPU: {mach['cpu']}, {mach['cores']} cores; RAM {mach['ram_bytes'] / 2**30:.1f} GiB",
-             f"- {mach['os']}; Python {mach['python']}, torch {mach['torch']}, transformers {mach['transformers']}",
-             f"- machine read {mach['date']}" + (f", load average then {mach['load_average']:.1f}"
-                                                if mach.get("load_average") else "")
-             + "; each run's finishing time is in the table below",
-             "", "## Runs", "", "| benchmark | mode | status | wall time | finished |", "|---|---|---|---|---|"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench-report` (packaging/bench_report.py) from the runs in "
+        "[docs/bench-runs/](bench-runs/): every figure below is a line a benchmark printed. "
+        "Benchmarks at published model shapes use random weights of exactly that shape "
+        "(tests/fixtures/published_configs.py), so times are real and replies are not.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {mach['cpu']}, {mach['cores']} cores; RAM {mach['ram_bytes'] / 2**30:.1f} GiB",
+        f"- {mach['os']}; Python {mach['python']}, torch {mach['torch']}, transformers {mach['transformers']}",
+        f"- machine read {mach['date']}"
+        + (f", load average then {mach['load_average']:.1f}" if mach.get("load_average") else "")
+        + "; each run's finishing time is in the table below",
+        "",
+        "## Runs",
+        "",
+        "| benchmark | mode | status | wall time | finished |",
+        "|---|---|---|---|---|",
+    ]
     rows, notes, rendered = [], [], []
     for log in logs:
         name = log.stem
@@ -205,19 +244,27 @@ def render(out: Path) -> None:
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         text = log.read_text()
         mode = "quick" if "--quick" in meta.get("args", []) else "full"
-        status = ("no run record (running, or interrupted)" if not meta
-                  else "ok" if meta["exit"] == 0 else f"failed (exit {meta['exit']})")
+        status = (
+            "no run record (running, or interrupted)"
+            if not meta
+            else "ok"
+            if meta["exit"] == 0
+            else f"failed (exit {meta['exit']})"
+        )
         lines.append(f"| {name} | {mode} | {status} | {meta.get('seconds', '?')} s | {meta.get('finished', '?')} |")
         rendered.append(name)
         for f in figures(text):
             rows.append((name, f))
-        notes += [f"- {name}: {ln.strip().removeprefix('NOT RUN: ')}" for ln in text.splitlines()
-                  if ln.startswith("NOT RUN:")]
+        notes += [
+            f"- {name}: {ln.strip().removeprefix('NOT RUN: ')}" for ln in text.splitlines() if ln.startswith("NOT RUN:")
+        ]
     lines += ["", "## Figures", "", "| benchmark | figure | value | goal | met | note |", "|---|---|---|---|---|---|"]
     for name, f in rows:
         note = f["note"].replace("|", "/")
-        lines.append(f"| {name} | {f['label']} | {f['value']}{' ' + f['unit'] if f['unit'] else ''} | "
-                     f"{f['goal']} | {f['met']} | {note} |")
+        lines.append(
+            f"| {name} | {f['label']} | {f['value']}{' ' + f['unit'] if f['unit'] else ''} | "
+            f"{f['goal']} | {f['met']} | {note} |"
+        )
     if notes:
         lines += ["", "## Not run", "", *notes]
     if (RUNS / "notes.md").exists():  # what the person who ran them observed: kept with the runs
@@ -237,9 +284,12 @@ def main() -> None:
     ap.add_argument("--render", action="store_true", help="only redraw docs/benchmarks.md from docs/bench-runs")
     ap.add_argument("--out", default=str(DOCS / "benchmarks.md"))
     ap.add_argument("--runs", default=str(RUNS), help="where the logs, series and machine.json go")
-    ap.add_argument("--save-as", default=None,
-                    help="with one --only: keep this run under another name (e.g. restore_real_fp32), "
-                         "beside the benchmark's default run")
+    ap.add_argument(
+        "--save-as",
+        default=None,
+        help="with one --only: keep this run under another name (e.g. restore_real_fp32), "
+        "beside the benchmark's default run",
+    )
     args = ap.parse_args()
     RUNS = Path(args.runs).resolve()
     if not args.render:

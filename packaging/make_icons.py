@@ -4,6 +4,7 @@ parley.ico (Windows shortcuts, PyInstaller) and parley.icns (the macOS .app).
 Outputs are committed under resources/icons/app/; rerun after changing the SVG:
     .venv/bin/python packaging/make_icons.py
 """
+
 from __future__ import annotations
 
 import sys
@@ -44,10 +45,13 @@ def main() -> int:
         render_png(size, OUT / f"parley-{size}.png")
     images = {s: Image.open(OUT / f"parley-{s}.png").convert("RGBA") for s in PNG_SIZES}
     # Each ICO entry is its own rendering (not a downscale of the largest).
-    images[256].save(OUT / "parley.ico", format="ICO", sizes=[(s, s) for s in ICO_SIZES],
-                     append_images=[images[s] for s in ICO_SIZES if s != 256])
-    images[512].save(OUT / "parley.icns", format="ICNS",
-                     append_images=[images[s] for s in (16, 32, 64, 128, 256)])
+    images[256].save(
+        OUT / "parley.ico",
+        format="ICO",
+        sizes=[(s, s) for s in ICO_SIZES],
+        append_images=[images[s] for s in ICO_SIZES if s != 256],
+    )
+    images[512].save(OUT / "parley.icns", format="ICNS", append_images=[images[s] for s in (16, 32, 64, 128, 256)])
     print(f"wrote {len(PNG_SIZES)} PNGs, parley.ico and parley.icns to {OUT.relative_to(ROOT)}")
     return 0
 

@@ -4,6 +4,7 @@ one download paused mid-way by the stand-in so the progress bar shows, and one i
 
 xvfb-run -a -s "-screen 0 1400x900x24" .venv/bin/python packaging/models_screenshot.py --out docs/screenshots
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,18 @@ def main() -> int:
     mp = pytest.MonkeyPatch()
     hub = start_standin(mp, work / "hub")
     template = {"chat_template.jinja": b"{{ messages }}"}
-    hub.add_repo("HuggingFaceTB/SmolVLM-256M-Instruct", {"config.json": json.dumps(SMOLVLM_256M).encode(), **template,
-                                                         "model.safetensors": safetensors_bytes(48 << 20)})
-    hub.add_repo("Qwen/Qwen2-VL-2B-Instruct", {"config.json": json.dumps(QWEN2_VL_2B).encode(), **template,
-                                               "model.safetensors": safetensors_bytes(1 << 20)})
+    hub.add_repo(
+        "HuggingFaceTB/SmolVLM-256M-Instruct",
+        {
+            "config.json": json.dumps(SMOLVLM_256M).encode(),
+            **template,
+            "model.safetensors": safetensors_bytes(48 << 20),
+        },
+    )
+    hub.add_repo(
+        "Qwen/Qwen2-VL-2B-Instruct",
+        {"config.json": json.dumps(QWEN2_VL_2B).encode(), **template, "model.safetensors": safetensors_bytes(1 << 20)},
+    )
     hub.add_folder("acme/tiny-smolvlm", build_tiny_model("smolvlm", work / "tiny"))
 
     from app.models_page import COL_FIT, ModelsPage

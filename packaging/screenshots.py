@@ -22,6 +22,7 @@ Needs a real display server (QT_QPA_PLATFORM=xcb under Xvfb, set here unless alr
 
 The replies and what the pictures show are printed, so a wrong answer is easy to spot.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
 
 # isort: off
 import app  # noqa: E402,F401  (the PySide6 refcount workaround, before any other Qt use)
+
 # isort: on
 import shapes_world as world  # noqa: E402
 from PySide6.QtCore import QEventLoop, QMimeData, QPointF, QSettings, Qt, QTimer, QUrl  # noqa: E402
@@ -63,6 +65,7 @@ TURN_TIMEOUT_S = 180
 
 # ---------------------------------------------------------------- pictures (in the demo's world)
 
+
 def shape(kind: str, colour: str, cell: int, half: float, angle: float = 0.0) -> world.Obj:
     r, c = divmod(cell, 3)
     return world.Obj(kind, colour, cell, (c + 0.5) / 3, (r + 0.5) / 3, half, angle)
@@ -70,11 +73,12 @@ def shape(kind: str, colour: str, cell: int, half: float, angle: float = 0.0) ->
 
 SCENES = {
     # three shapes on white: "What is in the picture?"
-    "shapes.png": world.Scene([shape("circle", "red", 0, 0.12), shape("square", "blue", 5, 0.12),
-                            shape("triangle", "green", 7, 0.13)], ["white"]),
+    "shapes.png": world.Scene(
+        [shape("circle", "red", 0, 0.12), shape("square", "blue", 5, 0.12), shape("triangle", "green", 7, 0.13)],
+        ["white"],
+    ),
     # a second picture, two shapes on grey: "What about this one?"
-    "more-shapes.png": world.Scene([shape("star", "yellow", 2, 0.14, 6), shape("heart", "purple", 3, 0.13)],
-                                ["grey"]),
+    "more-shapes.png": world.Scene([shape("star", "yellow", 2, 0.14, 6), shape("heart", "purple", 3, 0.13)], ["grey"]),
     # the good picture kept next to the refused files
     "star.png": world.Scene([shape("star", "orange", 4, 0.3)], ["black"]),
 }
@@ -100,6 +104,7 @@ def not_pictures(folder: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------- driving the window
+
 
 def settle(ms: int) -> None:
     """Run the event loop for `ms` milliseconds (layouts, repaints, queued engine events)."""
@@ -189,10 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEMO_MODEL), help="model folder (default: the demo model)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"), help="where to write the PNGs")
-    ap.add_argument("--size", default=f"{WINDOW[0]}x{WINDOW[1]}",
-                    help="window size WxH (e.g. 1280x720 under a 1280x720 Xvfb screen: a small laptop)")
-    ap.add_argument("--theme", default="light", choices=["light", "dark"],
-                    help="theme of the screenshots (chat.png is also taken in the other one)")
+    ap.add_argument(
+        "--size",
+        default=f"{WINDOW[0]}x{WINDOW[1]}",
+        help="window size WxH (e.g. 1280x720 under a 1280x720 Xvfb screen: a small laptop)",
+    )
+    ap.add_argument(
+        "--theme",
+        default="light",
+        choices=["light", "dark"],
+        help="theme of the screenshots (chat.png is also taken in the other one)",
+    )
     args = ap.parse_args(argv)
     window = tuple(int(n) for n in args.size.lower().split("x"))
     out = Path(args.out)
@@ -233,15 +245,20 @@ def main(argv: list[str] | None = None) -> int:
             grab(w, out / "empty.png")
 
             w.memory_dock.hide()  # the conversation gets the room; the dock has its own screenshot
-            turns = [(pictures["shapes.png"], "What is in the picture?"),
-                     (pictures["more-shapes.png"], "What about this one?")]
+            turns = [
+                (pictures["shapes.png"], "What is in the picture?"),
+                (pictures["more-shapes.png"], "What about this one?"),
+            ]
             for (picture, question), scene in zip(turns, SCENES.values(), strict=False):
                 reply = ask(w, picture, question, done)
                 if failed:
                     raise SystemExit(f"screenshots: {failed[0]}")
                 drawn = describe(scene)
-                print(f"{question!r} on {picture.name}: {reply!r}"
-                      + ("" if reply == drawn else f"  <- WARNING: the picture shows {drawn!r}"), flush=True)
+                print(
+                    f"{question!r} on {picture.name}: {reply!r}"
+                    + ("" if reply == drawn else f"  <- WARNING: the picture shows {drawn!r}"),
+                    flush=True,
+                )
             grab(w, out / "chat.png")
             other = "dark" if args.theme == "light" else "light"
             set_theme(qapp, w, other)  # as Settings ▸ Theme does

@@ -1,5 +1,6 @@
 """The API tests' served engine: a tiny llava model behind a running ApiServer, the real `openai`
 client on it, raw HTTP for what that client cannot send, and the reference replies."""
+
 from __future__ import annotations
 
 import base64
@@ -22,8 +23,11 @@ def data_url(path: Path, mime: str = "image/png") -> str:
 def user(text: str, *pictures: Path) -> dict:
     if not pictures:
         return {"role": "user", "content": text}
-    return {"role": "user", "content": [{"type": "text", "text": text}]
-            + [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in pictures]}
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": text}]
+        + [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in pictures],
+    }
 
 
 class Served:
@@ -55,8 +59,14 @@ class Served:
     def model(self) -> str:
         return self.engine.loaded.name  # the served model's id (another name is a 404)
 
-    def raw(self, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,
-            server: ApiServer | None = None):
+    def raw(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | None = None,
+        headers: dict | None = None,
+        server: ApiServer | None = None,
+    ):
         host, port = (server or self.server).address
         conn = http.client.HTTPConnection(host, port, timeout=60)
         try:

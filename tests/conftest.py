@@ -1,4 +1,5 @@
 """Shared pytest fixtures: tiny model folders built once per test session."""
+
 from __future__ import annotations
 
 import gc
@@ -23,8 +24,7 @@ SIMULATED_PLATFORM = from_environment()
 
 def pytest_report_header(config):
     if SIMULATED_PLATFORM:
-        return (f"parley platform simulation: {SIMULATED_PLATFORM} "
-                f"(absent: {', '.join(MISSING[SIMULATED_PLATFORM])})")
+        return f"parley platform simulation: {SIMULATED_PLATFORM} (absent: {', '.join(MISSING[SIMULATED_PLATFORM])})"
     return "parley platform simulation: off"
 
 

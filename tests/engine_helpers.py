@@ -1,5 +1,6 @@
 """Shared helpers for engine tests: a running engine over a model folder, and the reference
 greedy reply from a fresh full prefill with `model.generate`."""
+
 from __future__ import annotations
 
 import threading
@@ -42,8 +43,11 @@ class Reference:
         processor = self.loaded.processor
         text = render(processor, messages, system)
         # a page or frame as the engine reads it (rendered within the processor's pixel limit)
-        images = [Image.open(p.path).convert("RGB") if type(p) is PictureRef else p.picture(pixel_limit(self.loaded))
-                  for m in messages for p in m.images]
+        images = [
+            Image.open(p.path).convert("RGB") if type(p) is PictureRef else p.picture(pixel_limit(self.loaded))
+            for m in messages
+            for p in m.images
+        ]
         if self.loaded.family.nested_images and images:
             images = [images]
         inputs = processor(text=text, images=images or None, return_tensors="pt")
@@ -53,7 +57,7 @@ class Reference:
     def reply_ids(self, messages: list[Message], max_new_tokens: int, system: str | None = None) -> list[int]:
         ids, inputs = self.prompt_ids(messages, system)
         out = self.loaded.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-        return out[0, len(ids):].tolist()
+        return out[0, len(ids) :].tolist()
 
 
 def expect_done(result) -> TurnDone:

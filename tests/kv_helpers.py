@@ -1,5 +1,6 @@
 """Made-up KV caches and a small store for the KV block store tests: seeded K/V tensors (grown
 like a conversation), token lists, the exact-prefix check, and the blobs on disk."""
+
 from __future__ import annotations
 
 import os
@@ -17,14 +18,18 @@ NS = b"test-model:v1"
 def make_kv(n, layers=3, kv_heads=2, head_dim=16, dtype=torch.float32, seed=0, v_dim=None):
     g = torch.Generator().manual_seed(seed)
     v_dim = v_dim or head_dim
-    return [(torch.randn(1, kv_heads, n, head_dim, generator=g).to(dtype),
-             torch.randn(1, kv_heads, n, v_dim, generator=g).to(dtype)) for _ in range(layers)]
+    return [
+        (
+            torch.randn(1, kv_heads, n, head_dim, generator=g).to(dtype),
+            torch.randn(1, kv_heads, n, v_dim, generator=g).to(dtype),
+        )
+        for _ in range(layers)
+    ]
 
 
 def grow(kv, extra, seed):
     """The same conversation k tokens later: old K/V unchanged, new ones appended."""
-    new = make_kv(extra, len(kv), kv[0][0].shape[1], kv[0][0].shape[3], kv[0][0].dtype, seed,
-                  kv[0][1].shape[3])
+    new = make_kv(extra, len(kv), kv[0][0].shape[1], kv[0][0].shape[3], kv[0][0].dtype, seed, kv[0][1].shape[3])
     return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(kv, new, strict=True)]
 
 

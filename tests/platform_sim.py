@@ -19,6 +19,7 @@ absent here, so publishing falls back to os.replace.
 Child Pythons started by tests get the same simulation through tests/platform_sim_boot
 (a sitecustomize on PYTHONPATH), so the SIGKILL crash tests' writers run simulated too.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,8 +30,7 @@ import types
 ENV = "PARLEY_SIMULATE_PLATFORM"
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform_sim_boot")
 MISSING = {
-    "windows": ("pread", "pwrite", "preadv", "pwritev", "readv", "writev", "fdatasync", "O_DIRECTORY",
-                "O_CLOEXEC"),
+    "windows": ("pread", "pwrite", "preadv", "pwritev", "readv", "writev", "fdatasync", "O_DIRECTORY", "O_CLOEXEC"),
     "macos": ("fdatasync", "preadv", "pwritev"),
 }
 # also absent on Windows, but pytest itself needs them (tmp_path asks getpass for the user):

@@ -3,6 +3,7 @@ process, and small stdlib HTTP servers that fail the ways real servers do (401, 
 413, a stream cut mid-reply, a plain web server that is not an API, one that never answers),
 and hostile ones (a stream that never ends, usage of the wrong types, a reply that drips,
 escape codes in replies and errors, a chunk of the wrong shape after text)."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,17 @@ class ParleyServe:
 
     def __init__(self, model_dir: Path, data_dir: Path, token: str | None = None):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, str(ROOT / "main.py"), "serve", "--port", "0", "--model", str(model_dir),
-               "--data-dir", str(data_dir)]
+        cmd = [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            str(model_dir),
+            "--data-dir",
+            str(data_dir),
+        ]
         if token:
             cmd += ["--api-token", token]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -35,7 +45,7 @@ class ParleyServe:
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""
             self.proc.kill()
             raise RuntimeError(f"serve did not start: {line!r} {err}")
-        self.url = line[line.index("http://"):].split()[0]  # ends in /v1
+        self.url = line[line.index("http://") :].split()[0]  # ends in /v1
 
     def kill(self) -> None:
         """The server dies (no goodbye): what a crash or a pulled cable looks like."""
@@ -98,8 +108,9 @@ class _Base(BaseHTTPRequestHandler):
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def _models(self) -> None:
-        self._json(200, {"object": "list", "data": [{"id": "big-vlm", "object": "model", "created": 0,
-                                                     "owned_by": "test"}]})
+        self._json(
+            200, {"object": "list", "data": [{"id": "big-vlm", "object": "model", "created": 0, "owned_by": "test"}]}
+        )
 
     def _error(self, code: int, message: str, kind: str) -> None:
         self._json(code, {"error": {"message": message, "type": kind, "code": code}})
@@ -127,6 +138,7 @@ class Forbidden(_Base):
 
 class Strict(_Base):
     """vLLM's answers: 404 for a model it does not serve, 413 past its body limit."""
+
     LIMIT = 4096
 
     def do_GET(self):
@@ -135,8 +147,9 @@ class Strict(_Base):
     def do_POST(self):
         body = self._body()
         if len(body) > self.LIMIT:
-            return self._error(413, f"Request body too large ({len(body)} > {self.LIMIT} bytes).",
-                               "invalid_request_error")
+            return self._error(
+                413, f"Request body too large ({len(body)} > {self.LIMIT} bytes).", "invalid_request_error"
+            )
         model = json.loads(body).get("model")
         if model != "big-vlm":
             return self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
@@ -144,9 +157,13 @@ class Strict(_Base):
 
 
 def _chunk(text: str | None, finish: str | None = None) -> bytes:
-    obj = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "big-vlm",
-           "choices": [{"index": 0, "delta": {"content": text} if text is not None else {},
-                        "finish_reason": finish}]}
+    obj = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "big-vlm",
+        "choices": [{"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": finish}],
+    }
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
@@ -269,9 +286,19 @@ class BadUsage(_Streaming):
     def do_POST(self):
         self._start()
         self.send(_chunk("Hello") + _chunk(" there", "stop"))
-        usage = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "big-vlm", "choices": [],
-                 "usage": {"prompt_tokens": "abc", "completion_tokens": [2], "total_tokens": None,
-                           "prompt_tokens_details": {"cached_tokens": "lots"}}}
+        usage = {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "big-vlm",
+            "choices": [],
+            "usage": {
+                "prompt_tokens": "abc",
+                "completion_tokens": [2],
+                "total_tokens": None,
+                "prompt_tokens_details": {"cached_tokens": "lots"},
+            },
+        }
         self.send(f"data: {json.dumps(usage)}\n\n".encode() + b"data: [DONE]\n\n")
         self.finish_stream()
 
@@ -314,8 +341,13 @@ class TransformersServe:
         exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or "transformers"
         self.port = free_port()
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.model = str(model_dir)
         deadline = time.monotonic() + start_timeout
@@ -360,6 +392,7 @@ def stub():
 def remote(url: str, **kw):
     """A started RemoteEngine on `url` (RemoteConfig.make's keywords: model, stream, ...)."""
     from engine.remote import RemoteConfig, RemoteEngine
+
     return RemoteEngine(RemoteConfig.make(url, **kw)).start()
 
 

@@ -1,6 +1,7 @@
 """The OpenAI-compatible API on the running engine: the real `openai` client gets the engine's
 own greedy replies, re-sent conversations reuse the KV prefix and the image cache, API and
 window turns share one queue, and the `serve` command serves."""
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------- replies
+
 
 @pytest.mark.slow
 def test_models_lists_the_loaded_model(served):
@@ -81,7 +83,7 @@ def test_stop_sequences_cut_the_reply_and_stop_generation(served):
     full, _ = served.ref_text(msgs, 20)
     assert len(full) > 8
     stop = full[4:7]
-    want = full[:full.index(stop)]
+    want = full[: full.index(stop)]
     done: list[TurnDone] = []
     ended = threading.Event()
     served.engine.add_listener(lambda ev: (done.append(ev), ended.set()) if isinstance(ev, TurnDone) else None)
@@ -95,6 +97,7 @@ def test_stop_sequences_cut_the_reply_and_stop_generation(served):
 
 
 # ---------------------------------------------------------------- re-sent conversations
+
 
 @pytest.mark.slow
 def test_resent_picture_conversation_reuses_prefix_and_image_cache(served, tmp_path):
@@ -126,6 +129,7 @@ def test_resent_picture_conversation_reuses_prefix_and_image_cache(served, tmp_p
 
 # ---------------------------------------------------------------- sharing the engine
 
+
 @pytest.mark.slow
 def test_api_and_window_turns_share_the_queue(served):
     engine = served.engine
@@ -151,26 +155,54 @@ def test_api_and_window_turns_share_the_queue(served):
 
 # ---------------------------------------------------------------- the `serve` command
 
+
 @pytest.mark.slow
 def test_serve_command(tiny_model, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    refused = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--host", "0.0.0.0", "--port", "0",
-                              "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, env=env,
-                             timeout=120)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert refused.returncode != 0 and "--api-token" in refused.stderr
     err_path = tmp_path / "serve.stderr"  # a file, never a pipe nobody drains (a full pipe blocks the server)
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0",
-                                 "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d")],
-                                stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=dict(env, PYTHONFAULTHANDLER="1"),
-                                # started with SIGINT ignored, as under nohup or a script's background
-                                # job (where this test hung): Ctrl+C must still stop it
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "main.py"),
+                "serve",
+                "--port",
+                "0",
+                "--model",
+                str(tiny_model("llava")),
+                "--data-dir",
+                str(tmp_path / "d"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=dict(env, PYTHONFAULTHANDLER="1"),
+            # started with SIGINT ignored, as under nohup or a script's background
+            # job (where this test hung): Ctrl+C must still stop it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
     try:
         line = proc.stdout.readline()
         assert "http://127.0.0.1:" in line, (line, err_path.read_text() if proc.poll() is not None else "")
-        url = line[line.index("http://"):].split()[0]
+        url = line[line.index("http://") :].split()[0]
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
         model = client.models.list().data[0].id
         r = client.chat.completions.create(model=model, messages=[user("hi")], max_tokens=2, temperature=0)
@@ -182,6 +214,7 @@ def test_serve_command(tiny_model, tmp_path):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack: where it hangs
             proc.wait(30)
-            raise AssertionError("serve did not stop within 30 s of Ctrl+C; its stderr:\n"
-                                 + err_path.read_text()[-8000:]) from None
+            raise AssertionError(
+                "serve did not stop within 30 s of Ctrl+C; its stderr:\n" + err_path.read_text()[-8000:]
+            ) from None
     assert rc == 0

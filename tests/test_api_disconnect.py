@@ -1,5 +1,6 @@
 """Clients that go away: a vanished client stops its generation at once, and an HTTP/1.0
 client gets a plain event stream."""
+
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ openai = pytest.importorskip("openai")
 
 
 # ---------------------------------------------------------------- clients that go away
+
 
 class _ApiTurn:
     """Listens for the API client's turn: set when it produces a token and when it ends."""
@@ -43,13 +45,22 @@ def test_client_disconnect_stops_the_generation(served, stream):
     engine = served.engine
     listen = _ApiTurn()
     engine.add_listener(listen)
-    body = json.dumps({"model": served.model, "messages": [user(f"Tell me a very long story ({stream}).")],
-                       "max_tokens": 30000, "temperature": 0, "stream": stream}).encode()
+    body = json.dumps(
+        {
+            "model": served.model,
+            "messages": [user(f"Tell me a very long story ({stream}).")],
+            "max_tokens": 30000,
+            "temperature": 0,
+            "stream": stream,
+        }
+    ).encode()
     host, port = served.server.address
     sock = socket.create_connection((host, port), timeout=30)
     try:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         if stream:
             got = b""
             while got.count(b"data: ") < 3:
@@ -77,8 +88,10 @@ def test_http_10_client_gets_a_plain_event_stream(served):
     body = json.dumps({"messages": [user("Hello there")], "max_tokens": 4, "temperature": 0, "stream": True})
     host, port = served.server.address
     with socket.create_connection((host, port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode()))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode())
+        )
         data = b""
         while chunk := sock.recv(65536):
             data += chunk

@@ -1,6 +1,7 @@
 """The API against clients that mean harm, over real sockets on loopback: a thousand idle
 connections do not lock an authorised client out, and pictures sent past the cap never take the
 picture folder over it (nor the disk under its floor), while pictures a turn still needs stay."""
+
 from __future__ import annotations
 
 import io
@@ -46,8 +47,9 @@ def test_a_thousand_idle_sockets_do_not_lock_out_an_authorised_request(tiny_mode
             idle.append(socket.create_connection((host, int(port)), timeout=10))
         client = openai.OpenAI(base_url=serve.url, api_key="s3cret", max_retries=0, timeout=60)
         [model] = [m.id for m in client.models.list().data]
-        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello"}],
-                                           max_tokens=2, temperature=0)
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=2, temperature=0
+        )
         assert r.usage.completion_tokens == 2
         with pytest.raises(openai.AuthenticationError):  # the token is still required of everyone
             openai.OpenAI(base_url=serve.url, api_key="wrong", max_retries=0).models.list()
@@ -73,8 +75,9 @@ def test_idle_connections_past_the_limit_make_way_for_new_ones(engine):
     idle = [socket.create_connection(server.address, timeout=10) for _ in range(200)]
     try:
         client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
-        r = client.chat.completions.create(model=engine.loaded.name, messages=[{"role": "user", "content": "Hi"}],
-                                           max_tokens=2, temperature=0)
+        r = client.chat.completions.create(
+            model=engine.loaded.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0
+        )
         assert r.usage.completion_tokens == 2
         assert idle[0].recv(1) == b""  # the longest waiting was closed by the server
         idle[-1].sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # the newest still works
@@ -107,10 +110,19 @@ def test_distinct_pictures_past_the_cap_keep_it_at_every_step(engine, tmp_path):
             pic = tmp_path / f"p{i}.bmp"
             pic.write_bytes(bmp(i))
             r = client.chat.completions.create(
-                model=engine.loaded.name, max_tokens=1, temperature=0,
-                messages=[{"role": "user", "content": [
-                    {"type": "text", "text": "What is this?"},
-                    {"type": "image_url", "image_url": {"url": data_url(pic, "image/bmp")}}]}])
+                model=engine.loaded.name,
+                max_tokens=1,
+                temperature=0,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is this?"},
+                            {"type": "image_url", "image_url": {"url": data_url(pic, "image/bmp")}},
+                        ],
+                    }
+                ],
+            )
             assert r.usage.completion_tokens == 1
             assert on_disk(folder) <= cap, f"step {i}: {on_disk(folder)} bytes on disk, cap {cap}"
         assert server.pictures.pruned >= 8  # the oldest went first; the newest is there
@@ -126,8 +138,16 @@ def test_a_picture_larger_than_the_cap_is_413(engine, tmp_path):
     pic.write_bytes(bmp(1))
     try:
         with pytest.raises(openai.APIStatusError) as err:
-            client.chat.completions.create(model=engine.loaded.name, max_tokens=1, messages=[
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(pic, "image/bmp")}}]}])
+            client.chat.completions.create(
+                model=engine.loaded.name,
+                max_tokens=1,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": data_url(pic, "image/bmp")}}],
+                    }
+                ],
+            )
         assert err.value.status_code == 413 and err.value.body["code"] == "picture_too_large"
         assert on_disk(tmp_path / "pictures") == 0
     finally:

@@ -1,6 +1,7 @@
 """The API under hostile and heavy use, over real sockets on loopback: bursts are queued or
 answered 429 (never reset), slow clients are dropped by timeouts while others are served, an
 oversized body is refused at once, and requests that cannot fit never reach the model thread."""
+
 from __future__ import annotations
 
 import http.client
@@ -59,8 +60,15 @@ def turns_started(engine):
 
 
 def chat_body(engine, text="Hello", max_tokens=2, **extra) -> bytes:
-    return json.dumps({"model": engine.loaded.name, "messages": [{"role": "user", "content": text}],
-                       "max_tokens": max_tokens, "temperature": 0, **extra}).encode()
+    return json.dumps(
+        {
+            "model": engine.loaded.name,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            **extra,
+        }
+    ).encode()
 
 
 def post(server: ApiServer, body: bytes, path="/v1/chat/completions", timeout=60):
@@ -85,6 +93,7 @@ def read_reply(sock: socket.socket) -> bytes:
 
 
 # ---------------------------------------------------------------- bursts
+
 
 @pytest.mark.slow
 def test_forty_concurrent_clients_are_served_or_told_to_retry_never_reset(engine, serve):
@@ -121,8 +130,10 @@ def test_a_full_queue_answers_429_with_retry_after_and_frees_up(engine, serve):
     server = serve(max_pending=1)
     body = chat_body(engine, "Tell me a very long story.", max_tokens=30000, stream=True)
     with socket.create_connection(server.address, timeout=30) as hog:  # holds the only place
-        hog.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        hog.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         got = b""
         while got.count(b"data: ") < 2:
             chunk = hog.recv(4096)
@@ -141,6 +152,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_frees_up(engine, serve):
 
 
 # ---------------------------------------------------------------- slow clients
+
 
 @pytest.mark.slow
 def test_slow_loris_is_dropped_while_others_are_served(engine, serve):
@@ -172,8 +184,10 @@ def test_slow_loris_is_dropped_while_others_are_served(engine, serve):
 
     # a body that stops arriving: 408, and the connection is closed
     with socket.create_connection(server.address, timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"messages": ['
+        )
         reply = read_reply(s)
     assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
 
@@ -187,13 +201,16 @@ def test_an_idle_connection_is_closed(serve):
 
 # ---------------------------------------------------------------- big and odd bodies
 
+
 @pytest.mark.slow
 def test_a_30_mb_body_is_refused_while_another_request_completes(engine, serve, turns_started):
     server = serve()
     size = 30 << 20
     with socket.create_connection(server.address, timeout=30) as big:
-        big.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n" % size)
+        big.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % size
+        )
         big.sendall(b'{"messages": "' + b"x" * (1 << 20))  # in flight...
         status, _, data = post(server, chat_body(engine, "A small question."))  # ...while this one is served
         assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 2
@@ -230,8 +247,9 @@ def test_an_unknown_model_is_404_model_not_found(engine, serve, turns_started):
     assert err.value.body["param"] == "model" and "gpt-9" in err.value.body["message"]
     assert turns_started == []
     # the served name, and no name at all, are answered
-    r = client.chat.completions.create(model=engine.loaded.name, messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=2, temperature=0)
+    r = client.chat.completions.create(
+        model=engine.loaded.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+    )
     assert r.usage.completion_tokens == 2
     assert [m.id for m in client.models.list().data] == [engine.loaded.name]
 
@@ -253,6 +271,7 @@ def test_text_that_cannot_fit_never_reaches_the_model_thread(engine, serve, turn
 
 
 # ---------------------------------------------------------------- pictures are private and expire
+
 
 def test_api_pictures_are_private_and_expire(tmp_path):
     folder = tmp_path / "pictures"

@@ -1,6 +1,7 @@
 """What the API refuses and how: every bad request gets a clean 4xx without disturbing the engine,
 web pages and rebinding hosts are refused without a token, a set token is required; and the
 request parts that need no model (stop sequences, the picture store, the bind check)."""
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,18 @@ openai = pytest.importorskip("openai")
 
 # ---------------------------------------------------------------- no model needed
 
-@pytest.mark.parametrize("stops, pieces, sent, hit", [
-    (["END"], ["ab", "cE", "N", "Dxx"], "abc", True),
-    (["END"], ["ab", "cE", "N", "x"], "abcENx", False),
-    (["\n\n", "##"], ["a\n", "b#", "#c"], "a\nb", True),
-    (["x"], ["x"], "", True),
-    ([], ["a", "b"], "ab", False),
-    (["lo w", "o"], ["hel", "lo world"], "hel", True),  # the earliest stop wins
-])
+
+@pytest.mark.parametrize(
+    "stops, pieces, sent, hit",
+    [
+        (["END"], ["ab", "cE", "N", "Dxx"], "abc", True),
+        (["END"], ["ab", "cE", "N", "x"], "abcENx", False),
+        (["\n\n", "##"], ["a\n", "b#", "#c"], "a\nb", True),
+        (["x"], ["x"], "", True),
+        ([], ["a", "b"], "ab", False),
+        (["lo w", "o"], ["hel", "lo world"], "hel", True),  # the earliest stop wins
+    ],
+)
 def test_stop_scanner_releases_only_safe_text(stops, pieces, sent, hit):
     sc = StopScanner(stops)
     out = "".join(sc.push(p) for p in pieces)
@@ -99,9 +104,12 @@ def test_network_bind_without_token_is_refused():
 
 # ---------------------------------------------------------------- bad requests
 
+
 def _big_picture_count(pic: Path, n: int, model: str) -> dict:
-    return {"model": model, "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(pic)}}] * n}]}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(pic)}}] * n}],
+    }
 
 
 def _bad_cases(tmp: Path, model: str):
@@ -129,18 +137,25 @@ def _bad_cases(tmp: Path, model: str):
         ("tool role", chat(messages=[{"role": "tool", "content": "hi"}]), 400, "unsupported_role"),
         ("content a number", chat(messages=[{"role": "user", "content": 5}]), 400, "invalid_type"),
         ("missing content", chat(messages=[{"role": "user"}]), 400, "missing_content"),
-        ("unknown part", chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]), 400,
-         "unsupported_content"),
-        ("ends with assistant", chat(messages=ok_msgs + [{"role": "assistant", "content": "x"}]), 400,
-         "invalid_value"),
+        (
+            "unknown part",
+            chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]),
+            400,
+            "unsupported_content",
+        ),
+        ("ends with assistant", chat(messages=ok_msgs + [{"role": "assistant", "content": "x"}]), 400, "invalid_value"),
         ("bad base64", img("data:image/png;base64,@@not base64@@"), 400, "invalid_base64"),
         ("not a picture", img(data_url(pdf)), 400, "invalid_image"),
         ("damaged picture", img(data_url(broken)), 400, "invalid_image"),
         ("pdf data url", img(data_url(pdf, "application/pdf")), 400, "invalid_image"),
         ("remote image", img("https://example.com/cat.png"), 400, "remote_image_refused"),
         ("file url", img("file:///etc/passwd"), 400, "invalid_image_url"),
-        ("too many pictures", ("POST", "/v1/chat/completions", json.dumps(_big_picture_count(good, 17, model))), 400,
-         "too_many_pictures"),
+        (
+            "too many pictures",
+            ("POST", "/v1/chat/completions", json.dumps(_big_picture_count(good, 17, model))),
+            400,
+            "too_many_pictures",
+        ),
         ("max_tokens a string", chat(messages=ok_msgs, max_tokens="ten"), 400, "invalid_value"),
         ("max_tokens zero", chat(messages=ok_msgs, max_tokens=0), 400, "invalid_value"),
         ("temperature too high", chat(messages=ok_msgs, temperature=5), 400, "invalid_value"),
@@ -164,6 +179,7 @@ def _bad_cases(tmp: Path, model: str):
 @pytest.mark.slow
 def test_bad_requests_get_clean_4xx_and_leave_the_engine_serving(served, tmp_path):
     started: list = []
+
     def listen(ev):
         if isinstance(ev, TurnStarted):
             started.append(ev)
@@ -195,11 +211,16 @@ def test_bad_requests_get_clean_4xx_and_leave_the_engine_serving(served, tmp_pat
 def test_web_pages_and_rebinding_hosts_are_refused_without_a_token(served):
     status, _, data = served.raw("GET", "/v1/models", headers={"Host": "evil.example:8011"})
     assert status == 403 and json.loads(data)["error"]["code"] == "host_not_allowed"
-    status, _, data = served.raw("POST", "/v1/chat/completions", json.dumps({"messages": [user("hi")]}),
-                                 headers={"Origin": "https://evil.example"})
+    status, _, data = served.raw(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({"messages": [user("hi")]}),
+        headers={"Origin": "https://evil.example"},
+    )
     assert status == 403 and json.loads(data)["error"]["code"] == "origin_not_allowed"
-    status, _, _ = served.raw("GET", "/v1/models",
-                              headers={"Host": "localhost:8011", "Origin": "http://127.0.0.1:3000"})
+    status, _, _ = served.raw(
+        "GET", "/v1/models", headers={"Host": "localhost:8011", "Origin": "http://127.0.0.1:3000"}
+    )
     assert status == 200
 
 
@@ -209,14 +230,19 @@ def test_token_is_required_when_set(served):
         ApiServer(served.engine, "0.0.0.0", 0)
     secured = ApiServer(served.engine, "127.0.0.1", 0, token="s3cret-token").start()
     try:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"},
-                        {"Authorization": "Basic s3cret-token"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "s3cret-token"},
+            {"Authorization": "Basic s3cret-token"},
+        ):
             status, hdrs, data = served.raw("GET", "/v1/models", headers=headers, server=secured)
             assert status == 401, headers
             assert json.loads(data)["error"]["code"] == "invalid_api_key"
             assert hdrs.get("WWW-Authenticate", "").startswith("Bearer")
-        status, _, _ = served.raw("POST", "/v1/chat/completions", json.dumps({"messages": [user("hi")]}),
-                                  server=secured)
+        status, _, _ = served.raw(
+            "POST", "/v1/chat/completions", json.dumps({"messages": [user("hi")]}), server=secured
+        )
         assert status == 401
         bad_client = openai.OpenAI(base_url=secured.url, api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):

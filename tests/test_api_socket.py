@@ -1,5 +1,6 @@
 """The API's listening socket: its connections send small writes at once (TCP_NODELAY), so a
 plain reply's body does not wait for the client's delayed ACK of its headers (~45 ms a turn)."""
+
 from __future__ import annotations
 
 import asyncio

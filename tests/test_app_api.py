@@ -1,5 +1,6 @@
 """The OpenAI-compatible API server run inside the app: turned on and off from Settings, on the
 window's own engine; its activity in the memory dock; refusals and bind failures said clearly."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,9 @@ def refused(url: str) -> bool:
     return False
 
 
-def settings(qtbot, w: MainWindow, enabled: bool, host: str = "127.0.0.1", port: int = 8011,
-             token: str = "") -> SettingsDialog:
+def settings(
+    qtbot, w: MainWindow, enabled: bool, host: str = "127.0.0.1", port: int = 8011, token: str = ""
+) -> SettingsDialog:
     """The settings dialog as the window makes it, with the API section filled in."""
     dlg = SettingsDialog(w.prefs, w.data_dir, w, api_apply=w.apply_api)
     qtbot.addWidget(dlg)
@@ -81,14 +83,18 @@ def test_settings_start_and_stop_the_server_and_the_dock_follows(make_window, qt
 
     models = get(f"{url}/models")
     assert [m["id"] for m in models["data"]] == [w.bridge.engine.loaded.name]
-    reply = post(f"{url}/chat/completions", {"model": models["data"][0]["id"], "max_tokens": 3,
-                                             "messages": [{"role": "user", "content": "hello"}]})
+    reply = post(
+        f"{url}/chat/completions",
+        {"model": models["data"][0]["id"], "max_tokens": 3, "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] >= 1
 
     # the dock: request count and last client (queued from the HTTP thread)
     rows = w.memory_dock.api_rows.labels
-    qtbot.waitUntil(lambda: "api_requests" in rows and rows["api_requests"].text() == "1"
-                    and rows["api_active"].text() == "0", timeout=5000)
+    qtbot.waitUntil(
+        lambda: "api_requests" in rows and rows["api_requests"].text() == "1" and rows["api_active"].text() == "0",
+        timeout=5000,
+    )
     assert rows["api_errors"].text() == "0"
     assert rows["api_last_client"].text().startswith("127.0.0.1 at ") and "s ago" in rows["api_last_client"].text()
     # the API's session is labelled as an API conversation in the per-conversation KV
@@ -120,8 +126,7 @@ def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot)
     seen = {}
 
     def fill_and_press_ok():
-        dlg = next((x for x in QApplication.topLevelWidgets() if isinstance(x, SettingsDialog) and x.isVisible()),
-                   None)
+        dlg = next((x for x in QApplication.topLevelWidgets() if isinstance(x, SettingsDialog) and x.isVisible()), None)
         if dlg is None:
             return QTimer.singleShot(20, fill_and_press_ok)
         dlg.api_enabled.setChecked(True)
@@ -143,11 +148,13 @@ def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot)
     w.prefs.set_api_config(dlg.api_config())
     assert w.apply_api(w.prefs.api_config()) is not None
     assert w.api.state == "failed" and "token is required" in w.statusBar().currentMessage()
-    qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels["api_state"].text().startswith("not running — An API token"),
-                    timeout=5000)
+    qtbot.waitUntil(
+        lambda: w.memory_dock.api_rows.labels["api_state"].text().startswith("not running — An API token"), timeout=5000
+    )
     assert "not running" in w.status.api_label.text()
     # with a token it is accepted by the dialog's check (no bind here: a test must not open the network)
     from app.api_control import config_problem
+
     assert config_problem(settings(qtbot, w, True, host="0.0.0.0", token="s3cret").api_config()) is None
 
     # and the app keeps working
@@ -167,16 +174,19 @@ def test_a_busy_port_is_said_and_the_running_server_stays(make_window, qtbot):
         assert not ok(qtbot, w, dlg)  # the dialog stays open
         assert dlg.api_error.isVisibleTo(dlg) and f"Cannot listen on 127.0.0.1:{port}" in dlg.api_error.text()
         assert w.api.state == "failed" and f"127.0.0.1:{port}" in w.statusBar().currentMessage()
-        qtbot.waitUntil(lambda: "not running — Cannot listen" in w.memory_dock.api_rows.labels["api_state"].text(),
-                        timeout=5000)
+        qtbot.waitUntil(
+            lambda: "not running — Cannot listen" in w.memory_dock.api_rows.labels["api_state"].text(), timeout=5000
+        )
         # a running server moved to a busy port stays where it was, and says so
         good = free_port()
         assert ok(qtbot, w, settings(qtbot, w, True, port=good))
         dlg = settings(qtbot, w, True, port=port)
         assert not ok(qtbot, w, dlg)
         assert f"stays on http://127.0.0.1:{good}/v1" in dlg.api_error.text()
-        assert w.api.url == f"http://127.0.0.1:{good}/v1" and get(f"{w.api.url}/models") == {"object": "list",
-                                                                                              "data": []}
+        assert w.api.url == f"http://127.0.0.1:{good}/v1" and get(f"{w.api.url}/models") == {
+            "object": "list",
+            "data": [],
+        }
     finally:
         busy.close()
     # the window still works: settings apply as usual
@@ -188,6 +198,7 @@ def test_server_from_saved_settings_starts_with_the_window_and_stops_before_the_
     prefs = make_prefs(tmp_path / "prefs.ini")
     port = free_port()
     from app.preferences import ApiConfig
+
     prefs.set_api_config(ApiConfig(enabled=True, port=port))
     bridge = EngineBridge.create(prefs.engine_settings(), tmp_path / "data")
     w = MainWindow(bridge, History(tmp_path / "data"), prefs, tmp_path / "data")
@@ -225,17 +236,28 @@ def test_closing_the_window_mid_request_ends_the_request_and_the_engine(make_win
 
     def client():
         try:
-            reply = post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                         {"model": w.bridge.engine.loaded.name, "max_tokens": 32768, "temperature": 0,
-                          "messages": [{"role": "user", "content": "Describe the picture in detail."}]})
+            reply = post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                {
+                    "model": w.bridge.engine.loaded.name,
+                    "max_tokens": 32768,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": "Describe the picture in detail."}],
+                },
+            )
             outcome["result"] = reply["usage"]["completion_tokens"]  # cut short by the stop
         except Exception as exc:  # or the connection closed under it
             outcome["result"] = type(exc).__name__
 
     t = threading.Thread(target=client, daemon=True)
     t.start()
-    qtbot.waitUntil(lambda: w.memory_dock.api_rows.labels.get("api_active") is not None
-                    and w.memory_dock.api_rows.labels["api_active"].text() == "1", timeout=30000)
+    qtbot.waitUntil(
+        lambda: (
+            w.memory_dock.api_rows.labels.get("api_active") is not None
+            and w.memory_dock.api_rows.labels["api_active"].text() == "1"
+        ),
+        timeout=30000,
+    )
     t0 = time.monotonic()
     w.shutdown()
     t.join(15)

@@ -1,4 +1,5 @@
 """The bridge: engine events reach the UI thread in order, with tokens coalesced."""
+
 from __future__ import annotations
 
 import threading
@@ -18,11 +19,13 @@ def test_tokens_are_coalesced_and_ordered(qtbot, tmp_path, tiny_model):
         log: list[tuple] = []
         threads = set()
         bridge.turnStarted.connect(lambda ev: log.append(("started", ev.turn_id)))
-        bridge.tokens.connect(lambda tid, cid, text, n: (log.append(("tokens", tid, text, n)),
-                                                         threads.add(QThread.currentThread())))
+        bridge.tokens.connect(
+            lambda tid, cid, text, n: (log.append(("tokens", tid, text, n)), threads.add(QThread.currentThread()))
+        )
         bridge.turnDone.connect(lambda ev: log.append(("done", ev.turn_id, ev)))
-        turn = Turn("c1", [Message("user", "Describe the picture in detail.")],
-                    Sampling(greedy=True, max_new_tokens=400))
+        turn = Turn(
+            "c1", [Message("user", "Describe the picture in detail.")], Sampling(greedy=True, max_new_tokens=400)
+        )
         with qtbot.waitSignal(bridge.turnDone, timeout=60000):
             tid = bridge.submit(turn)
         assert log[0] == ("started", tid) and log[-1][:2] == ("done", tid)
@@ -42,6 +45,7 @@ def test_events_after_shutdown_are_dropped(qtbot, tmp_path):
     bridge.notice.connect(got.append)
     bridge.shutdown()
     from engine.protocol.events import Notice
+
     t = threading.Thread(target=bridge.inject, args=(Notice("info", "late"),))
     t.start()
     t.join()

@@ -1,4 +1,5 @@
 """The window with a real engine and a tiny model: send, stream, stop, regenerate, edit, restart."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -42,6 +43,7 @@ def test_send_streams_a_reply_and_saves_it(make_window, qtbot, tmp_path):
     assert w.history.picture_path(stored[0].pictures[0]).read_bytes() == pic.read_bytes()
     # the sidebar shows the conversation, titled after what its first reply found
     from app.chat_titles import title_from_reply
+
     assert [r.title for r in w.sidebar.model.rows] == [title_from_reply("What is in this picture?", reply.text)]
     assert "tok/s" in w.status.speed_label.text()
 
@@ -101,11 +103,14 @@ def test_edit_and_resend_truncates_what_followed(make_window, qtbot):
     qtbot.keyClicks(w.composer.edit, "changed question")
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
     from PySide6.QtWidgets import QMessageBox
+
     w.edit_confirm.button(QMessageBox.StandardButton.Yes).click()  # "removes the 2 later messages"
     wait_reply(qtbot, w)
     items = w.messages.items()
     assert [(i.role, i.text if i.role == "user" else "") for i in items] == [
-        ("user", "changed question"), ("assistant", "")]
+        ("user", "changed question"),
+        ("assistant", ""),
+    ]
     assert items[0].edited and items[0].id == first.id
     stored = w.history.messages(w.controller.current_id)
     assert [(m.role, m.text) for m in stored] == [(i.role, i.text) for i in items]
@@ -167,6 +172,7 @@ def test_restart_shows_the_same_conversations(make_window, qtbot, tmp_path):
     assert w2.controller.current_id == cid
     assert [(i.role, i.text, len(i.pictures)) for i in w2.messages.items()] == before
     from pathlib import Path
+
     assert Path(w2.messages.items()[0].pictures[0]).is_file()
 
 

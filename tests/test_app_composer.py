@@ -1,6 +1,7 @@
 """The composer's rough edges from issue 27: the attach dialog offers exactly the formats the refusal
 names, file dialogs open in the person's folders (not wherever the app was started), and each chat
 keeps its own draft."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """Model picker, settings, theme, and run_app end to end."""
+
 from __future__ import annotations
 
 import json
@@ -87,8 +88,7 @@ def test_settings_are_saved_and_reach_the_engine(make_window, qtbot):
     es = w.prefs.engine_settings()
     assert (es.elastic_idle_s, es.spill_idle_s, es.image_cache_entries) == (12.0, 34.0, 9)
     eng = w.bridge.engine
-    qtbot.waitUntil(lambda: eng.settings.elastic_idle_s == 12.0 and eng.settings.spill_idle_s == 34.0,
-                    timeout=10000)
+    qtbot.waitUntil(lambda: eng.settings.elastic_idle_s == 12.0 and eng.settings.spill_idle_s == 34.0, timeout=10000)
 
 
 def test_chat_system_prompt_is_sent(make_window, qtbot, monkeypatch):

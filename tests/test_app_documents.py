@@ -2,6 +2,7 @@
 (all pages up to a limit by default, saying which are left out); the chat shows page thumbnails;
 a second conversation on the same pages encodes nothing; settings choose the PDF's text and the
 video sampling; a bad file is one line and the draft stays."""
+
 from __future__ import annotations
 
 import threading
@@ -106,8 +107,12 @@ def test_paste_a_pdf_and_a_video_as_files(make_window, qtbot, tmp_path):
 
     w = make_window(load=False)
     mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(make_pdf(tmp_path / "p.pdf", 2))),
-                  QUrl.fromLocalFile(str(make_video(tmp_path / "v.mp4", 1)))])
+    mime.setUrls(
+        [
+            QUrl.fromLocalFile(str(make_pdf(tmp_path / "p.pdf", 2))),
+            QUrl.fromLocalFile(str(make_video(tmp_path / "v.mp4", 1))),
+        ]
+    )
     QGuiApplication.clipboard().setMimeData(mime)
     w.composer.edit.setFocus()
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
@@ -262,8 +267,12 @@ def test_a_pdf_defaults_to_the_pages_the_models_context_holds(make_window, qtbot
 
     # a context of 1,000 tokens at 100 a page: 7 pages (3/4 of it; the reply and the text need the rest)
     w.composer.set_page_budget(PageBudget(1000, 100))
-    w.composer.take_files([str(make_pdf(tmp_path / "long.pdf", 12, size=(60, 80))),
-                           str(make_pdf(tmp_path / "typed.pdf", 12, size=(60, 80), seed=1))])
+    w.composer.take_files(
+        [
+            str(make_pdf(tmp_path / "long.pdf", 12, size=(60, 80))),
+            str(make_pdf(tmp_path / "typed.pdf", 12, size=(60, 80), seed=1)),
+        ]
+    )
     wait_read(qtbot, w)
     chip, typed = chips(w)
     assert chip.pages.text() == "1-7"

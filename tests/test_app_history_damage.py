@@ -1,5 +1,6 @@
 """A damaged history database never stops the window: it opens, says what happened and where
 the damaged copy is, and the new history works."""
+
 from __future__ import annotations
 
 from PySide6.QtWidgets import QMessageBox

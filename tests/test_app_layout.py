@@ -1,5 +1,6 @@
 """The window and its dialogs on small screens (issue 27): every dialog fits a 1280×720 screen, and a
 900×600 window keeps a usable conversation (the memory dock gives way first)."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, QTimer
@@ -14,8 +15,9 @@ CHAT_MIN_WIDTH = 400  # a bubble of ~40 characters next to the picture thumbnail
 
 def assert_fits(dlg: QDialog, what: str) -> None:
     for name, size in (("size hint", dlg.sizeHint()), ("minimum", dlg.minimumSizeHint()), ("size", dlg.size())):
-        assert size.width() <= ROOM.width() and size.height() <= ROOM.height(), \
+        assert size.width() <= ROOM.width() and size.height() <= ROOM.height(), (
             f"{what}: {name} {size.width()}×{size.height()} does not fit {ROOM.width()}×{ROOM.height()}"
+        )
 
 
 def modal_sizes(trigger) -> list[tuple[str, QSize, QSize]]:
@@ -68,8 +70,9 @@ def test_every_dialog_fits_a_1280x720_screen(make_window, qtbot, tmp_path, tiny_
         for s in (hint, size):
             assert s.width() <= ROOM.width() and s.height() <= ROOM.height(), (title, s)
 
-    box = QMessageBox(QMessageBox.Icon.Warning, "Chat history was damaged", "x " * 400, QMessageBox.StandardButton.Ok,
-                      w)
+    box = QMessageBox(
+        QMessageBox.Icon.Warning, "Chat history was damaged", "x " * 400, QMessageBox.StandardButton.Ok, w
+    )
     assert box.sizeHint().height() <= ROOM.height()
 
 

@@ -1,4 +1,5 @@
 """A long conversation (600 messages) opens at its end and scrolls without per-message widgets."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,9 @@ def fill(history, n: int) -> str:
     conv = history.create_conversation("Long one")
     for i in range(n // 2):
         history.add_message(conv.id, "user", f"Question {i}: what about the **shape**?")
-        history.add_message(conv.id, "assistant",
-                            f"Answer {i}.\n\n```python\nprint({i})\n```\n\n- one\n- two\n\n" + "word " * (i % 40))
+        history.add_message(
+            conv.id, "assistant", f"Answer {i}.\n\n```python\nprint({i})\n```\n\n- one\n- two\n\n" + "word " * (i % 40)
+        )
     return conv.id
 
 

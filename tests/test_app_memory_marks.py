@@ -4,6 +4,7 @@ hot, a spilled chat restored as soon as it is selected (after a restart too) and
 is sent, each picture's cache mark, a draft's new picture loading the encoder while the person
 types, the plain last-turn line under the reply, and the dock saying the same without
 contradicting itself."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,9 @@ def click_chat(qtbot, w, cid) -> None:
 def follow(marks, cid) -> list[KVPlace]:
     """The places a chat's mark passes through, in order (a new estimate alone is no new place)."""
     seen: list[KVPlace] = []
-    marks.chatChanged.connect(lambda c, mark: seen.append(mark.place)
-                              if c == cid and (not seen or seen[-1] != mark.place) else None)
+    marks.chatChanged.connect(
+        lambda c, mark: seen.append(mark.place) if c == cid and (not seen or seen[-1] != mark.place) else None
+    )
     return seen
 
 
@@ -90,8 +92,9 @@ def test_selecting_a_spilled_chat_after_a_restart_restores_it_before_any_turn(ma
     w2 = make_window(data, max_new_tokens=6)
     b = w2.controller.current_id  # the newest chat opens first
     assert b != a
-    qtbot.waitUntil(lambda: mark_of(w2, a) is not None and mark_of(w2, a).place == KVPlace.ON_SSD,
-                    timeout=TIMEOUT_MS)  # the store says what it holds after a restart
+    qtbot.waitUntil(
+        lambda: mark_of(w2, a) is not None and mark_of(w2, a).place == KVPlace.ON_SSD, timeout=TIMEOUT_MS
+    )  # the store says what it holds after a restart
     assert "On SSD: " in tooltip_of(w2, a)
     seen = follow(w2.chat_marks, a)
     click_chat(qtbot, w2, a)

@@ -1,5 +1,6 @@
 """The memory dock follows MemoryReport / EncoderState / SpillState events, from the real engine
 and from events delivered through the bridge's listener (the path engine threads use)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,8 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     assert "tok/s" in w.memory_dock.turn_rows.labels["tokens_per_s"].text()
     taken = w.memory_dock.last_stats
     assert w.memory_dock.turn_rows.labels["draft_acceptance"].text() == (
-        f"{taken.draft_acceptance * 100:.0f} % of {taken.draft_tokens}")
+        f"{taken.draft_acceptance * 100:.0f} % of {taken.draft_tokens}"
+    )
     assert "ms" in w.memory_dock.turn_rows.labels["prefill_s"].text()
 
 
@@ -58,24 +60,42 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     w.controller.rename(other, "Receipts")
     w.controller.open_conversation(cid)
     report = MemoryReport(
-        device="cuda:0", device_name="Test GPU", total_bytes=80 << 30, free_bytes=60 << 30,
-        components={"language_model": 14_000_000_123, "vision_encoder": 600_000_001,
-                    "hot_kv": 123_456_789, "image_cache_ram": 5_000_000, "image_cache_disk": 7},
+        device="cuda:0",
+        device_name="Test GPU",
+        total_bytes=80 << 30,
+        free_bytes=60 << 30,
+        components={
+            "language_model": 14_000_000_123,
+            "vision_encoder": 600_000_001,
+            "hot_kv": 123_456_789,
+            "image_cache_ram": 5_000_000,
+            "image_cache_disk": 7,
+        },
         sessions_kv={cid: 123_456_789},
         counters={"hits": 3, "ram_hits": 2},
-        store=StoreCounters(bytes_on_disk=9_999_999, blobs_on_disk=42, reused_blobs=17, host_buffer_bytes=2048,
-                            sessions=2),
-        encoder_state=EncoderStatus.RESIDENT, encoder_idle_left_s=30.0)
+        store=StoreCounters(
+            bytes_on_disk=9_999_999, blobs_on_disk=42, reused_blobs=17, host_buffer_bytes=2048, sessions=2
+        ),
+        encoder_state=EncoderStatus.RESIDENT,
+        encoder_idle_left_s=30.0,
+    )
     w.bridge.inject(report)
-    w.bridge.inject(ChatMemoryReport([ChatMemory(cid, KVPlace.HOT, 4_000, 123_456_789),
-                                      ChatMemory(other, KVPlace.ON_SSD, 8_190, 240 << 20, 0.41, 420.0)]))
+    w.bridge.inject(
+        ChatMemoryReport(
+            [
+                ChatMemory(cid, KVPlace.HOT, 4_000, 123_456_789),
+                ChatMemory(other, KVPlace.ON_SSD, 8_190, 240 << 20, 0.41, 420.0),
+            ]
+        )
+    )
     dock = w.memory_dock
     qtbot.waitUntil(lambda: "Test GPU" in dock.device.text(), timeout=5000)
     qtbot.waitUntil(lambda: "14,000,000,123 B" in dock.component_text("language_model"), timeout=5000)
     assert "600,000,001 B" in dock.component_text("vision_encoder")
     # the first screen in words: this chat's KV, the encoder and why, the store with what it holds
-    qtbot.waitUntil(lambda: dock.chat_words.text().startswith("in memory: 4,000 tokens of KV (117.7 MiB)"),
-                    timeout=5000)
+    qtbot.waitUntil(
+        lambda: dock.chat_words.text().startswith("in memory: 4,000 tokens of KV (117.7 MiB)"), timeout=5000
+    )
     assert dock.encoder.text().startswith("in memory; unloads in ")
     assert dock.words.labels["store"].text() == "holds 2 chats (9.5 MiB)"
     # every chat with KV somewhere is listed, the one on the SSD too (never "none" while the store holds it)
@@ -99,22 +119,28 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
 
     # the other chat, opened: on the SSD with its resume estimate, then restoring, then in memory
     w.controller.open_conversation(other)
-    qtbot.waitUntil(lambda: dock.chat_words.text() == "on the SSD: 8,190 tokens of KV (240.0 MiB); resumes in "
-                    "~0.4 s instead of ~7 min re-reading it", timeout=5000)
+    qtbot.waitUntil(
+        lambda: (
+            dock.chat_words.text() == "on the SSD: 8,190 tokens of KV (240.0 MiB); resumes in "
+            "~0.4 s instead of ~7 min re-reading it"
+        ),
+        timeout=5000,
+    )
     w.bridge.inject(ChatMemoryReport([ChatMemory(other, KVPlace.RESTORING, 8_190, 240 << 20, restored_tokens=2_048)]))
-    qtbot.waitUntil(lambda: dock.chat_words.text() == "restoring from the SSD: 2,048 of 8,190 tokens read back…",
-                    timeout=5000)
+    qtbot.waitUntil(
+        lambda: dock.chat_words.text() == "restoring from the SSD: 2,048 of 8,190 tokens read back…", timeout=5000
+    )
 
     legend_widgets = list(dock._legend_rows.values())
     w.bridge.inject(EncoderState(EncoderStatus.UNLOADED))
-    qtbot.waitUntil(lambda: dock.encoder.text() == "not in memory: it loads only for a picture that is not "
-                    "cached yet", timeout=5000)
+    qtbot.waitUntil(
+        lambda: dock.encoder.text() == "not in memory: it loads only for a picture that is not cached yet", timeout=5000
+    )
     assert not dock.unload.isEnabled(), "an unloaded encoder offers no Unload button"
     w.bridge.inject(EncoderState(EncoderStatus.LOADING))
     qtbot.waitUntil(lambda: dock.encoder.text().startswith("loading"), timeout=5000)
     w.bridge.inject(SpillState(cid, SpillStatus.SPILLED, "12 blocks, 9 reused"))
-    qtbot.waitUntil(lambda: "Holiday: 12 blocks, 9 reused" in dock.store_rows.labels["last_spill"].text(),
-                    timeout=5000)
+    qtbot.waitUntil(lambda: "Holiday: 12 blocks, 9 reused" in dock.store_rows.labels["last_spill"].text(), timeout=5000)
     assert dock.words.labels["store"].text().startswith("holds 2 chats (9.5 MiB); last saved “Holiday” ")
     w.bridge.inject(report)
     qtbot.waitUntil(lambda: dock.encoder.text().startswith("in memory"), timeout=5000)

@@ -1,4 +1,5 @@
 """Pictures into the composer: real drop events (file URLs, image data), paste, refusals."""
+
 from __future__ import annotations
 
 import base64
@@ -44,16 +45,22 @@ def test_drop_files_on_the_composer_then_send(make_window, qtbot, tmp_path):
     a = make_picture(tmp_path / "a.png", seed=1)
     b = make_picture(tmp_path / "b.jpg", seed=2, fmt="JPEG")
     assert drop(w.composer.edit.viewport(), file_mime(a, b))
-    assert refs(w) == [blake3.blake3(a.read_bytes()).hexdigest() + ".png",
-                       blake3.blake3(b.read_bytes()).hexdigest() + ".jpg"]
+    assert refs(w) == [
+        blake3.blake3(a.read_bytes()).hexdigest() + ".png",
+        blake3.blake3(b.read_bytes()).hexdigest() + ".jpg",
+    ]
     assert w.composer.text() == ""  # the file URLs did not land in the text
     assert drop(w.composer.edit.viewport(), file_mime(a))  # the same picture again: no duplicate
     assert len(refs(w)) == 2
     send(qtbot, w, "two pictures")
     wait_reply(qtbot, w)
     assert len(w.messages.items()[0].pictures) == 2
-    assert w.history.messages(w.controller.current_id)[0].pictures == tuple(refs_sent := [
-        blake3.blake3(a.read_bytes()).hexdigest() + ".png", blake3.blake3(b.read_bytes()).hexdigest() + ".jpg"])
+    assert w.history.messages(w.controller.current_id)[0].pictures == tuple(
+        refs_sent := [
+            blake3.blake3(a.read_bytes()).hexdigest() + ".png",
+            blake3.blake3(b.read_bytes()).hexdigest() + ".jpg",
+        ]
+    )
     assert len(refs_sent) == 2
 
 
@@ -166,9 +173,21 @@ def test_a_picture_from_the_window_and_from_the_api_is_one_file(make_window, qtb
     port = free_port()
     assert ok(qtbot, w, settings(qtbot, w, True, port=port))
     url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
-    reply = post(f"http://127.0.0.1:{port}/v1/chat/completions", {"max_tokens": 2, "messages": [
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                     {"type": "text", "text": "And this?"}]}]})
+    reply = post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        {
+            "max_tokens": 2,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": url}},
+                        {"type": "text", "text": "And this?"},
+                    ],
+                }
+            ],
+        },
+    )
     assert reply["usage"]["parley"]["image_cache_hits"] == 1 and reply["usage"]["parley"]["pictures_encoded"] == 0
     assert [path for _, path in w.history.pictures.names()] == [w.history.picture_path(name)]
     assert w.history.picture_path(name).read_bytes() == pic.read_bytes()

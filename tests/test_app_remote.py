@@ -2,6 +2,7 @@
 process, a picture goes out and the server's reply comes back, the server dies and the window
 says so with nothing lost, Retry sends the turn again and the built-in engine carries the same
 conversation on."""
+
 from __future__ import annotations
 
 import base64
@@ -64,9 +65,19 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=120)
         url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
         direct = client.chat.completions.create(
-            model=w.model_name, max_tokens=8, temperature=0,
-            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                   {"type": "text", "text": "What is in this picture?"}]}])
+            model=w.model_name,
+            max_tokens=8,
+            temperature=0,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": url}},
+                        {"type": "text", "text": "What is in this picture?"},
+                    ],
+                }
+            ],
+        )
         assert reply.text == direct.choices[0].message.content
         qtbot.waitUntil(lambda: w.engines.panel.text("turns") == "1", timeout=TIMEOUT_MS)
         assert w.engines.panel.text("ttft").endswith(" s") and w.engines.panel.text("error") == "none"
@@ -79,8 +90,11 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
         assert w.engines.panel.text("error") == w.notice.text()
         cid = w.controller.current_id
         stored = w.history.messages(cid)
-        assert [(m.role, m.text) for m in stored] == [("user", "What is in this picture?"),
-                                                      ("assistant", reply.text), ("user", "And now?")]
+        assert [(m.role, m.text) for m in stored] == [
+            ("user", "What is in this picture?"),
+            ("assistant", reply.text),
+            ("user", "And now?"),
+        ]
         assert w.history.picture_path(stored[0].pictures[0]).read_bytes() == pic.read_bytes()
         assert w.composer.text() == ""  # the sent text is in the history, not lost with the turn
 
@@ -104,6 +118,7 @@ def test_switch_to_a_server_send_a_picture_server_dies_nothing_lost(make_window,
 
 def qtbot_left():
     from PySide6.QtCore import Qt
+
     return Qt.MouseButton.LeftButton
 
 

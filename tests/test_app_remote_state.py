@@ -1,6 +1,7 @@
 """What the window says about a remote engine follows the last thing that happened (issue 27): a server
 that died is not "connected", "none" is not an error, an old speed does not outlive a failed turn,
 the built-in engine's "Last turn" holds only its own numbers, and the server's address shows once."""
+
 from __future__ import annotations
 
 import pytest

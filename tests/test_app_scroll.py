@@ -1,5 +1,6 @@
 """A conversation opens at its latest message, and a reply sent there stays in view while it
 streams — unless the person scrolled up to read, which the view then leaves alone."""
+
 from __future__ import annotations
 
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401

@@ -3,6 +3,7 @@
 Import the fixtures into a test module (`from tests.test_app_support import make_window`).
 Preferences live in a per-test ini file, so no test touches the user's settings.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,9 @@ def make_window(qtbot, tmp_path, tiny_model):
     """make_window(data_dir=None, family="llava", max_new_tokens=24, load=True) -> MainWindow."""
     made: list[MainWindow] = []
 
-    def make(data_dir: Path | None = None, family: str = "llava", max_new_tokens: int = 24,
-             load: bool = True) -> MainWindow:
+    def make(
+        data_dir: Path | None = None, family: str = "llava", max_new_tokens: int = 24, load: bool = True
+    ) -> MainWindow:
         data_dir = Path(data_dir or tmp_path / "data")
         prefs = make_prefs(tmp_path / f"prefs-{len(made)}.ini", max_new_tokens)
         history = History(data_dir)

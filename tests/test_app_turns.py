@@ -1,6 +1,7 @@
 """Turn actions and chat names from issue 27: editing an earlier message says what it removes before
 it happens, Regenerate explains a repeat and offers a sampled one, and a chat is named after what
 its first reply found (the window title follows)."""
+
 from __future__ import annotations
 
 import pytest
@@ -97,17 +98,25 @@ def test_a_chat_is_named_from_its_first_reply_and_the_window_title_follows(make_
     assert w.history.get_conversation(second.id).title == "Mine"
 
 
-@pytest.mark.parametrize("question, reply, title", [
-    ("What is in this picture?",
-     "A red circle at the top left, a blue square on the right and a green triangle at the bottom.",
-     "Red circle, blue square, green triangle"),
-    ("What is in this picture?", "A yellow star at the top right and a purple heart on the left.",
-     "Yellow star, purple heart"),
-    ("Where is the red circle?", "The red circle is at the top left.", "Where is the red circle? Top left"),
-    ("What shape is on the left?", "A blue square is on the left.", "What shape is on the left? Blue square"),
-    ("How many people can you see?", "There are two people in the picture.", "How many people can you see? Two"),
-    ("", "The image shows a cat sitting on a wooden table next to a laptop.", "Cat sitting, wooden table, laptop"),
-    ("What is in this picture?", "It is.", None),  # nothing to name it by: the question stays
-])
+@pytest.mark.parametrize(
+    "question, reply, title",
+    [
+        (
+            "What is in this picture?",
+            "A red circle at the top left, a blue square on the right and a green triangle at the bottom.",
+            "Red circle, blue square, green triangle",
+        ),
+        (
+            "What is in this picture?",
+            "A yellow star at the top right and a purple heart on the left.",
+            "Yellow star, purple heart",
+        ),
+        ("Where is the red circle?", "The red circle is at the top left.", "Where is the red circle? Top left"),
+        ("What shape is on the left?", "A blue square is on the left.", "What shape is on the left? Blue square"),
+        ("How many people can you see?", "There are two people in the picture.", "How many people can you see? Two"),
+        ("", "The image shows a cat sitting on a wooden table next to a laptop.", "Cat sitting, wooden table, laptop"),
+        ("What is in this picture?", "It is.", None),  # nothing to name it by: the question stays
+    ],
+)
 def test_titles_from_the_first_reply(question, reply, title):
     assert title_from_reply(question, reply) == title

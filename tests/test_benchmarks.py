@@ -4,6 +4,7 @@ The benchmarks are found by glob, so a new one is covered without touching this 
 a benchmark completes and reports is checked, never whether its goal was met: quick sizes on a
 shared machine say nothing about speed (`make bench` runs the full sizes).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,6 @@ BENCH_DIR = Path(__file__).resolve().parent / "bench"
 BENCHMARKS = sorted(p for p in BENCH_DIR.glob("*.py") if not p.name.startswith("_"))  # _common.py: helpers
 # what tests/bench/_common.ratio_line writes for a goal: "label: 0.009  (goal ≤ 0.05: yes)"
 GOAL_LINE = re.compile(r"^.+: -?\d+(\.\d+)?( \S+)?  \(goal .+: (yes|no)\)", re.MULTILINE)
-
 
 
 def _ratio_line():
@@ -57,10 +57,22 @@ def test_benchmark_quick_mode_completes_with_a_goal_line(script, tmp_path):
     # the benchmark's scratch folders (models, stores) go under tmp_path, which pytest cleans up
     # PARLEY_BENCH_NO_BUILD: vs_llamacpp uses a llama.cpp `make bench-tools` built (.ci/run does),
     # and skips with that line where none is built: a 20-minute compile has no place in the suite
-    env = dict(os.environ, TMPDIR=str(tmp_path), QT_QPA_PLATFORM="offscreen",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PARLEY_BENCH_NO_BUILD="1")
-    run = subprocess.run([sys.executable, str(script), "--quick"], cwd=BENCH_DIR.parent.parent, env=env,
-                         capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp_path),
+        QT_QPA_PLATFORM="offscreen",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        PARLEY_BENCH_NO_BUILD="1",
+    )
+    run = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        cwd=BENCH_DIR.parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     tail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
     assert run.returncode == 0, tail
     skipped = SKIPPED.search(run.stdout)

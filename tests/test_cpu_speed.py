@@ -2,6 +2,7 @@
 are counted in the memory ledger and the KV namespace; `auto` follows this machine's measured
 format speeds (measured once per machine and model shape, kept in the data folder, readable
 without torch) and says why in the status bar."""
+
 from __future__ import annotations
 
 import json
@@ -58,15 +59,19 @@ def test_a_packed_model_is_counted_and_named(tmp_path):
     model = build_published("Qwen2-VL-2B-Instruct", root=tmp_path, layers=1, vision_layers=1, vocab_size=2048)
     loaded = load_model(model, device="cpu", weights="bf16")
     vision = tuple(m + "." for m in loaded.family.vision_modules)
-    kinds = {(n.startswith(vision), type(m).__name__) for n, m in loaded.model.named_modules()
-             if isinstance(m, (nn.Linear, PackedLinear))}
+    kinds = {
+        (n.startswith(vision), type(m).__name__)
+        for n, m in loaded.model.named_modules()
+        if isinstance(m, (nn.Linear, PackedLinear))
+    }
     assert kinds == {(False, "PackedLinear"), (True, "Linear")}
     assert isinstance(loaded.model.get_output_embeddings(), PackedLinear)
     lm, vis = model_bytes(loaded)
     need = estimate_bytes(model, "qwen2_vl", "bf16", torch.bfloat16, packed=True)
     assert abs(lm + vis - need) < 0.01 * need  # the rest: buffers the files do not hold (rotary tables)
-    assert estimate_bytes(model, "qwen2_vl", "bf16", torch.bfloat16, packed=True) > \
-        estimate_bytes(model, "qwen2_vl", "bf16", torch.bfloat16)  # the tied head's own copy
+    assert estimate_bytes(model, "qwen2_vl", "bf16", torch.bfloat16, packed=True) > estimate_bytes(
+        model, "qwen2_vl", "bf16", torch.bfloat16
+    )  # the tied head's own copy
     packed, plain = WeightPlan("bf16", torch.bfloat16, packed=True), WeightPlan("bf16", torch.bfloat16)
     assert packed.fingerprint_part() == f"kernel={packed_linear.LAYOUT}".encode() and plain.fingerprint_part() == b""
 
@@ -79,12 +84,15 @@ def _speeds(**turns) -> dict[str, FormatSpeed]:
 
 def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
     model = tiny_model("llava")
-    bf16_fast = _speeds(fp32=(3.0, 60, "float32", False), bf16=(6.0, 200, "bfloat16", True),
-                        int8=(8.0, 190, "bfloat16", False))
+    bf16_fast = _speeds(
+        fp32=(3.0, 60, "float32", False), bf16=(6.0, 200, "bfloat16", True), int8=(8.0, 190, "bfloat16", False)
+    )
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, bf16_fast)
     assert (plan.format, plan.dtype, plan.packed) == ("bf16", torch.bfloat16, packed_linear.available(torch.bfloat16))
-    assert plan.note == ("Weights: bf16 — fastest here (measured on this CPU: bf16 6.0 tok/s decoding, 200 "
-                         "prefilling; fp32 3.0 tok/s decoding, 60 prefilling)")
+    assert plan.note == (
+        "Weights: bf16 — fastest here (measured on this CPU: bf16 6.0 tok/s decoding, 200 "
+        "prefilling; fp32 3.0 tok/s decoding, 60 prefilling)"
+    )
     fp32_fast = _speeds(fp32=(6.0, 200, "float32", False), bf16=(2.0, 90, "bfloat16", False))
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, fp32_fast)
     assert (plan.format, plan.packed) == ("fp32", False)
@@ -99,8 +107,10 @@ def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
     # without measurements (a model below calibrate.MIN_PARAMS): full precision first, as before
     assert plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB, {}).format == "fp32"
     # 4-bit on a CPU loads, and the status bar says plainly what it is for
-    assert plan_weights(model, "llava", CPU, "auto", "4bit", 64 * GIB, bf16_fast).note == \
-        "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16"
+    assert (
+        plan_weights(model, "llava", CPU, "auto", "4bit", 64 * GIB, bf16_fast).note
+        == "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16"
+    )
 
 
 def test_the_speed_record_is_kept_per_machine_and_shape_and_survives_damage(tmp_path):
@@ -123,11 +133,13 @@ def test_the_speed_record_is_kept_per_machine_and_shape_and_survives_damage(tmp_
 
 def test_the_record_is_read_without_torch(tmp_path):
     speed.write(tmp_path, SHAPE, [FormatSpeed("bf16", "bfloat16", 6.5, 210.0)])
-    code = ("import sys; from engine.model import speed; "
-            f"s = speed.LayerShape.of_config({{'text_config': {{'hidden_size': 64, 'intermediate_size': 128, "
-            f"'num_attention_heads': 2, 'num_key_value_heads': 1, 'num_hidden_layers': 2, 'vocab_size': 100}}}}); "
-            f"r = speed.read({str(tmp_path)!r}, s); "
-            "assert 'torch' not in sys.modules, 'torch was imported'; print(r['bf16'].decode_tok_s)")
+    code = (
+        "import sys; from engine.model import speed; "
+        f"s = speed.LayerShape.of_config({{'text_config': {{'hidden_size': 64, 'intermediate_size': 128, "
+        f"'num_attention_heads': 2, 'num_key_value_heads': 1, 'num_hidden_layers': 2, 'vocab_size': 100}}}}); "
+        f"r = speed.read({str(tmp_path)!r}, s); "
+        "assert 'torch' not in sys.modules, 'torch was imported'; print(r['bf16'].decode_tok_s)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "6.5", out.stderr
 

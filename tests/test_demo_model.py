@@ -4,6 +4,7 @@ Most tests use the folder the standard transformers way (AutoProcessor +
 AutoModelForImageTextToText, apply_chat_template, greedy decoding until EOS), as any other tool
 would; one goes through Parley's own engine, the path the window takes.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,7 @@ def ask(demo, messages, images=()):
     inputs = processor(text=text, images=list(images) or None, return_tensors="pt")
     with torch.inference_mode():
         out = model.generate(**inputs, do_sample=False, max_new_tokens=40)
-    new = out[0, inputs["input_ids"].shape[1]:]
+    new = out[0, inputs["input_ids"].shape[1] :]
     assert new[-1].item() == model.generation_config.eos_token_id, "the reply should end with EOS"
     return processor.tokenizer.decode(new, skip_special_tokens=True)
 
@@ -59,8 +60,15 @@ def picture(kind, colour, size=128, box=(0.25, 0.25, 0.75, 0.75), background="wh
 
 def test_folder_is_small_and_complete():
     names = {p.name for p in MODEL_DIR.iterdir()}
-    for need in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "processor_config.json", "chat_template.jinja", "README.md"):
+    for need in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "processor_config.json",
+        "chat_template.jinja",
+        "README.md",
+    ):
         assert need in names
     total = sum(p.stat().st_size for p in MODEL_DIR.iterdir() if p.is_file())
     assert total < 15 * 2**20
@@ -78,8 +86,10 @@ def test_template_history_is_a_prefix(demo):
     processor, _ = demo
     first = [user("What is in the picture?", 1)]
     prompt = processor.apply_chat_template(first, add_generation_prompt=True, tokenize=False)
-    both = first + [{"role": "assistant", "content": [{"type": "text", "text": "A red circle in the middle."}]},
-                    user("What colour is it?")]
+    both = first + [
+        {"role": "assistant", "content": [{"type": "text", "text": "A red circle in the middle."}]},
+        user("What colour is it?"),
+    ]
     full = processor.apply_chat_template(both, add_generation_prompt=True, tokenize=False)
     assert full.startswith(prompt + "A red circle in the middle." + processor.tokenizer.eos_token)
 
@@ -109,7 +119,8 @@ def test_the_drawing_from_issue_17(demo):
     assert ask(demo, [user("What colour is the circle?", 1)], [im]) == "The circle is red."
     assert ask(demo, [user("What colour is the square?", 1)], [im]) == "The square is blue."
     assert ask(demo, [user("Describe the picture.", 1)], [im]) == (
-        "A red circle on the left and a blue square on the right.")
+        "A red circle on the left and a blue square on the right."
+    )
     # yes/no questions name the shape first: what there is, or that it is not there
     assert ask(demo, [user("Is the square red?", 1)], [im]) == "The square is blue."
     assert ask(demo, [user("Is there a green star?", 1)], [im]) == "The green star is not in the picture."
@@ -120,9 +131,11 @@ def test_second_picture_and_follow_up(demo):
     second = ask(demo, [user("What is in the second picture?", 2)], [a, b]).lower()
     assert "blue" in second and "square" in second, second
     # two turns, each with a picture; the app re-sends the whole conversation
-    history = [user("What is in the picture?", 1),
-               {"role": "assistant", "content": [{"type": "text", "text": "A red circle in the middle."}]},
-               user("And this one?", 1)]
+    history = [
+        user("What is in the picture?", 1),
+        {"role": "assistant", "content": [{"type": "text", "text": "A red circle in the middle."}]},
+        user("And this one?", 1),
+    ]
     reply = ask(demo, history, [a, b]).lower()
     assert "blue" in reply and "square" in reply, reply
 

@@ -1,5 +1,6 @@
 """Double-click launch: the desktop entry, icons, single instance, Windows shortcut script,
 PyInstaller spec — and the installed entry's Exec line run as a desktop would run it."""
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT / "packaging" / "linux"))
 import install_desktop  # noqa: E402
 
 # ------------------------------------------------------------ desktop entry, read as the spec says
+
 
 def parse_entry(text: str) -> dict[str, str]:
     """A strict reader of the [Desktop Entry] group (what desktop-file-validate would reject fails here)."""
@@ -95,9 +97,21 @@ def test_desktop_entry_is_well_formed_and_matches_the_app():
     assert keys["Exec"] == "@PYTHON@ @MAIN@" and keys["TryExec"] == "@PYTHON@"
     for key in ("Categories", "Keywords"):
         assert keys[key].endswith(";"), f"{key} must end with ';'"
-    assert keys["Categories"].split(";")[0] in ("AudioVideo", "Audio", "Video", "Development", "Education",
-                                                "Game", "Graphics", "Network", "Office", "Science",
-                                                "Settings", "System", "Utility")
+    assert keys["Categories"].split(";")[0] in (
+        "AudioVideo",
+        "Audio",
+        "Video",
+        "Development",
+        "Education",
+        "Game",
+        "Graphics",
+        "Network",
+        "Office",
+        "Science",
+        "Settings",
+        "System",
+        "Utility",
+    )
     src = (ROOT / "app" / "main.py").read_text(encoding="utf-8")  # the names the window announces
     assert f'setDesktopFileName("{ENTRY.stem}")' in src
     assert f'setApplicationName("{keys["StartupWMClass"]}")' in src
@@ -114,7 +128,7 @@ def test_make_application_sets_names_and_icon(qapp):
 
 
 def test_rendered_exec_survives_awkward_paths():
-    python, main = "/opt/my apps/v$env/bin/py\"thon", "/home/a\\b/100% `sure`/main.py"
+    python, main = '/opt/my apps/v$env/bin/py"thon', "/home/a\\b/100% `sure`/main.py"
     keys = parse_entry(install_desktop.render_entry(python, main))
     assert split_exec(keys["Exec"]) == [python, main]
     assert unescape_string(keys["TryExec"]) == python
@@ -125,9 +139,16 @@ def test_rendered_exec_survives_awkward_paths():
 def test_install_and_uninstall_for_the_user(tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "HOME": str(home), "XDG_DATA_HOME": ""}
+
     def run(*a):
-        return subprocess.run([sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), *a],
-                              env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), *a],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     res = run("install")
     assert res.returncode == 0, res.stderr
     share = home / ".local" / "share"
@@ -142,8 +163,10 @@ def test_install_and_uninstall_for_the_user(tmp_path):
     assert not [p for p in share.rglob("*") if p.is_file()]
 
 
-@pytest.mark.skipif(shutil.which("desktop-file-validate") is None,
-                    reason="desktop-file-validate not installed (apt-get install desktop-file-utils)")
+@pytest.mark.skipif(
+    shutil.which("desktop-file-validate") is None,
+    reason="desktop-file-validate not installed (apt-get install desktop-file-utils)",
+)
 def test_desktop_file_validate_accepts_template_and_installed_entry(tmp_path):
     entry = tmp_path / "parley.desktop"
     entry.write_text(install_desktop.render_entry("/opt/my apps/bin/python", "/opt/parley/main.py"))
@@ -153,6 +176,7 @@ def test_desktop_file_validate_accepts_template_and_installed_entry(tmp_path):
 
 
 # ------------------------------------------------------------ icons, Windows, PyInstaller
+
 
 def png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
@@ -173,16 +197,31 @@ def test_icon_sizes_are_all_there():
 
 def test_windows_shortcut_script_points_at_the_venv_pythonw():
     ps1 = (ROOT / "packaging" / "windows" / "install-shortcut.ps1").read_text(encoding="utf-8")
-    for needle in (r".venv\Scripts\pythonw.exe", "main.py", r"resources\icons\app\parley.ico",
-                   "'Programs'", "'Desktop'", "CreateShortcut", "[switch]$Uninstall"):
+    for needle in (
+        r".venv\Scripts\pythonw.exe",
+        "main.py",
+        r"resources\icons\app\parley.ico",
+        "'Programs'",
+        "'Desktop'",
+        "CreateShortcut",
+        "[switch]$Uninstall",
+    ):
         assert needle in ps1, needle
     pwsh = shutil.which("pwsh") or shutil.which("powershell")
     if pwsh:  # a real parse where PowerShell exists
         script = ROOT / "packaging" / "windows" / "install-shortcut.ps1"
-        res = subprocess.run([pwsh, "-NoProfile", "-Command",
-                              f"$e=$null; [void][System.Management.Automation.Language.Parser]::ParseFile("
-                              f"'{script}', [ref]$null, [ref]$e); if ($e) {{ $e; exit 1 }}"],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [
+                pwsh,
+                "-NoProfile",
+                "-Command",
+                f"$e=$null; [void][System.Management.Automation.Language.Parser]::ParseFile("
+                f"'{script}', [ref]$null, [ref]$e); if ($e) {{ $e; exit 1 }}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -194,6 +233,7 @@ def test_pyinstaller_spec_compiles_and_names_what_it_needs():
 
 
 # ------------------------------------------------------------ single instance, in process
+
 
 @pytest.fixture
 def runtime_dir(monkeypatch):
@@ -261,6 +301,7 @@ def test_bring_to_front_unminimises_and_passes_the_token(qtbot, monkeypatch):
 
 # ------------------------------------------------------------ the installed entry, launched twice
 
+
 def wait_for(predicate, timeout: float, what: str, proc=None):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -274,10 +315,16 @@ def wait_for(predicate, timeout: float, what: str, proc=None):
 
 def desktop_env(tmp_path: Path, runtime_dir: Path) -> dict:
     home = tmp_path / "home"
-    return {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "share"),
-            "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home / "cache"),
-            "XDG_RUNTIME_DIR": str(runtime_dir), "QT_QPA_PLATFORM": "offscreen",
-            "PARLEY_STATUS_FILE": str(tmp_path / "status")}
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_DATA_HOME": str(home / "share"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_RUNTIME_DIR": str(runtime_dir),
+        "QT_QPA_PLATFORM": "offscreen",
+        "PARLEY_STATUS_FILE": str(tmp_path / "status"),
+    }
 
 
 def launch_twice(argv: list[str], env: dict, tmp_path: Path) -> None:
@@ -286,8 +333,10 @@ def launch_twice(argv: list[str], env: dict, tmp_path: Path) -> None:
     from app.single_instance import server_name
 
     status, log_path, data = tmp_path / "status", tmp_path / "first.log", Path(argv[argv.index("--data-dir") + 1])
+
     def lines():
         return status.read_text().splitlines() if status.exists() else []
+
     with open(log_path, "w") as log:
         first = subprocess.Popen(argv, env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -319,8 +368,13 @@ def launch_twice(argv: list[str], env: dict, tmp_path: Path) -> None:
 @pytest.mark.skipif(sys.platform == "win32", reason="the freedesktop entry is for Linux/BSD desktops")
 def test_installed_entry_launches_and_a_second_launch_brings_it_forward(tmp_path, tiny_model, runtime_dir):
     env = desktop_env(tmp_path, runtime_dir)
-    res = subprocess.run([sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), "install"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "packaging/linux/install_desktop.py"), "install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     keys = parse_entry((Path(env["XDG_DATA_HOME"]) / "applications/parley.desktop").read_text(encoding="utf-8"))
     assert os.access(unescape_string(keys["TryExec"]), os.X_OK)
@@ -329,8 +383,10 @@ def test_installed_entry_launches_and_a_second_launch_brings_it_forward(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("PARLEY_BUNDLE"),
-                    reason="set PARLEY_BUNDLE to a built bundle's executable (make bundle: dist/Parley/parley)")
+@pytest.mark.skipif(
+    not os.environ.get("PARLEY_BUNDLE"),
+    reason="set PARLEY_BUNDLE to a built bundle's executable (make bundle: dist/Parley/parley)",
+)
 def test_built_bundle_launches_and_a_second_launch_brings_it_forward(tmp_path, tiny_model, runtime_dir):
     exe = Path(os.environ["PARLEY_BUNDLE"]).resolve()
     assert os.access(exe, os.X_OK), exe

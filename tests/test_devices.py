@@ -3,6 +3,7 @@
 No Mac or GPU is here: torch's device functions are patched to answer as one would, and the
 MPS paths that can run here (a model that cannot be placed on the GPU) run for real.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,12 +40,15 @@ def test_a_mac_runs_models_on_mps_in_float16(mac):
 
 
 def test_an_mps_gpu_without_float16_falls_back_to_float32_and_says_why(mac):
-    mac.setattr(devices, "dtype_runs_on",
-                lambda device, dtype: None if dtype is torch.float32 else "MPS does not support Half")
+    mac.setattr(
+        devices, "dtype_runs_on", lambda device, dtype: None if dtype is torch.float32 else "MPS does not support Half"
+    )
     place = devices.choose()
     assert (place.device, place.dtype) == (torch.device("mps"), torch.float32)
-    assert place.note == ("This Mac's GPU cannot run float16 (MPS does not support Half): the model runs "
-                          "in float32, which takes twice the memory.")
+    assert place.note == (
+        "This Mac's GPU cannot run float16 (MPS does not support Half): the model runs "
+        "in float32, which takes twice the memory."
+    )
 
 
 def test_cuda_prefers_bfloat16_and_uses_float16_on_older_gpus(monkeypatch):
@@ -120,8 +124,12 @@ def test_mps_memory_is_the_gpu_working_set_less_what_torch_holds(mps_memory):
 def test_the_dock_shows_mps_numbers(mps_memory, tiny_model, make_window, qtbot):
     loaded = dataclasses.replace(load_model(tiny_model("llava")), device=torch.device("mps"))
     report = build_report(loaded, {})
-    assert (report.device, report.device_name, report.total_bytes, report.free_bytes) == \
-        ("mps", "Apple GPU (unified memory)", 24 * GiB, 19 * GiB)
+    assert (report.device, report.device_name, report.total_bytes, report.free_bytes) == (
+        "mps",
+        "Apple GPU (unified memory)",
+        24 * GiB,
+        19 * GiB,
+    )
     w = make_window(load=False)
     w.bridge.inject(report)
     qtbot.waitUntil(lambda: w.memory_dock.device.text() == "Apple GPU (unified memory) (mps)", timeout=5000)

@@ -1,5 +1,6 @@
 """A bare Linux desktop: no display, or Qt's X11 plugin missing system libraries, gets one message
 that says what to install (per distribution) or which commands work without a display."""
+
 from __future__ import annotations
 
 import os
@@ -17,12 +18,20 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 
 def _run_main(env_changes: dict, tmp_path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM", "QT_QPA_PLATFORM_PLUGIN_PATH",
-                        "QT_PLUGIN_PATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM", "QT_QPA_PLATFORM_PLUGIN_PATH", "QT_PLUGIN_PATH")
+    }
     env.update(env_changes)
-    return subprocess.run([sys.executable, str(REPO / "main.py"), "--data-dir", str(tmp_path / "data")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), "--data-dir", str(tmp_path / "data")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_no_display_says_so_and_points_to_the_headless_commands(tmp_path):
@@ -43,10 +52,23 @@ def test_a_missing_x11_library_is_named_before_qt_starts(tmp_path):
     (build / "dep.c").write_text("int parley_dep(void) { return 1; }\n")
     (build / "plugin.c").write_text("int parley_dep(void);\nint parley_plugin(void) { return parley_dep(); }\n")
     soname = "libxcb-parley-absent.so.9"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(build / soname), f"-Wl,-soname,{soname}",
-                    str(build / "dep.c")], check=True)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(plugins / "libqxcb.so"), str(build / "plugin.c"),
-                    f"-L{build}", f"-l:{soname}"], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(build / soname), f"-Wl,-soname,{soname}", str(build / "dep.c")],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(plugins / "libqxcb.so"),
+            str(build / "plugin.c"),
+            f"-L{build}",
+            f"-l:{soname}",
+        ],
+        check=True,
+    )
     shutil.rmtree(build)  # the library the plugin needs is gone, as on a bare desktop
     out = _run_main({"DISPLAY": ":7", "QT_QPA_PLATFORM_PLUGIN_PATH": str(plugins)}, tmp_path)
     assert out.returncode == 2
@@ -57,8 +79,10 @@ def test_a_missing_x11_library_is_named_before_qt_starts(tmp_path):
 
 
 def test_the_message_names_packages_for_each_distribution():
-    msg = display_check.install_message(["libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1",
-                                         "libxkbcommon-x11.so.0"], "Qt's X11 platform plugin (xcb)")
+    msg = display_check.install_message(
+        ["libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1", "libxkbcommon-x11.so.0"],
+        "Qt's X11 platform plugin (xcb)",
+    )
     lines = msg.splitlines()
     assert "  Debian/Ubuntu:  sudo apt install libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0" in lines
     assert "  Fedora:         sudo dnf install xcb-util-cursor xcb-util-wm xcb-util-keysyms libxkbcommon-x11" in lines

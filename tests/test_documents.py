@@ -1,6 +1,7 @@
 """PDF pages and video frames are pictures with content keys: rendered or decoded within the
 model's pixel limit, found in the cache without the file, token-identical to a fresh full prefill
 in every family, spilled and restored like any picture; bad files get one sentence."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,12 +57,15 @@ def test_page_key_is_fixed_by_the_bytes_page_and_dpi():
     assert PageRef.of("/x.pdf", doc, 2, 144).digest == fixed
 
 
-@pytest.mark.parametrize("maker, words", [
-    (make_encrypted_pdf, "password-protected"),
-    (make_damaged_pdf, "damaged PDF"),
-    (make_empty_pdf, "has no pages"),
-    (lambda p: make_pdf(p, 2000, size=(20, 20)), "2000 pages"),
-])
+@pytest.mark.parametrize(
+    "maker, words",
+    [
+        (make_encrypted_pdf, "password-protected"),
+        (make_damaged_pdf, "damaged PDF"),
+        (make_empty_pdf, "has no pages"),
+        (lambda p: make_pdf(p, 2000, size=(20, 20)), "2000 pages"),
+    ],
+)
 def test_bad_pdfs_are_one_sentence(tmp_path, maker, words):
     path = maker(tmp_path / "bad.pdf")
     with pytest.raises(PictureError) as err:
@@ -190,8 +194,15 @@ def clip_reply_ids(ref: Reference, messages: list[Message], fps: float, new: int
         else:
             images.append(p.picture(limit))
     meta = [{"fps": fps, "total_num_frames": len(v), "frames_indices": list(range(len(v)))} for v in videos]
-    inputs = loaded.processor(text=text, images=images or None, videos=videos, do_sample_frames=False,
-                              cap_pixels_per_frame=True, return_tensors="pt", video_metadata=meta)
+    inputs = loaded.processor(
+        text=text,
+        images=images or None,
+        videos=videos,
+        do_sample_frames=False,
+        cap_pixels_per_frame=True,
+        return_tensors="pt",
+        video_metadata=meta,
+    )
     assert "pixel_values_videos" in inputs
     with torch.inference_mode():
         out = loaded.model.generate(**inputs, do_sample=False, max_new_tokens=new)
@@ -272,18 +283,39 @@ def test_ask_sends_the_chosen_pages_and_refuses_a_bad_pdf(tiny_model, tmp_path):
 
     model = tiny_model("qwen2_vl")
     pdf = make_pdf(tmp_path / "notes.pdf", 5, size=(100, 130))
-    res = run_main("ask", "--model", str(model), "--data-dir", str(tmp_path / "d"), "--file", str(pdf),
-                   "--pages", "2-3", "--max-new-tokens", "6", "What is on these pages?")
+    res = run_main(
+        "ask",
+        "--model",
+        str(model),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--file",
+        str(pdf),
+        "--pages",
+        "2-3",
+        "--max-new-tokens",
+        "6",
+        "What is on these pages?",
+    )
     assert res.returncode == 0, res.stderr
     ref = Reference(model)
     pages = Document.of_file(pdf).page_refs([1, 2])
     ids = ref.reply_ids([Message("user", "What is on these pages?", pages)], 6)
     assert res.stdout == ref.loaded.tokenizer.decode(ids, skip_special_tokens=True) + "\n"
-    bad = run_main("ask", "--model", str(model), "--data-dir", str(tmp_path / "d"),
-                   "--file", str(make_encrypted_pdf(tmp_path / "locked.pdf")), "hi")
+    bad = run_main(
+        "ask",
+        "--model",
+        str(model),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--file",
+        str(make_encrypted_pdf(tmp_path / "locked.pdf")),
+        "hi",
+    )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines() == [
-        "error: locked.pdf is password-protected; save an unprotected copy to attach it"]
+        "error: locked.pdf is password-protected; save an unprotected copy to attach it"
+    ]
 
 
 @pytest.mark.slow
@@ -316,9 +348,11 @@ def test_the_api_takes_a_pdf_file_part_and_a_video_url(tiny_model, tmp_path):
     try:
         pdf = make_pdf(tmp_path / "memo.pdf", 3, size=(80, 100))
         clip = make_video(tmp_path / "clip.mp4", seconds=2, fps=10)
-        content = [{"type": "text", "text": "What is in these?"},
-                   {"type": "file", "file": {"filename": "memo.pdf", "file_data": data_url(pdf, "application/pdf")}},
-                   {"type": "video_url", "video_url": {"url": data_url(clip, "video/mp4")}}]
+        content = [
+            {"type": "text", "text": "What is in these?"},
+            {"type": "file", "file": {"filename": "memo.pdf", "file_data": data_url(pdf, "application/pdf")}},
+            {"type": "video_url", "video_url": {"url": data_url(clip, "video/mp4")}},
+        ]
         r = served.chat([{"role": "user", "content": content}], max_tokens=NEW)
         pictures = attach(pdf).refs() + attach(clip).refs()
         text, _ = served.ref_text([Message("user", "What is in these?", pictures)], NEW)
@@ -327,8 +361,11 @@ def test_the_api_takes_a_pdf_file_part_and_a_video_url(tiny_model, tmp_path):
         assert again.usage.model_extra["parley"]["pictures_encoded"] == 0
         locked = make_encrypted_pdf(tmp_path / "locked.pdf")
         bad = [{"type": "file", "file": {"file_data": data_url(locked, "application/pdf")}}]
-        status, _, body = served.raw("POST", "/v1/chat/completions", json.dumps(
-            {"model": served.model, "messages": [{"role": "user", "content": bad}]}))
+        status, _, body = served.raw(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": served.model, "messages": [{"role": "user", "content": bad}]}),
+        )
         err = json.loads(body)["error"]
         assert status == 400 and err["code"] == "invalid_file" and "password-protected" in err["message"]
         assert err["param"] == "messages[0].content[0].file.file_data"
@@ -349,8 +386,13 @@ def test_the_remote_engine_sends_pages_and_frames_as_pngs(tmp_path):
     frame = attach(make_video(tmp_path / "c.mp4", seconds=1)).refs()[0]
     [msg] = chat_messages(Turn("r", [Message("user", "Look", [page, frame])], Sampling()))
     kinds = [(p["type"], p.get("text")) for p in msg["content"]]
-    assert kinds == [("text", "Page 2:"), ("image_url", None), ("text", "Frame at 0:00:"), ("image_url", None),
-                     ("text", "Look")]
+    assert kinds == [
+        ("text", "Page 2:"),
+        ("image_url", None),
+        ("text", "Frame at 0:00:"),
+        ("image_url", None),
+        ("text", "Look"),
+    ]
     urls = [p["image_url"]["url"] for p in msg["content"] if p["type"] == "image_url"]
     assert all(u.startswith("data:image/png;base64,") for u in urls)
     png = Image.open(io.BytesIO(base64.b64decode(urls[0].split(",", 1)[1])))
@@ -365,10 +407,18 @@ def test_replay_sends_a_pdf_s_pages(tiny_model, tmp_path):
 
     make_pdf(tmp_path / "doc.pdf", 3, size=(80, 100))
     script = tmp_path / "s.json"
-    script.write_text(json.dumps({"settings": {"max_new_tokens": 4}, "turns": [
-        {"user": "Read it.", "images": ["doc.pdf"]}, {"user": "Again, elsewhere.", "images": ["doc.pdf"],
-                                                       "conversation": "other"},
-        {"user": "And this?", "images": ["missing.pdf"]}]}))
+    script.write_text(
+        json.dumps(
+            {
+                "settings": {"max_new_tokens": 4},
+                "turns": [
+                    {"user": "Read it.", "images": ["doc.pdf"]},
+                    {"user": "Again, elsewhere.", "images": ["doc.pdf"], "conversation": "other"},
+                    {"user": "And this?", "images": ["missing.pdf"]},
+                ],
+            }
+        )
+    )
     res = run_main("replay", str(script), "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"))
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert lines[0]["stats"]["pictures_encoded"] == 3

@@ -1,5 +1,6 @@
 """Turning elastic residency on while the engine runs: the encoder it then releases must come
 back from the model folder on the next picture, with the weights a fresh load would have."""
+
 from __future__ import annotations
 
 import pytest

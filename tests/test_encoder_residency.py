@@ -1,5 +1,6 @@
 """An encoder load is over when its weights are in memory: no lazy file mapping is left for
 the first encode to read, so `encoder_load_s` is the real cost of waking the encoder."""
+
 from __future__ import annotations
 
 import sys
@@ -11,8 +12,10 @@ from engine.protocol.events import Message
 from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps"),
+]
 
 
 def file_mappings() -> list[tuple[int, int, str]]:

@@ -1,5 +1,6 @@
 """The engine's greedy tokens equal `model.generate` on a fresh full prefill, turn by turn,
 in every family, while reusing the KV prefix (and only the prefix) between turns."""
+
 from __future__ import annotations
 
 import pytest
@@ -66,8 +67,11 @@ def test_prompt_ids_equal_the_processor(family, tiny_model, tmp_path, pictures):
     from engine.vision.gate import GateTurnStats, PictureGate
 
     gate = PictureGate(ref.loaded, EngineSettings())
-    messages = [Message("user", "two pictures", pics(pictures[0], pictures[1])),
-                Message("assistant", "ok"), Message("user", "a third", pics(pictures[2]))]
+    messages = [
+        Message("user", "two pictures", pics(pictures[0], pictures[1])),
+        Message("assistant", "ok"),
+        Message("user", "a third", pics(pictures[2])),
+    ]
     entries = [gate.lookup(p, GateTurnStats()) for m in messages for p in m.images]
     prompt = build_prompt(ref.loaded, render(ref.loaded.processor, messages, None), entries)
     expected, _ = ref.prompt_ids(messages)

@@ -1,5 +1,6 @@
 """One declared engine protocol: the built-in Engine and the RemoteEngine both satisfy EngineLike
 with the same signatures, so the window and the headless commands can hold either."""
+
 from __future__ import annotations
 
 import inspect
@@ -10,8 +11,11 @@ from engine.local.engine import Engine
 from engine.protocol.engine_like import EngineLike
 from engine.remote.engine import RemoteEngine
 
-MEMBERS = [name for name, value in vars(EngineLike).items()
-           if not name.startswith("_") and (callable(value) or isinstance(value, property))]
+MEMBERS = [
+    name
+    for name, value in vars(EngineLike).items()
+    if not name.startswith("_") and (callable(value) or isinstance(value, property))
+]
 
 
 def _params(fn) -> list[tuple[str, object]]:

@@ -1,5 +1,6 @@
 """A model the engine lets go of is freed at once -- by reference counting, with the garbage
 collector switched off -- on shutdown and on a model switch; on CUDA its memory goes back."""
+
 from __future__ import annotations
 
 import contextlib
@@ -65,7 +66,8 @@ def test_model_switch_frees_the_old_model_before_the_new_one_serves(tiny_model, 
             # whether the old model still lived each time the new one registered a parameter
             old_alive: list[bool] = []
             hook = torch.nn.modules.module.register_module_parameter_registration_hook(
-                lambda module, name, param: old_alive.append(refs[1]() is not None))
+                lambda module, name, param: old_alive.append(refs[1]() is not None)
+            )
             try:
                 load_blocking(engine, new_model)
             finally:

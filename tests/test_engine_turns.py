@@ -1,5 +1,6 @@
 """Engine behaviour a user depends on: stop, bad model folders, bad pictures, streaming text,
 the memory ledger — and that nothing bad stops the engine from serving the next turn."""
+
 from __future__ import annotations
 
 import json
@@ -59,13 +60,18 @@ def test_stop_of_a_queued_turn_means_it_never_runs(llava, tmp_path):
         engine.shutdown()
 
 
-@pytest.mark.parametrize("setup, needle", [
-    (lambda d: d.mkdir(), "no config.json"),
-    (lambda d: (d.mkdir(), (d / "config.json").write_text(json.dumps({"model_type": "bert"}))),
-     "Unsupported architecture"),
-    (lambda d: (d.mkdir(), (d / "config.json").write_text("{not json")), "cannot be read as JSON"),
-    (lambda d: None, "not found"),
-])
+@pytest.mark.parametrize(
+    "setup, needle",
+    [
+        (lambda d: d.mkdir(), "no config.json"),
+        (
+            lambda d: (d.mkdir(), (d / "config.json").write_text(json.dumps({"model_type": "bert"}))),
+            "Unsupported architecture",
+        ),
+        (lambda d: (d.mkdir(), (d / "config.json").write_text("{not json")), "cannot be read as JSON"),
+        (lambda d: None, "not found"),
+    ],
+)
 def test_bad_model_folder_gets_a_clear_message(tmp_path, setup, needle):
     folder = tmp_path / "model"
     setup(folder)
@@ -160,8 +166,11 @@ def test_memory_report_has_exact_component_bytes(llava, tmp_path):
         assert got.wait(10)
         rep = reports[-1]
         model = engine.loaded.model
-        vision = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                     if n.startswith(("model.vision_tower", "model.multi_modal_projector")))
+        vision = sum(
+            p.numel() * p.element_size()
+            for n, p in model.named_parameters()
+            if n.startswith(("model.vision_tower", "model.multi_modal_projector"))
+        )
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         total += sum(b.numel() * b.element_size() for b in model.buffers())
         assert rep.components["vision_encoder"] == vision

@@ -1,5 +1,6 @@
 """Self-check of the test fixtures: tiny model folders load like real ones and generate
 sensibly; test pictures are deterministic; broken files are broken."""
+
 from __future__ import annotations
 
 import hashlib
@@ -109,7 +110,7 @@ def test_tiny_model_loads_renders_and_generates(family, tiny_model, two_pictures
 
     with torch.no_grad():
         out = model.generate(**inputs, do_sample=False, max_new_tokens=12)
-    new = out[0, inputs["input_ids"].shape[1]:].tolist()
+    new = out[0, inputs["input_ids"].shape[1] :].tolist()
     assert len(new) == 12
     assert len(set(new)) > 1
     assert not set(new) & set(eos)

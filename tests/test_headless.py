@@ -1,4 +1,5 @@
 """`main.py ask` and `main.py replay` as a user scripts them (real subprocesses)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,15 +20,26 @@ pytestmark = pytest.mark.slow
 
 
 def run_main(*args, cwd=ROOT, timeout=300):
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_ask_prints_the_reference_reply(tiny_model, tmp_path):
     model = tiny_model("qwen2_vl")
     pic = make_picture(tmp_path / "a.png", 3)
-    res = run_main("ask", "--model", str(model), "--data-dir", str(tmp_path / "d"), "--image", str(pic),
-                   "--max-new-tokens", "6", "What is this?")
+    res = run_main(
+        "ask",
+        "--model",
+        str(model),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--image",
+        str(pic),
+        "--max-new-tokens",
+        "6",
+        "What is this?",
+    )
     assert res.returncode == 0, res.stderr
     ref = Reference(model)
     ids = ref.reply_ids([Message("user", "What is this?", pics(pic))], 6)
@@ -36,8 +48,16 @@ def test_ask_prints_the_reference_reply(tiny_model, tmp_path):
 
 
 def test_ask_with_a_bad_picture_says_why(tiny_model, tmp_path):
-    res = run_main("ask", "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"),
-                   "--image", str(tmp_path / "nope.png"), "hi")
+    res = run_main(
+        "ask",
+        "--model",
+        str(tiny_model("llava")),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--image",
+        str(tmp_path / "nope.png"),
+        "hi",
+    )
     assert res.returncode == 1
     assert "Picture not found" in res.stderr and "Traceback" not in res.stderr
 
@@ -61,9 +81,21 @@ def test_replay_interleaves_conversations_and_reports_stats(tiny_model, tmp_path
     assert res.returncode == 0, res.stderr
     lines = [json.loads(line) for line in res.stdout.splitlines()]
     assert [line["turn"] for line in lines] == [0, 1, 2, 3]
-    required = {"prompt_tokens", "reused_tokens", "prefill_tokens", "generated_tokens", "prefill_s", "decode_s",
-                "encode_s", "encoder_loads", "image_cache_hits", "image_cache_misses", "restored_tokens",
-                "spill_blocks_written", "spill_blocks_reused"}
+    required = {
+        "prompt_tokens",
+        "reused_tokens",
+        "prefill_tokens",
+        "generated_tokens",
+        "prefill_s",
+        "decode_s",
+        "encode_s",
+        "encoder_loads",
+        "image_cache_hits",
+        "image_cache_misses",
+        "restored_tokens",
+        "spill_blocks_written",
+        "spill_blocks_reused",
+    }
     for line in lines:
         assert required <= set(line["stats"]), required - set(line["stats"])
         assert len(line["reply_token_ids"]) == 5
@@ -88,8 +120,9 @@ def test_replay_rejects_a_bad_script(tiny_model, tmp_path):
 
 def test_headless_stderr_keeps_only_messages(tiny_model, tmp_path):
     """stderr is a pipe here (as in scripts and logs): no "Loading weights" progress bar."""
-    res = run_main("ask", "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"),
-                   "--max-new-tokens", "2", "hi")
+    res = run_main(
+        "ask", "--model", str(tiny_model("llava")), "--data-dir", str(tmp_path / "d"), "--max-new-tokens", "2", "hi"
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
 
@@ -118,9 +151,14 @@ def read_only_folder(path: Path):
 @pytest.mark.skipif(os.name != "posix", reason="POSIX modes / mounts")
 def test_replay_with_a_read_only_store_logs_it_once(tiny_model, tmp_path):
     script = tmp_path / "s.json"
-    script.write_text(json.dumps({"settings": {"max_new_tokens": 2, "spill_idle_s": 0.05},
-                                  "turns": [{"user": "hi"}, {"user": "again", "wait_s": 0.3},
-                                            {"user": "and again", "wait_s": 0.3}]}))
+    script.write_text(
+        json.dumps(
+            {
+                "settings": {"max_new_tokens": 2, "spill_idle_s": 0.05},
+                "turns": [{"user": "hi"}, {"user": "again", "wait_s": 0.3}, {"user": "and again", "wait_s": 0.3}],
+            }
+        )
+    )
     data = tmp_path / "d"
     with read_only_folder(data / "kv-store"):
         res = run_main("-v", "replay", "--model", str(tiny_model("llava")), "--data-dir", str(data), str(script))

@@ -1,4 +1,5 @@
 """app/history.py: conversations, messages, search, pictures, and surviving a killed process."""
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,9 @@ def test_messages_keep_order_and_fields(history):
     history.finish_reply(r.id, "A square.")
     msgs = history.messages(c.id)
     assert [(m.role, m.text, m.status) for m in msgs] == [
-        ("user", "what is this?", COMPLETE), ("assistant", "A square.", COMPLETE)]
+        ("user", "what is this?", COMPLETE),
+        ("assistant", "A square.", COMPLETE),
+    ]
     assert msgs[0].id == u.id and msgs[0].created <= msgs[1].created
 
 
@@ -228,10 +231,14 @@ def test_sigkill_mid_reply_loses_nothing_completed(tmp_path):
     [c] = h.list_conversations()
     msgs = h.messages(c.id)
     assert [(m.role, m.text, m.status) for m in msgs[:7]] == [
-        ("user", "question 0", COMPLETE), ("assistant", "answer 0", COMPLETE),
-        ("user", "question 1", COMPLETE), ("assistant", "answer 1", COMPLETE),
-        ("user", "question 2", COMPLETE), ("assistant", "answer 2", COMPLETE),
-        ("user", "last question", COMPLETE)]
+        ("user", "question 0", COMPLETE),
+        ("assistant", "answer 0", COMPLETE),
+        ("user", "question 1", COMPLETE),
+        ("assistant", "answer 1", COMPLETE),
+        ("user", "question 2", COMPLETE),
+        ("assistant", "answer 2", COMPLETE),
+        ("user", "last question", COMPLETE),
+    ]
     last = msgs[7]
     assert last.role == "assistant" and last.status == INTERRUPTED
     assert last.text.startswith("tok0 tok1 ") and "tok20 " in last.text

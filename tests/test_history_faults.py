@@ -1,6 +1,7 @@
 """History under faults: a damaged database is set aside (one copy) and history goes on; a write
 that cannot begin (another process holds the lock) leaves no lock, transaction or FULL sync behind;
 conversations and pictures are private to the user."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """What the process holds on the CPU is what the memory dock counts: a model loaded on the CPU
 owns its weights (not pages of the file mapping still to be read on first use), and freed heap
 is handed back to the operating system (glibc)."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 huggingface_hub client): whatever it announces, a pull creates nothing outside the cache root,
 publishes nothing it did not verify, reads no more than was announced, and says what went wrong
 in one line."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,11 @@ def cache(tmp_path) -> Path:
 
 
 def _repo(hub, mib=2):
-    files = {"config.json": b'{"model_type": "llava"}', "chat_template.jinja": b"{{ messages }}",
-             BIG: safetensors_bytes(mib << 20)}
+    files = {
+        "config.json": b'{"model_type": "llava"}',
+        "chat_template.jinja": b"{{ messages }}",
+        BIG: safetensors_bytes(mib << 20),
+    }
     return hub.add_repo(REPO, files)
 
 
@@ -52,30 +56,39 @@ class Around:
         self.before = listing(root)
 
     def outside(self) -> set[str]:
-        return {p for p in listing(self.root) - self.before
-                if p != self.cache and not p.startswith(self.cache + os.sep)
-                and not self.cache.startswith(p + os.sep)}  # the cache's own parents, made for it
+        return {
+            p
+            for p in listing(self.root) - self.before
+            if p != self.cache and not p.startswith(self.cache + os.sep) and not self.cache.startswith(p + os.sep)
+        }  # the cache's own parents, made for it
 
 
 def unpublished(cache: Path, repo_id: str = REPO) -> bool:
     repo_dir = repo_folder(repo_id, cache)
-    return not (repo_dir / "snapshots").exists() and not (repo_dir / "refs").exists() \
+    return (
+        not (repo_dir / "snapshots").exists()
+        and not (repo_dir / "refs").exists()
         and resolve_model(repo_id, cache) is None
+    )
 
 
 # ---------------------------------------------------------------- values that climb out of the cache
 
-@pytest.mark.parametrize("lie, value", [
-    ("commit", "../../../../out/evil_snapshot"),
-    ("commit", "0" * 39 + "/"),
-    ("sha256", "../../../../out/evil_blob"),
-    ("sha256", "ab" * 31 + "zz"),
-    ("blob_id", "/etc/passwd"),
-    ("blob_id", "../../../../out/evil"),
-    ("names", "..\\..\\config.json"),
-    ("names", "C:config.json"),
-    ("names", "../../../../out/config.json"),
-])
+
+@pytest.mark.parametrize(
+    "lie, value",
+    [
+        ("commit", "../../../../out/evil_snapshot"),
+        ("commit", "0" * 39 + "/"),
+        ("sha256", "../../../../out/evil_blob"),
+        ("sha256", "ab" * 31 + "zz"),
+        ("blob_id", "/etc/passwd"),
+        ("blob_id", "../../../../out/evil"),
+        ("names", "..\\..\\config.json"),
+        ("names", "C:config.json"),
+        ("names", "../../../../out/config.json"),
+    ],
+)
 def test_a_value_that_leaves_the_cache_is_refused_before_anything_is_written(hub, cache, tmp_path, lie, value):
     repo = _repo(hub)
     target = BIG if lie == "sha256" else "config.json"
@@ -111,13 +124,19 @@ def test_a_revision_that_climbs_out_is_refused(hub, cache, tmp_path):
     with pytest.raises(LibraryError, match="refus"):
         plan_pull(REPO, revision="../../x")
     assert around.outside() == set() and hub.requests == []  # refused before asking
-    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "models", "pull", REPO, "--revision", "../../x"],
-                         capture_output=True, text=True, timeout=120, env=os.environ)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "models", "pull", REPO, "--revision", "../../x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
+    )
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "revision" in res.stderr, res.stderr
     assert around.outside() == set()
 
 
 # ---------------------------------------------------------------- nothing unverified is published
+
 
 def test_a_small_file_of_the_wrong_size_publishes_nothing(hub, cache, tmp_path):
     _repo(hub)
@@ -133,8 +152,14 @@ def test_a_small_file_of_the_wrong_size_publishes_nothing(hub, cache, tmp_path):
     assert "chat_template.jinja" in str(exc.value) and "more than" in str(exc.value)
     assert unpublished(cache)
     # the model cannot be used by name: one line that says the download is incomplete and how to finish it
-    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "ask", "--model", REPO, "hi"],
-                         capture_output=True, text=True, timeout=120, env=os.environ, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "ask", "--model", REPO, "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
+        cwd=tmp_path,
+    )
     assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
     assert "incomplete" in res.stderr and f"models pull {REPO}" in res.stderr
     assert partial_download(REPO, cache) is not None
@@ -153,6 +178,7 @@ def test_a_small_file_with_one_flipped_byte_is_caught_by_its_git_blob_id(hub, ca
 
 
 # ---------------------------------------------------------------- bodies bounded by what was announced
+
 
 @pytest.mark.parametrize("name", [BIG, "chat_template.jinja"])
 def test_an_endless_body_stops_at_the_announced_size(hub, cache, tmp_path, name):
@@ -178,6 +204,7 @@ def test_a_huge_config_json_is_refused_by_name_without_reading_it_all(hub):
 
 
 # ---------------------------------------------------------------- what went wrong, said right
+
 
 def test_a_short_body_on_a_small_file_says_the_server_cut_it(hub, cache):
     _repo(hub)

@@ -1,5 +1,6 @@
 """The image-cache gate: cached pictures give the same replies, never wake the encoder, survive
 restarts, and a damaged or unusable cache costs a re-encode — never a crash or wrong features."""
+
 from __future__ import annotations
 
 import json
@@ -171,8 +172,12 @@ def test_a_picture_changed_behind_its_ref_fails_that_turn_alone(tiny_model, tmp_
 def replay(tmp_path, model, data, script) -> list[dict]:
     path = tmp_path / f"s{len(list(tmp_path.glob('s*.json')))}.json"
     path.write_text(json.dumps(script))
-    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "replay", str(path), "--model", str(model),
-                          "--data-dir", str(data)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "replay", str(path), "--model", str(model), "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     return [json.loads(x) for x in res.stdout.splitlines()]
 

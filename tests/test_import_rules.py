@@ -7,6 +7,7 @@
 The static checks read every import statement with ast, also those inside functions and under
 TYPE_CHECKING: an import made late or only for annotations is still an arrow in the house.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # importable without torch or Qt (engine.headless: at import time; a command imports torch when it starts
 # the built-in engine)
-TORCH_FREE = ["engine.platform", "engine.pictures", "engine.protocol", "engine.remote", "engine.library",
-              "engine.headless"]
+TORCH_FREE = [
+    "engine.platform",
+    "engine.pictures",
+    "engine.protocol",
+    "engine.remote",
+    "engine.library",
+    "engine.headless",
+]
 # single torch-free modules of rooms that are not: the model family table, the folder check the window
 # runs before torch is in, and the import lock itself
 TORCH_FREE_MODULES = ["engine.model.families", "engine.model.folder_check", "engine.model.heavy_imports"]
@@ -81,7 +88,7 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module
@@ -119,24 +126,30 @@ for name in names:
 
 @pytest.mark.parametrize("package", TORCH_FREE)
 def test_torch_free_rooms_import_neither_torch_nor_qt(package):
-    out = subprocess.run([sys.executable, "-c", _IMPORT_ALL, package, *HEAVY], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL, package, *HEAVY], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "", f"{package} is torch-free, but importing {json.loads(out.stdout)}"
 
 
 @pytest.mark.parametrize("module", TORCH_FREE_MODULES)
 def test_torch_free_modules_import_neither_torch_nor_qt(module):
-    code = (f"import importlib, sys; importlib.import_module({module!r}); "
-            f"print(sorted(set({HEAVY!r}) & set(sys.modules)))")
+    code = (
+        f"import importlib, sys; importlib.import_module({module!r}); print(sorted(set({HEAVY!r}) & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{module} is torch-free, but importing it imported {out.stdout.strip()}"
 
 
 def test_engine_never_imports_qt():
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in _sources("engine") for m, line in imports_of(p)
-           if m.split(".")[0] in QT]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {m}"
+        for p in _sources("engine")
+        for m, line in imports_of(p)
+        if m.split(".")[0] in QT
+    ]
     assert not bad, "\n".join(bad)
 
 

@@ -2,6 +2,7 @@
 values and scales say; a decoded row's result does not depend on the rows of its draft, and a
 prompt chunk (the int8 GEMM where it is exact, else the dequantized GEMM) computes the same
 weights within rounding."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,7 +49,7 @@ def test_a_decoded_row_is_the_same_alone_or_with_its_draft(dtype):
     x = torch.randn(PROMPT_ROWS - 1, 1536).to(dtype)  # the longest decode step: a token and its draft
     with torch.inference_mode():
         whole = layer(x)
-        one_by_one = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
+        one_by_one = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
         split = torch.cat([layer(x[:6]), layer(x[6:])])
     assert torch.equal(whole, one_by_one) and torch.equal(whole, split)
 
@@ -70,7 +71,7 @@ def test_a_prompt_chunk_computes_its_own_weights_in_slices(dtype, monkeypatch):
         whole = layer(x)
         monkeypatch.setattr(int8_layers, "DEQUANTIZED_BYTES", 1536 * 1000 * x.element_size())  # 9 slices
         sliced = layer(x)
-        rows = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
+        rows = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for got in (whole, sliced, rows):
         assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
@@ -89,7 +90,8 @@ def _int8_activations(x: torch.Tensor) -> torch.Tensor:
 
 needs_int8_gemm = pytest.mark.skipif(
     not int8_layers.int8_gemm_exact(),
-    reason="this CPU's int8 GEMM is not exact (no VNNI): prompts take the dequantized GEMM")
+    reason="this CPU's int8 GEMM is not exact (no VNNI): prompts take the dequantized GEMM",
+)
 
 
 @needs_int8_gemm

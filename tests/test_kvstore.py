@@ -1,4 +1,5 @@
 """SSD KV block store: round trips, incremental spill, sharing, refusals and caps."""
+
 from __future__ import annotations
 
 import gc
@@ -25,6 +26,7 @@ from tests.kv_helpers import (  # noqa: F401 (store: the fixture)
 )
 
 # ---------------------------------------------------------------------- round trips
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_round_trip_exact_gqa(tmp_path, dtype):
@@ -64,11 +66,11 @@ def test_restore_prefix_when_prompt_extends_or_diverges(store):
     n = 100  # 6 blocks of 16 + tail 4
     kv, toks = make_kv(n), tokens(n)
     assert store.spill("a", toks, [], cache_of(kv)).ok
-    assert_prefix(store.restore("a", toks + [1, 2, 3]), kv, n)          # prompt extends
+    assert_prefix(store.restore("a", toks + [1, 2, 3]), kv, n)  # prompt extends
     assert_prefix(store.restore("a", toks, max_tokens=n - 1), kv, n - 1)  # leave one to prefill
-    div = toks[:40] + [7] * 60                                          # diverges inside block 2
+    div = toks[:40] + [7] * 60  # diverges inside block 2
     assert_prefix(store.restore("a", div), kv, 32)
-    div_tail = toks[:98] + [toks[98] + 1, 5]                            # diverges inside the tail
+    div_tail = toks[:98] + [toks[98] + 1, 5]  # diverges inside the tail
     assert_prefix(store.restore("a", div_tail), kv, 98)
     assert store.restore("a", [9] * 100).n_tokens == 0
     assert store.restore("nobody", tokens(10, seed=5)).cache is None
@@ -97,18 +99,19 @@ def test_picture_difference_inside_the_tail(store):
 
 # ---------------------------------------------------------------------- incremental spill
 
+
 def test_incremental_spill_writes_only_new_blocks(tmp_path):
     root = str(tmp_path / "inc")
     B = 16
     kv1, toks = make_kv(100), tokens(300)
     with KVStore(root, NS, block_tokens=B, unit_bytes=4096, min_free_bytes=0) as s:
-        r1 = s.spill("c", toks[:100], [], cache_of(kv1))          # turn 1: 6 blocks + tail 4
+        r1 = s.spill("c", toks[:100], [], cache_of(kv1))  # turn 1: 6 blocks + tail 4
         assert (r1.blocks_written, r1.tail_written) == (6, 1)
-        kv2 = grow(kv1, 37, seed=2)                                  # turn 2: +37 -> 137
+        kv2 = grow(kv1, 37, seed=2)  # turn 2: +37 -> 137
         r2 = s.spill("c", toks[:137], [], cache_of(kv2))
         assert r2.ok and r2.reused_blobs == 6 and r2.missing_blobs == 0
         assert r2.blocks_written == 137 // B - 100 // B == 2 and r2.tail_written == 1
-        kv3 = grow(kv2, 50, seed=3)                                  # turn 3: +50 -> 187
+        kv3 = grow(kv2, 50, seed=3)  # turn 3: +50 -> 187
         r3 = s.spill("c", toks[:187], [], cache_of(kv3))
         assert r3.reused_blobs == 8 and r3.blocks_written == 187 // B - 137 // B == 3
         assert r3.blocks_written <= -(-50 // B) + 1
@@ -126,7 +129,7 @@ def test_incremental_spill_writes_only_new_blocks(tmp_path):
 
 
 def test_unit_copies_are_bounded_and_release_the_cache(tmp_path):
-    kv = make_kv(256, layers=4, kv_heads=4, head_dim=32)           # 4*2*4*256*32*4 = 1 MiB
+    kv = make_kv(256, layers=4, kv_heads=4, head_dim=32)  # 4*2*4*256*32*4 = 1 MiB
     toks = tokens(256)
     unit = 72 << 10  # a buffer is the unit less a small bookkeeping reserve: two 32 KiB tensors fit
     with KVStore(str(tmp_path / "kv"), NS, block_tokens=64, unit_bytes=unit, min_free_bytes=0) as s:
@@ -137,12 +140,12 @@ def test_unit_copies_are_bounded_and_release_the_cache(tmp_path):
         while not job.step():
             steps += 1
             assert s.counters["host_buffer_bytes"] <= 2 * unit
-        assert steps == 16                                          # 16 units of 64 KiB
+        assert steps == 16  # 16 units of 64 KiB
         assert job.copies_done and job.step() is True
         expected = [(k.clone(), v.clone()) for k, v in kv]
         del cache, kv
         gc.collect()
-        assert all(r() is None for r in refs)                       # the job let go of the cache
+        assert all(r() is None for r in refs)  # the job let go of the cache
         res = job.result()
         assert res.ok and res.blocks_written == 4
         assert_prefix(s.restore("a", toks), expected, 256)
@@ -156,10 +159,12 @@ def test_unit_copies_are_bounded_and_release_the_cache(tmp_path):
 def test_session_sharing_an_opening_stores_shared_blocks_once(store):
     kv_a = make_kv(80, seed=1)
     toks_a = tokens(80, seed=1)
-    assert store.spill("a", toks_a, [], cache_of(kv_a)).ok           # 5 blocks
+    assert store.spill("a", toks_a, [], cache_of(kv_a)).ok  # 5 blocks
     # b opens with the same 50 tokens (3 full blocks), then differs
-    kv_b = [(torch.cat([k[:, :, :50], nk], 2), torch.cat([v[:, :, :50], nv], 2))
-            for (k, v), (nk, nv) in zip(kv_a, make_kv(30, seed=2), strict=True)]
+    kv_b = [
+        (torch.cat([k[:, :, :50], nk], 2), torch.cat([v[:, :, :50], nv], 2))
+        for (k, v), (nk, nv) in zip(kv_a, make_kv(30, seed=2), strict=True)
+    ]
     toks_b = toks_a[:50] + tokens(30, seed=2)
     # a new conversation with the same opening restores the shared blocks from a's blobs
     pre = store.restore("b", toks_b)
@@ -167,7 +172,7 @@ def test_session_sharing_an_opening_stores_shared_blocks_once(store):
     assert pre.stats.source == "shared" and pre.state == {}
     rb = store.spill("b", toks_b, [], cache_of(kv_b))
     assert rb.reused_blobs == 3 and rb.blocks_written == 2
-    assert store.counters["blobs_on_disk"] == 5 + 2                  # 80 tokens: no tails
+    assert store.counters["blobs_on_disk"] == 5 + 2  # 80 tokens: no tails
     info_a, info_b = store.session_info("a"), store.session_info("b")
     assert info_a["block_keys"][:3] == info_b["block_keys"][:3]
     assert info_a["block_keys"][3] != info_b["block_keys"][3]
@@ -186,6 +191,7 @@ def test_other_namespace_never_matches(store):
 
 
 # ---------------------------------------------------------------------- refusals, caps
+
 
 def test_sliding_window_layer_refused(store):
     k, v = torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8)
@@ -208,10 +214,10 @@ def test_cap_evicts_least_recently_used_session(tmp_path):
     with KVStore(str(tmp_path / "kv"), NS, block_tokens=16, min_free_bytes=0, max_bytes=3 * one + 100) as s:
         for sid in "abc":
             assert s.spill(sid, toks[sid], [], cache_of(kvs[sid])).ok
-        assert s.restore("a", toks["a"]).n_tokens == 48       # a is now the most recently used
+        assert s.restore("a", toks["a"]).n_tokens == 48  # a is now the most recently used
         r = s.spill("d", toks["d"], [], cache_of(kvs["d"]))
         assert r.ok and r.evicted_sessions == 1
-        assert sorted(s.sessions()) == ["a", "c", "d"]          # b was least recently used
+        assert sorted(s.sessions()) == ["a", "c", "d"]  # b was least recently used
         assert s.counters["bytes_on_disk"] <= s.max_bytes
         assert s.counters["evicted_sessions"] == 1
         assert s.restore("b", toks["b"]).n_tokens == 0

@@ -1,4 +1,5 @@
 """SSD KV block store: job control, mixed sources, raw-bit fidelity, manifest recovery, CUDA."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,10 @@ NS = b"api-model"
 
 def kv_of(n, layers=2, heads=2, dim=16, dtype=torch.float16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(1, heads, n, dim, generator=g).to(dtype), torch.randn(1, heads, n, dim, generator=g).to(dtype))
-            for _ in range(layers)]
+    return [
+        (torch.randn(1, heads, n, dim, generator=g).to(dtype), torch.randn(1, heads, n, dim, generator=g).to(dtype))
+        for _ in range(layers)
+    ]
 
 
 def toks(n, seed=0):
@@ -41,8 +44,8 @@ def test_bf16_bit_patterns_survive_exactly(store):
     for _ in range(2):
         k = torch.empty(1, 2, 40, 16, dtype=torch.bfloat16)
         v = torch.empty(1, 2, 40, 16, dtype=torch.bfloat16)
-        k.view(torch.int16).random_(-2**15, 2**15)
-        v.view(torch.int16).random_(-2**15, 2**15)
+        k.view(torch.int16).random_(-(2**15), 2**15)
+        v.view(torch.int16).random_(-(2**15), 2**15)
         kv.append((k, v))
     t = toks(40)
     assert store.spill("a", t, [], build_cache(kv)).ok
@@ -67,7 +70,7 @@ def test_restore_mixes_own_and_shared_blocks(store):
 def test_cancel_and_drop_leave_nothing_behind(store, tmp_path):
     kv, t = kv_of(200, layers=4), toks(200)
     job = store.begin_spill("a", t, [], build_cache(kv))
-    assert not job.step()              # one unit handed over, more to go
+    assert not job.step()  # one unit handed over, more to go
     job.cancel()
     res = job.result()
     assert not res.ok and res.error == "cancelled"
@@ -133,7 +136,7 @@ def test_refuses_cache_without_layers_and_bad_arguments(store):
         store.begin_spill("a", [1, 2], [], object())
     kv = kv_of(10)
     with pytest.raises(ValueError):
-        store.begin_spill("a", list(range(11)), [], build_cache(kv))   # more ids than cached tokens
+        store.begin_spill("a", list(range(11)), [], build_cache(kv))  # more ids than cached tokens
     with pytest.raises(ValueError):
         store.begin_spill("a", list(range(10)), [PictureSpan(5, 12, PictureKey(b"p"))], build_cache(kv))
     with pytest.raises(TypeError):
@@ -166,5 +169,7 @@ def test_units_smaller_than_one_head_split_rows(tmp_path):
         assert job.result().ok and steps >= 300 * 2 * 2 * 2 * 16 * 4 // 4096
         assert s.counters["host_buffer_bytes"] <= 2 * 4096
         out = s.restore("a", t)
-        assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-                   for layer, (k, v) in zip(out.cache.layers, kv, strict=True))
+        assert all(
+            torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+            for layer, (k, v) in zip(out.cache.layers, kv, strict=True)
+        )

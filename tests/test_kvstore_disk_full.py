@@ -1,6 +1,7 @@
 """A full disk is not a damaged store: nothing is set aside or deleted, spilling pauses, and
 every conversation the store held is there again once space returns. Only a manifest that
 really fails its integrity check is set aside, and only one such copy is kept."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,12 @@ def fill_store(root):
 
 
 def listing(root):
-    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
-                  if not f.startswith("manifest.sqlite"))
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root)
+        for d, _, fs in os.walk(root)
+        for f in fs
+        if not f.startswith("manifest.sqlite")
+    )
 
 
 def assert_whole(root):
@@ -94,6 +99,9 @@ def test_only_one_damaged_manifest_is_kept(tmp_path):
             f.write(b"this is not a database at all....")
         with open_store(root) as s:
             assert s.sweep_report["manifest_reset"] and s.sessions() == []
-    copies = [n for n in os.listdir(root) if n.startswith("manifest.sqlite.corrupt-") and n.count("-wal") == 0
-              and not n.endswith("-shm")]
+    copies = [
+        n
+        for n in os.listdir(root)
+        if n.startswith("manifest.sqlite.corrupt-") and n.count("-wal") == 0 and not n.endswith("-shm")
+    ]
     assert len(copies) == 1, copies

@@ -3,6 +3,7 @@
 Processes are forked from one "zygote" that imported torch once, so each trial costs a fork
 instead of a fresh interpreter.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ NS = b"crash-model"
 
 # Shared by the test and the forked writers: deterministic tokens and K/V for a session id and
 # a length, so the parent knows the exact data any committed row must restore to.
-HELPERS = r'''
+HELPERS = r"""
 import torch
 from transformers import DynamicCache
 from engine.pictures.span import PictureKey, PictureSpan
@@ -56,13 +57,15 @@ def crash_kv(toks, layers=3, heads=2, dim=8):
 
 def crash_cache(toks):
     return DynamicCache(ddp_cache_data=crash_kv(toks))
-'''
+"""
 _helpers: dict = {}
 exec(HELPERS, _helpers)  # noqa: S102  the same code runs in the forked writers
 crash_tokens, crash_pictures = _helpers["crash_tokens"], _helpers["crash_pictures"]
 crash_kv, crash_cache = _helpers["crash_kv"], _helpers["crash_cache"]
 
-ZYGOTE = HELPERS + r'''
+ZYGOTE = (
+    HELPERS
+    + r"""
 import os, sys, json, random, signal, resource
 torch.set_num_threads(1)
 from engine.kvstore import KVStore
@@ -127,14 +130,16 @@ for line in sys.stdin:
             code = 1
         os._exit(code)
     print(pid, flush=True)
-'''
+"""
+)
 
 
 @pytest.fixture(scope="module")
 def zygote():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=REPO, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+    )
     assert proc.stdout.readline().strip() == "up"
 
     def run(*args: str) -> int:

@@ -1,5 +1,6 @@
 """SSD KV block store recovering: damaged blobs are detected and only the valid prefix is
 restored; a restart finds what was committed and sweeps temp files and orphans."""
+
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ from engine.pictures.span import PictureKey, PictureSpan
 from tests.kv_helpers import NS, assert_prefix, cache_of, grow, make_kv, store, tokens  # noqa: F401 (fixture)
 
 # ---------------------------------------------------------------------- corruption
+
 
 def _spilled(store, n=80):
     kv, toks = make_kv(n), tokens(n)
@@ -86,13 +88,18 @@ def test_blob_deleted_between_spills_is_rewritten(store):
 
 # ---------------------------------------------------------------------- restart
 
+
 def test_persistence_across_restart(tmp_path):
     root = str(tmp_path / "kv")
     kv, toks = make_kv(100, dtype=torch.bfloat16), tokens(100)
     s = KVStore(root, NS, block_tokens=16, min_free_bytes=0)
-    assert s.spill("a", toks[:70], [PictureSpan(3, 9, PictureKey(b"img"))],
-                   cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
-                   {"rope_deltas": torch.tensor([[2]]), "note": "x"}).ok
+    assert s.spill(
+        "a",
+        toks[:70],
+        [PictureSpan(3, 9, PictureKey(b"img"))],
+        cache_of([(k[:, :, :70], v[:, :, :70]) for k, v in kv]),
+        {"rope_deltas": torch.tensor([[2]]), "note": "x"},
+    ).ok
     with pytest.raises(KVStoreError, match="in use by another process"):
         KVStore(root, NS)  # one process at a time
     s.close()

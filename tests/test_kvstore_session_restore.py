@@ -1,6 +1,7 @@
 """Restoring a session's own stored KV without its prompt (what opening a chat does): a blob per
 step, each block checked against its chained key from the tokens in its own header, so a blob
 whose tokens were changed under a valid checksum is caught, counted and never served."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,11 @@ def test_a_whole_session_comes_back_a_blob_per_step(store):
     kv, ids = spilled(store)  # 3 blocks of 16 and a 5-token tail
     listed = store.stored_sessions()
     assert [(s.id, s.n_tokens) for s in listed] == [("chat", 53)]
-    assert listed[0].memory_bytes() == kv_bytes(listed[0].layout, 53, None) == sum(
-        k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+    assert (
+        listed[0].memory_bytes()
+        == kv_bytes(listed[0].layout, 53, None)
+        == sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+    )
     job = store.begin_session_restore("chat")
     steps = 0
     while not job.step():
@@ -55,7 +59,7 @@ def test_a_block_whose_tokens_do_not_hash_to_its_key_ends_the_restore(store):
     forged[3] += 1  # different tokens, same key name, every checksum valid
     head = encode_header(KIND_BLOCK, hdr.layout, hdr.key, forged, hdr.payload_digest)
     with open(path, "wb") as f:
-        f.write(head + bytes(data[hdr.header_len:]))
+        f.write(head + bytes(data[hdr.header_len :]))
     assert parse_header(bytearray(head)).tokens[3] == forged[3]  # the forgery itself reads as a valid blob
 
     job = store.begin_session_restore("chat")

@@ -1,5 +1,6 @@
 """Prompt-lookup decoding: drafts come from earlier text, and greedy replies are exactly the
 ones plain decoding gives (token ids against a fresh full prefill with `model.generate`)."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,7 @@ def test_draft_continues_the_latest_earlier_occurrence():
     d = NgramDrafter([5, 6, 7, 8, 9, 1, 5, 6, 7, 2, 3, 5, 6])
     assert d.draft(3) == [7, 2, 3]  # "5 6" last seen before "7 2 3"
     d.append(7)
-    assert d.draft(2) == [2, 3]     # the longest gram "5 6 7" decides
+    assert d.draft(2) == [2, 3]  # the longest gram "5 6 7" decides
     assert NgramDrafter([1, 2, 3]).draft(4) == []  # nothing repeats: no draft
     assert NgramDrafter([4, 9, 8, 4]).draft(4) == []  # one repeated token is not enough
     assert NgramDrafter([4, 9, 8, 4], min_ngram=1).draft(4) == [9, 8, 4]
@@ -90,7 +91,7 @@ class OracleDrafter(NgramDrafter):
     def draft(self, limit):
         self.calls += 1
         at = len(self.seq) - self.prompt_len  # drafts follow the current token
-        out = list(self.expected[at:at + min(limit, 3 + self.calls % 4)])
+        out = list(self.expected[at : at + min(limit, 3 + self.calls % 4)])
         if out and self.calls % 2:
             out[-1] = (out[-1] + 1) % 50
         return out

@@ -1,4 +1,5 @@
 """`main.py models list | pull | rm` and `--model ORG/NAME`, against the hub stand-in."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,14 @@ from tests.fixtures.hub_standin import safetensors_bytes, start_standin
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     h = start_standin(monkeypatch, tmp_path / "hf" / "hub")
-    h.add_repo("acme/cli", {"config.json": b'{"model_type": "llava"}', "chat_template.jinja": b"{{ m }}",
-                            "model.safetensors": safetensors_bytes(2 << 20)})
+    h.add_repo(
+        "acme/cli",
+        {
+            "config.json": b'{"model_type": "llava"}',
+            "chat_template.jinja": b"{{ m }}",
+            "model.safetensors": safetensors_bytes(2 << 20),
+        },
+    )
     yield h
     h.stop()
 
@@ -37,8 +44,9 @@ def test_pull_failures_are_one_line(hub, capsys):
     assert err == [f"error: HTTP 404: acme/missing not found at {hub.url}/acme/missing"]
     hub.add_repo("acme/bin-only", {"config.json": b'{"model_type": "llava"}', "pytorch_model.bin": b"x" * 100})
     assert main.main(["models", "pull", "acme/bin-only"]) == 1
-    assert capsys.readouterr().err.strip() == ("error: acme/bin-only cannot be used by Parley: no .safetensors "
-                                               "weights (Parley loads safetensors only)")
+    assert capsys.readouterr().err.strip() == (
+        "error: acme/bin-only cannot be used by Parley: no .safetensors weights (Parley loads safetensors only)"
+    )
     assert "model.safetensors" not in hub.sent and "pytorch_model.bin" not in hub.sent
 
 
@@ -58,12 +66,20 @@ def test_gated_pull_with_a_saved_token(hub, capsys, tmp_path, monkeypatch):
 
     from engine.library import token_store
 
-    hub.add_repo("acme/gated", {"config.json": b'{"model_type": "llava"}', "chat_template.jinja": b"{{ m }}",
-                                "model.safetensors": safetensors_bytes(1 << 20)}, gated_token="hf_good")
+    hub.add_repo(
+        "acme/gated",
+        {
+            "config.json": b'{"model_type": "llava"}',
+            "chat_template.jinja": b"{{ m }}",
+            "model.safetensors": safetensors_bytes(1 << 20),
+        },
+        gated_token="hf_good",
+    )
     assert main.main(["models", "pull", "acme/gated"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: HTTP 401: acme/gated is gated; accept its terms at {hub.url}/acme/gated and set a Hugging Face "
-        "token with access to it"]
+        "token with access to it"
+    ]
     # no OS keyring on this machine (keyring answers with its 'fail' backend): the HF token file
     where = token_store.save_token("  hf_good\n")
     path = tmp_path / "hf" / "hf-token"
@@ -83,14 +99,15 @@ def test_list_offline_has_a_fit_column_from_the_catalog_and_loads_no_model_libra
     from engine.library.catalog import load_catalog
     from tests.remote_servers import ROOT
 
-    code = ("import sys, main\n"
-            "rc = main.main(['models', 'list'])\n"
-            "from engine.library.fit import accelerator_possible\n"
-            "print('imported:', 'transformers' in sys.modules, 'torch' in sys.modules, accelerator_possible())\n"
-            "sys.exit(rc)\n")
+    code = (
+        "import sys, main\n"
+        "rc = main.main(['models', 'list'])\n"
+        "from engine.library.fit import accelerator_possible\n"
+        "print('imported:', 'transformers' in sys.modules, 'torch' in sys.modules, accelerator_possible())\n"
+        "sys.exit(rc)\n"
+    )
     env = dict(__import__("os").environ, HF_ENDPOINT="http://127.0.0.1:1", HF_HUB_OFFLINE="0")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[1].split() == ["MODEL", "FAMILY", "PARAMS", "DOWNLOAD", "INSTALLED", "FIT"]

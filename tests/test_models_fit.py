@@ -1,4 +1,5 @@
 """The fit estimate against hand-computed numbers for two published configs, and the folder check."""
+
 from __future__ import annotations
 
 import math
@@ -10,40 +11,102 @@ from engine.library.repo_check import needed_files, problem
 
 # Qwen/Qwen2-VL-2B-Instruct config.json (the numbers that matter), as published
 QWEN2_VL_2B = {
-    "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"], "hidden_size": 1536,
-    "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-    "vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
-    "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3,
-                      "hidden_size": 1536, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "model_type": "qwen2_vl",
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "depth": 32,
+        "embed_dim": 1280,
+        "mlp_ratio": 4,
+        "num_heads": 16,
+        "in_chans": 3,
+        "hidden_size": 1536,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
 }
 # HuggingFaceTB/SmolVLM-256M-Instruct config.json (Idefics3 layout, SmolLM2-135M + SigLIP-B/16-512)
 SMOLVLM_256M = {
-    "model_type": "idefics3", "architectures": ["Idefics3ForConditionalGeneration"], "scale_factor": 4,
+    "model_type": "idefics3",
+    "architectures": ["Idefics3ForConditionalGeneration"],
+    "scale_factor": 4,
     "tie_word_embeddings": False,
-    "text_config": {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-                    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49280,
-                    "tie_word_embeddings": False, "max_position_embeddings": 8192},
-    "vision_config": {"model_type": "idefics3_vision", "hidden_size": 768, "intermediate_size": 3072,
-                      "num_hidden_layers": 12, "num_attention_heads": 12, "patch_size": 16, "image_size": 512,
-                      "num_channels": 3},
+    "text_config": {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49280,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 8192,
+    },
+    "vision_config": {
+        "model_type": "idefics3_vision",
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "patch_size": 16,
+        "image_size": 512,
+        "num_channels": 3,
+    },
 }
 
 # Qwen2.5-VL-3B-Instruct and llava-1.5-7b-hf (a sparse config: transformers' own config classes
 # fill in Llama's and CLIP's defaults)
 QWEN25_VL_3B = {
-    "model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-    "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_chans": 3,
-                      "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                      "hidden_act": "silu", "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]},
+    "model_type": "qwen2_5_vl",
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "vision_config": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "in_chans": 3,
+        "out_hidden_size": 2048,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "hidden_act": "silu",
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+    },
 }
 LLAVA_15_7B = {
-    "model_type": "llava", "image_token_index": 32000, "projector_hidden_act": "gelu",
+    "model_type": "llava",
+    "image_token_index": 32000,
+    "projector_hidden_act": "gelu",
     "text_config": {"model_type": "llama", "vocab_size": 32064, "max_position_embeddings": 4096},
-    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
-                      "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
-                      "patch_size": 14, "projection_dim": 768},
+    "vision_config": {
+        "model_type": "clip_vision_model",
+        "hidden_size": 1024,
+        "image_size": 336,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "projection_dim": 768,
+    },
 }
 
 
@@ -89,18 +152,35 @@ def test_verdict_bands_and_the_line():
 
 
 def test_folder_check_before_download():
-    files = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-             "model.safetensors.index.json", "consolidated.safetensors", "pytorch_model.bin", "onnx/model.onnx",
-             "tokenizer.json", "chat_template.jinja", "README.md"]
+    files = [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "consolidated.safetensors",
+        "pytorch_model.bin",
+        "onnx/model.onnx",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "README.md",
+    ]
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
-    assert needed_files(files, index) == ["config.json", "model-00001-of-00002.safetensors",
-                                          "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-                                          "tokenizer.json", "chat_template.jinja"]
+    assert needed_files(files, index) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+    ]
     assert problem(QWEN2_VL_2B, files) is None
-    assert problem({"model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"]}, files) \
-        .startswith("unsupported architecture 'llava_next'")
-    assert problem(QWEN2_VL_2B, ["config.json", "pytorch_model.bin", "chat_template.jinja"]) == \
-        "no .safetensors weights (Parley loads safetensors only)"
+    assert problem(
+        {"model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"]}, files
+    ).startswith("unsupported architecture 'llava_next'")
+    assert (
+        problem(QWEN2_VL_2B, ["config.json", "pytorch_model.bin", "chat_template.jinja"])
+        == "no .safetensors weights (Parley loads safetensors only)"
+    )
     no_template = ["config.json", "model.safetensors", "tokenizer_config.json"]
     assert problem(QWEN2_VL_2B, no_template, {"eos_token": "x"}).startswith("no chat template")
     assert problem(QWEN2_VL_2B, no_template, {"chat_template": "{{ m }}"}) is None
@@ -114,11 +194,15 @@ def test_two_more_families_match_their_published_counts():
     assert kv_bytes_per_token(LLAVA_15_7B) == 2 * 32 * 32 * 128 * 2  # Llama-2-7B: no grouped KV heads
 
 
-
-@pytest.mark.parametrize("repo_id, config", [("Qwen/Qwen2-VL-2B-Instruct", QWEN2_VL_2B),
-                                             ("HuggingFaceTB/SmolVLM-256M-Instruct", SMOLVLM_256M),
-                                             ("Qwen/Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B),
-                                             ("llava-hf/llava-1.5-7b-hf", LLAVA_15_7B)])
+@pytest.mark.parametrize(
+    "repo_id, config",
+    [
+        ("Qwen/Qwen2-VL-2B-Instruct", QWEN2_VL_2B),
+        ("HuggingFaceTB/SmolVLM-256M-Instruct", SMOLVLM_256M),
+        ("Qwen/Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B),
+        ("llava-hf/llava-1.5-7b-hf", LLAVA_15_7B),
+    ],
+)
 def test_the_catalog_estimate_agrees_with_the_config_estimate(repo_id, config):
     """Offline the Models page sizes catalog models from the catalog's own numbers (published
     parameter counts, KV bytes per token): within 1 % of the estimate from config.json."""
@@ -140,6 +224,7 @@ def test_every_catalog_model_can_be_estimated_offline():
         need = catalog_need(entry, "bfloat16", 4096)
         # 16-bit weights are about the published download (the safetensors at 16 bits)
         assert abs((need.weights_bytes + need.vision_bytes) / (entry.download_gb * 1e9) - 1) < 0.06, entry
+
 
 def test_cache_folder_follows_the_hub_environment(monkeypatch, tmp_path):
     from engine.library.hub import hub_cache_dir

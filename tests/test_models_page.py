@@ -1,4 +1,5 @@
 """The Models page under pytest-qt against the hub stand-in: search, fit column, progress, cancel."""
+
 from __future__ import annotations
 
 import threading
@@ -19,8 +20,14 @@ def hub(tmp_path, monkeypatch):
     import json
 
     h = start_standin(monkeypatch, tmp_path / "hf" / "hub")
-    h.add_repo("acme/smol", {"config.json": json.dumps(SMOLVLM_256M).encode(), "chat_template.jinja": b"{{ m }}",
-                             BIG: safetensors_bytes(4 << 20)})
+    h.add_repo(
+        "acme/smol",
+        {
+            "config.json": json.dumps(SMOLVLM_256M).encode(),
+            "chat_template.jinja": b"{{ m }}",
+            BIG: safetensors_bytes(4 << 20),
+        },
+    )
     yield h
     h.stop()
 
@@ -81,8 +88,13 @@ def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monk
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
     p = ModelsPage(catalog=[CatalogEntry("acme/listed", "llava", "7B", 14.1, True)])
     qtbot.addWidget(p)
-    qtbot.waitUntil(lambda: p.row_of("acme/smol") is not None and
-                    p.table.item(p.row_of("acme/smol"), COL_INSTALLED).text().startswith("✓"), timeout=30_000)
+    qtbot.waitUntil(
+        lambda: (
+            p.row_of("acme/smol") is not None
+            and p.table.item(p.row_of("acme/smol"), COL_INSTALLED).text().startswith("✓")
+        ),
+        timeout=30_000,
+    )
     qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
     assert p.wait_idle()
     assert p.status.text().count("network unreachable") == 1
@@ -119,9 +131,14 @@ def test_picker_accepts_a_cached_repo_id(qtbot, hub):
 def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub):
     from app.models_page import COL_INSTALLED, ModelsPage
 
-    hub.add_repo("acme/next", {"config.json": b'{"model_type": "llava_next", "architectures": '
-                                              b'["LlavaNextForConditionalGeneration"]}',
-                               "chat_template.jinja": b"{{ m }}", BIG: safetensors_bytes(1 << 20)})
+    hub.add_repo(
+        "acme/next",
+        {
+            "config.json": b'{"model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"]}',
+            "chat_template.jinja": b"{{ m }}",
+            BIG: safetensors_bytes(1 << 20),
+        },
+    )
     p = ModelsPage(catalog=[CatalogEntry("acme/next", "llava_next", "7.57B", 15.1, True)])
     qtbot.addWidget(p)
     qtbot.waitUntil(lambda: p.table.item(0, COL_INSTALLED).text() == "cannot be used", timeout=60_000)
@@ -191,14 +208,20 @@ def test_speed_column_shows_this_machines_measured_tokens_per_second(qtbot, hub,
     folder = tiny_model("smolvlm")
     shape = speed.LayerShape.of_config(json.loads((folder / "config.json").read_text()))
     data = tmp_path / "data"
-    speed.write(data, shape, [speed.FormatSpeed("bf16", "bfloat16", 12.5, 300.0, True),
-                              speed.FormatSpeed("fp32", "float32", 6.25, 80.0)])
-    p = ModelsPage(catalog=[CatalogEntry("acme/smol", "idefics3", "256M", 0.5, True)], recent=[str(folder)],
-                   data_dir=data)
+    speed.write(
+        data,
+        shape,
+        [speed.FormatSpeed("bf16", "bfloat16", 12.5, 300.0, True), speed.FormatSpeed("fp32", "float32", 6.25, 80.0)],
+    )
+    p = ModelsPage(
+        catalog=[CatalogEntry("acme/smol", "idefics3", "256M", 0.5, True)], recent=[str(folder)], data_dir=data
+    )
     qtbot.addWidget(p)
     mine, other = p.row_of(str(folder)), p.row_of("acme/smol")
-    qtbot.waitUntil(lambda: p.table.item(mine, COL_SPEED).text() != "" and p.table.item(other, COL_SPEED).text() != "",
-                    timeout=60_000)
+    qtbot.waitUntil(
+        lambda: p.table.item(mine, COL_SPEED).text() != "" and p.table.item(other, COL_SPEED).text() != "",
+        timeout=60_000,
+    )
     assert p.table.item(mine, COL_SPEED).text() == "bf16 12.5, fp32 6.2 tok/s"
     scaled = speed.LayerShape.of_config(SMOLVLM_256M)
     factor = shape.params / scaled.params

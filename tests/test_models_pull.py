@@ -1,4 +1,5 @@
 """Pulls through the real huggingface_hub client against the loopback hub stand-in."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The Models page from the window: the menu and the empty chat's button; a model it hands back loads."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -6,8 +7,7 @@ from PySide6.QtCore import Qt
 from tests.test_app_support import TIMEOUT_MS, make_window, send, wait_reply  # noqa: F401
 
 
-def test_empty_chat_button_opens_models_and_a_chosen_model_loads(make_window, qtbot, tiny_model, tmp_path,
-                                                                  monkeypatch):
+def test_empty_chat_button_opens_models_and_a_chosen_model_loads(make_window, qtbot, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests: the page says so and lists what is here
     w = make_window(load=False)
@@ -26,8 +26,7 @@ def test_empty_chat_button_opens_models_and_a_chosen_model_loads(make_window, qt
     assert w.models_page.wait_idle()
 
 
-def test_the_demo_model_says_what_it_is_and_offers_a_real_one(make_window, qtbot, tiny_model, tmp_path,
-                                                              monkeypatch):
+def test_the_demo_model_says_what_it_is_and_offers_a_real_one(make_window, qtbot, tiny_model, tmp_path, monkeypatch):
     """A newcomer's first screen with the built-in model: one line saying it is a small demo that
     knows coloured shapes, and a button to the Models page; gone once a real model is loaded."""
     from engine.platform.paths import DEMO_MODEL

@@ -2,6 +2,7 @@
 stray module shadowing an optional package raised it during a load) fails that request with
 one line and the engine keeps working; if the thread does end, every request waiting on it, and
 every later one, is answered at once instead of waiting forever."""
+
 from __future__ import annotations
 
 import sys
@@ -18,6 +19,7 @@ def exits_on(kind):
     def listener(ev):
         if isinstance(ev, kind):
             sys.exit(3)  # what `import kernels` did when a stray kernels.py called sys.exit
+
     return listener
 
 

@@ -1,5 +1,6 @@
 """Pictures as the model sees them: upright as a viewer shows them (EXIF orientation), and
 oversized files refused as "too large" in one sentence, with nothing else on stderr."""
+
 from __future__ import annotations
 
 import io
@@ -27,9 +28,9 @@ def upright_picture() -> Image.Image:
     keeps them exactly, rotated or not, so rotated and upright files decode to equal pixels.
     No symmetry: a square in one corner only, a bar along one edge."""
     img = Image.new("RGB", (64, 48), (40, 40, 200))
-    img.paste((250, 250, 250), (0, 0, 16, 16))   # top-left square
-    img.paste((220, 30, 30), (0, 40, 64, 48))    # bottom bar
-    img.paste((30, 200, 60), (48, 8, 64, 32))    # right-hand block
+    img.paste((250, 250, 250), (0, 0, 16, 16))  # top-left square
+    img.paste((220, 30, 30), (0, 40, 64, 48))  # bottom bar
+    img.paste((30, 200, 60), (48, 8, 64, 32))  # right-hand block
     return img
 
 
@@ -80,8 +81,10 @@ def test_rotated_jpeg_gets_the_features_and_reply_of_the_upright_one(tiny_model,
 
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose IHDR claims a size; no pixel data is allocated or stored."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
@@ -98,10 +101,12 @@ def test_huge_picture_prints_nothing_but_its_sentence(tmp_path):
     """PIL warns between ~89 and ~178 MP and raises beyond: neither reaches stderr."""
     for w, h in [(10_000, 10_000), (20_000, 20_000)]:
         (tmp_path / f"{w}.png").write_bytes(png_header(w, h))
-    code = ("import sys; from engine.pictures.file import PictureError, check\n"
-            "for p in sys.argv[1:]:\n"
-            "    try: check(open(p, 'rb').read(), 'huge.png')\n"
-            "    except PictureError as e: print(e)\n")
+    code = (
+        "import sys; from engine.pictures.file import PictureError, check\n"
+        "for p in sys.argv[1:]:\n"
+        "    try: check(open(p, 'rb').read(), 'huge.png')\n"
+        "    except PictureError as e: print(e)\n"
+    )
     files = [str(tmp_path / "10000.png"), str(tmp_path / "20000.png")]
     out = subprocess.run([sys.executable, "-c", code, *files], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0

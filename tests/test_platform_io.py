@@ -5,6 +5,7 @@ spaces, non-ASCII characters and case-insensitive filesystems.
 Runs as it is here and under PARLEY_SIMULATE_PLATFORM=windows|macos (tests/platform_sim.py);
 the checks that name an OS's path assert what that run must have used.
 """
+
 from __future__ import annotations
 
 import io
@@ -31,9 +32,17 @@ ODD_NAME = "Dätä ordner 文件 ✓"  # spaces, accents, CJK, a symbol
 def test_the_layer_uses_what_the_platform_has():
     caps = platform_io.capabilities()
     if SIMULATED == "windows":
-        assert caps == {"system": "win32", "pread": False, "pwrite": False, "preadv": False,
-                        "fdatasync": False, "full_fsync": False, "dir_fsync": False,
-                        "write_through_rename": False, "fcntl": False}
+        assert caps == {
+            "system": "win32",
+            "pread": False,
+            "pwrite": False,
+            "preadv": False,
+            "fdatasync": False,
+            "full_fsync": False,
+            "dir_fsync": False,
+            "write_through_rename": False,
+            "fcntl": False,
+        }
     elif SIMULATED == "macos":
         assert caps["system"] == "darwin" and caps["full_fsync"] and not caps["fdatasync"]
         assert not caps["preadv"] and caps["pread"] and caps["dir_fsync"]
@@ -44,22 +53,30 @@ def test_the_layer_uses_what_the_platform_has():
 
 def test_child_pythons_run_under_the_same_platform():
     """The SIGKILL crash tests' writers are child processes: they must take the same paths."""
-    out = subprocess.run([sys.executable, "-c", "import json, engine.platform.files as p; "
-                          "print(json.dumps(p.capabilities()))"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, engine.platform.files as p; print(json.dumps(p.capabilities()))"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == platform_io.capabilities()
 
 
 # ---------------------------------------------------------------- atomic writes
 
+
 @pytest.mark.parametrize("kind", ["bytes", "file", "chunks"])
 def test_atomic_write_replaces_the_file_whole_and_leaves_no_temp(tmp_path, kind):
     dest = tmp_path / "sub" / "picture.png"
     payload = os.urandom(3 << 20) + b"\r\n\n\r"  # several chunks; newlines must not be translated
     platform_io.atomic_write(dest, b"old")
-    src = {"bytes": payload, "file": io.BytesIO(payload),
-           "chunks": (payload[i:i + 100_000] for i in range(0, len(payload), 100_000))}[kind]
+    src = {
+        "bytes": payload,
+        "file": io.BytesIO(payload),
+        "chunks": (payload[i : i + 100_000] for i in range(0, len(payload), 100_000)),
+    }[kind]
     platform_io.atomic_write(dest, src)
     assert dest.read_bytes() == payload
     assert sorted(p.name for p in dest.parent.iterdir()) == ["picture.png"]
@@ -94,6 +111,7 @@ def test_sqlite_commits_use_full_fsync_where_the_os_needs_it(tmp_path):
     # the chat history both ask for F_FULLFSYNC there (and only there)
     from app.history_db import create_schema, open_database
     from engine.kvstore.manifest import Manifest
+
     want = 1 if SIMULATED == "macos" else 0
     manifest = Manifest(str(tmp_path / "manifest.sqlite"))
     history, _ = open_database(tmp_path / "history.sqlite", 1000, create_schema)
@@ -107,6 +125,7 @@ def test_sqlite_commits_use_full_fsync_where_the_os_needs_it(tmp_path):
 
 
 # ---------------------------------------------------------------- positional I/O
+
 
 def test_positional_io_reads_and_writes_at_offsets_and_keeps_the_position(tmp_path):
     path = tmp_path / "f.bin"
@@ -124,19 +143,28 @@ def test_positional_io_reads_and_writes_at_offsets_and_keeps_the_position(tmp_pa
         assert got == len(data) - 1  # stops at end of file
         expect = bytearray(data)
         expect[4000:4005] = b"\xff" * 5
-        assert bytes(a) + bytes(b) + bytes(c[:got - 5003]) == bytes(expect[1:])
+        assert bytes(a) + bytes(b) + bytes(c[: got - 5003]) == bytes(expect[1:])
     finally:
         os.close(fd)
 
 
 # ---------------------------------------------------------------- the folder lock
 
+
 def test_the_store_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
     root = str(tmp_path / "kv")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from engine.kvstore import KVStore; "
-         f"s = KVStore({root!r}, b'x', min_free_bytes=0); print('held', flush=True); sys.stdin.read()"],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from engine.kvstore import KVStore; "
+            f"s = KVStore({root!r}, b'x', min_free_bytes=0); print('held', flush=True); sys.stdin.read()",
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(KVStoreError, match="in use by another process"):
@@ -151,6 +179,7 @@ def test_the_store_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_pa
 
 
 # ---------------------------------------------------------------- names and paths
+
 
 def test_store_and_history_work_under_a_folder_with_spaces_and_non_ascii(tmp_path):
     data = tmp_path / ODD_NAME

@@ -1,5 +1,6 @@
 """Paths with spaces and non-ASCII characters everywhere a user can pick one: the model folder,
 the data folder (history, picture cache, KV store) and picture file names, through the engine."""
+
 from __future__ import annotations
 
 import shutil

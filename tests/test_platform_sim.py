@@ -4,6 +4,7 @@ of the project importable there (tests/platform_sim.py says what is simulated an
 Each case is a child pytest / Python with PARLEY_SIMULATE_PLATFORM set; the crash tests inside
 (SIGKILL during spills, SIGKILL mid-reply) start their writers under the same simulation.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,12 +18,20 @@ from tests import platform_sim
 
 REPO = Path(__file__).resolve().parent.parent
 # the store, spill and history modules (not the model-heavy ones: the suite has a time budget)
-SUITES = ["tests/test_kvstore.py", "tests/test_kvstore_recovery.py", "tests/test_kvstore_faults.py",
-          "tests/test_kvstore_api.py", "tests/test_history.py", "tests/test_platform_io.py"]
+SUITES = [
+    "tests/test_kvstore.py",
+    "tests/test_kvstore_recovery.py",
+    "tests/test_kvstore_faults.py",
+    "tests/test_kvstore_api.py",
+    "tests/test_history.py",
+    "tests/test_platform_io.py",
+]
 KINDS = sorted(platform_sim.MISSING)
 
-pytestmark = [pytest.mark.skipif(bool(os.environ.get(platform_sim.ENV)), reason="already inside a simulation"),
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="simulates other OSes on Linux")]
+pytestmark = [
+    pytest.mark.skipif(bool(os.environ.get(platform_sim.ENV)), reason="already inside a simulation"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="simulates other OSes on Linux"),
+]
 
 
 def _env(kind: str | None) -> dict:
@@ -37,15 +46,21 @@ def _env(kind: str | None) -> dict:
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_spill_and_history_suites_pass_as(kind):
     # default verbosity: the header says which simulation ran (-q would drop it)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", *SUITES],
-                         cwd=REPO, env=_env(kind), capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", *SUITES],
+        cwd=REPO,
+        env=_env(kind),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     tail = out.stdout[-4000:] + out.stderr[-2000:]
     assert f"parley platform simulation: {kind}" in out.stdout, tail
     assert out.returncode == 0, tail
     assert " passed" in out.stdout and " failed" not in out.stdout, tail
 
 
-IMPORT_ALL = r'''
+IMPORT_ALL = r"""
 import os, pkgutil, importlib, sys
 from tests import platform_sim
 kind = sys.argv[1]
@@ -69,7 +84,7 @@ for pkg in (engine, app):
         count += 1
 from engine.platform import files as platform_io
 print(count, platform_io.SYSTEM)
-'''
+"""
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -77,8 +92,9 @@ def test_every_module_imports_without_the_posix_only_functions(kind):
     env = _env(None)
     if kind == "windows":  # Windows always names its user here; getpass (torch asks it) has no getuid there
         env.setdefault("USERNAME", "parley")
-    out = subprocess.run([sys.executable, "-c", IMPORT_ALL, kind], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL, kind], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     count, system = out.stdout.split()
     assert int(count) > 40 and system == platform_sim.SYS_PLATFORM[kind]

@@ -1,5 +1,6 @@
 """The published shapes the benchmarks build are the real ones, and a reduced build keeps their
 token layout: so a figure "at the Qwen2.5-VL-3B shape" means that shape."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,15 @@ import pytest
 from tests.fixtures.published_configs import PUBLISHED, build_published, parameter_count, spec_for
 
 
-@pytest.mark.parametrize("name, total, vision", [
-    # parameter counts shown on the checkpoints' model pages (2.21B, 3.75B, 256M)
-    ("Qwen2-VL-2B-Instruct", 2.21e9, 0.665e9),
-    ("Qwen2.5-VL-3B-Instruct", 3.75e9, 0.669e9),
-    ("SmolVLM-256M-Instruct", 0.256e9, 0.0935e9),
-])
+@pytest.mark.parametrize(
+    "name, total, vision",
+    [
+        # parameter counts shown on the checkpoints' model pages (2.21B, 3.75B, 256M)
+        ("Qwen2-VL-2B-Instruct", 2.21e9, 0.665e9),
+        ("Qwen2.5-VL-3B-Instruct", 3.75e9, 0.669e9),
+        ("SmolVLM-256M-Instruct", 0.256e9, 0.0935e9),
+    ],
+)
 def test_full_shapes_have_the_published_parameter_counts(name, total, vision):
     lm, vis = parameter_count(spec_for(name))  # on the meta device: no memory
     assert abs((lm + vis) - total) / total < 0.01, (lm, vis)

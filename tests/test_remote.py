@@ -2,6 +2,7 @@
 gives the same replies through the remote engine as through a bare `openai` client, streamed or
 not; re-sent turns are cached on the server; each way a server can fail is one clear sentence
 and the engine keeps working."""
+
 from __future__ import annotations
 
 import base64
@@ -26,27 +27,39 @@ N = 6  # tokens per reply
 
 # ---------------------------------------------------------------- no server needed
 
-@pytest.mark.parametrize("pasted, base", [
-    ("http://gpu-box:8000", "http://gpu-box:8000/v1"),
-    ("http://gpu-box:8000/", "http://gpu-box:8000/v1"),
-    ("http://gpu-box:8000/v1", "http://gpu-box:8000/v1"),
-    ("http://gpu-box:8000/v1/", "http://gpu-box:8000/v1"),
-    ("gpu-box:8000", "http://gpu-box:8000/v1"),
-    ("https://api.example.org/v1/chat/completions", "https://api.example.org/v1"),
-    ("http://host/proxy/openai", "http://host/proxy/openai/v1"),
-])
+
+@pytest.mark.parametrize(
+    "pasted, base",
+    [
+        ("http://gpu-box:8000", "http://gpu-box:8000/v1"),
+        ("http://gpu-box:8000/", "http://gpu-box:8000/v1"),
+        ("http://gpu-box:8000/v1", "http://gpu-box:8000/v1"),
+        ("http://gpu-box:8000/v1/", "http://gpu-box:8000/v1"),
+        ("gpu-box:8000", "http://gpu-box:8000/v1"),
+        ("https://api.example.org/v1/chat/completions", "https://api.example.org/v1"),
+        ("http://host/proxy/openai", "http://host/proxy/openai/v1"),
+    ],
+)
 def test_base_url_with_or_without_v1(pasted, base):
     assert normalize_base_url(pasted) == base
 
 
-@pytest.mark.parametrize("bad, why", [("", "No server address"), ("ftp://host", "http:// or https://"),
-                                      ("http://host:port", "bad port"), ("http://:80", "no host")])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("", "No server address"),
+        ("ftp://host", "http:// or https://"),
+        ("http://host:port", "bad port"),
+        ("http://:80", "no host"),
+    ],
+)
 def test_bad_base_url_is_one_sentence(bad, why):
     with pytest.raises(RemoteConfigError, match=why):
         normalize_base_url(bad)
 
 
 # ---------------------------------------------------------------- Parley's own serve
+
 
 @pytest.fixture(scope="module")
 def parley(tiny_model, tmp_path_factory):
@@ -65,8 +78,13 @@ def as_openai(messages: list[Message]) -> list[dict]:
     out = []
     for m in messages:
         if m.images:
-            out.append({"role": m.role, "content": [{"type": "image_url", "image_url": {"url": data_url(Path(p.path))}}
-                                                    for p in m.images] + [{"type": "text", "text": m.text}]})
+            out.append(
+                {
+                    "role": m.role,
+                    "content": [{"type": "image_url", "image_url": {"url": data_url(Path(p.path))}} for p in m.images]
+                    + [{"type": "text", "text": m.text}],
+                }
+            )
         else:
             out.append({"role": m.role, "content": m.text})
     return out
@@ -105,12 +123,16 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
         whole.shutdown()
     client = openai.OpenAI(base_url=parley.url, api_key="x", max_retries=0, timeout=300)
     history: list[Message] = []
-    asked = [("What is in this picture?", [pictures[0]]), ("And this one?", [pictures[1]]),
-             ("Which of them is brighter?", [])]
+    asked = [
+        ("What is in this picture?", [pictures[0]]),
+        ("And this one?", [pictures[1]]),
+        ("Which of them is brighter?", []),
+    ]
     for r, (text, pics) in zip(turns, asked, strict=True):
         history.append(Message("user", text, picture_refs(*pics)))
-        direct = client.chat.completions.create(model=ready.name, messages=as_openai(history),
-                                                max_tokens=N, temperature=0)
+        direct = client.chat.completions.create(
+            model=ready.name, messages=as_openai(history), max_tokens=N, temperature=0
+        )
         assert r.reply == direct.choices[0].message.content
         history.append(Message("assistant", r.reply))
     assert [t.reply for t in turns] == [t.reply for t in again]  # streaming == non-streaming
@@ -148,8 +170,12 @@ def test_stop_mid_stream_closes_the_request(parley, pictures):
         got.set()
 
     try:
-        r = run_blocking(engine, Turn("stop", [Message("user", "Tell me a long story.")],
-                                      Sampling(max_new_tokens=400)), on_token=on_token, timeout=300)
+        r = run_blocking(
+            engine,
+            Turn("stop", [Message("user", "Tell me a long story.")], Sampling(max_new_tokens=400)),
+            on_token=on_token,
+            timeout=300,
+        )
         assert isinstance(r, TurnDone) and r.stopped and got.is_set()
         assert r.reply == "".join(pieces) and len(pieces) < 400
         # the server let go of the stopped request: the next turn is answered in full
@@ -165,18 +191,47 @@ def test_headless_ask_and_replay_against_a_server(parley, pictures, tmp_path):
     client = openai.OpenAI(base_url=parley.url, api_key="x", max_retries=0, timeout=300)
     name = client.models.list().data[0].id
     direct = client.chat.completions.create(
-        model=name, messages=as_openai([Message("user", "Describe it.", picture_refs(pictures[0]))]),
-        max_tokens=N, temperature=0)
-    ask = subprocess.run([sys.executable, str(ROOT / "main.py"), "ask", "--remote", url_without_v1, "--model", name,
-                          "--image", str(pictures[0]), "--max-new-tokens", str(N), "Describe it."],
-                         capture_output=True, text=True, timeout=300)
+        model=name,
+        messages=as_openai([Message("user", "Describe it.", picture_refs(pictures[0]))]),
+        max_tokens=N,
+        temperature=0,
+    )
+    ask = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "ask",
+            "--remote",
+            url_without_v1,
+            "--model",
+            name,
+            "--image",
+            str(pictures[0]),
+            "--max-new-tokens",
+            str(N),
+            "Describe it.",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ask.returncode == 0, ask.stderr
     assert ask.stdout == direct.choices[0].message.content + "\n"
     script = tmp_path / "s.json"
-    script.write_text(json.dumps({"settings": {"max_new_tokens": N}, "turns": [
-        {"user": "Describe it.", "images": [str(pictures[0])]}, {"user": "Again, shorter."}]}))
-    rep = subprocess.run([sys.executable, str(ROOT / "main.py"), "replay", "--remote", parley.url + "/",
-                          "--model", name, str(script)], capture_output=True, text=True, timeout=300)
+    script.write_text(
+        json.dumps(
+            {
+                "settings": {"max_new_tokens": N},
+                "turns": [{"user": "Describe it.", "images": [str(pictures[0])]}, {"user": "Again, shorter."}],
+            }
+        )
+    )
+    rep = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "replay", "--remote", parley.url + "/", "--model", name, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr
     lines = [json.loads(x) for x in rep.stdout.splitlines()]
     assert lines[0]["reply"] == direct.choices[0].message.content
@@ -187,14 +242,21 @@ def test_headless_ask_and_replay_against_a_server(parley, pictures, tmp_path):
 
 def test_headless_ask_with_nothing_listening_says_so():
     port = free_port()
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "ask", "--remote", f"127.0.0.1:{port}",
-                        "--model", "m", "hi"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "ask", "--remote", f"127.0.0.1:{port}", "--model", "m", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == [f"error: Cannot reach the server at http://127.0.0.1:{port}: "
-                                             "connection refused (is the server running on that port?)."]
+    assert r.stderr.strip().splitlines() == [
+        f"error: Cannot reach the server at http://127.0.0.1:{port}: "
+        "connection refused (is the server running on that port?)."
+    ]
 
 
 # ---------------------------------------------------------------- transformers serve
+
 
 @pytest.mark.slow
 def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
@@ -223,11 +285,15 @@ def test_transformers_serve_same_text_as_a_bare_client(tiny_model, tmp_path):
             whole.shutdown()
         client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=300)
         history: list[Message] = []
-        for r, (text, p) in zip(turns, [("What is in this picture?", [pics[0]]), ("And this one?", [pics[1]]),
-                                        ("Which of them is brighter?", [])], strict=True):
+        for r, (text, p) in zip(
+            turns,
+            [("What is in this picture?", [pics[0]]), ("And this one?", [pics[1]]), ("Which of them is brighter?", [])],
+            strict=True,
+        ):
             history.append(Message("user", text, picture_refs(*p)))
-            direct = client.chat.completions.create(model=server.model, messages=as_openai(history),
-                                                    max_tokens=N, temperature=0)
+            direct = client.chat.completions.create(
+                model=server.model, messages=as_openai(history), max_tokens=N, temperature=0
+            )
             assert r.reply == direct.choices[0].message.content
             history.append(Message("assistant", r.reply))
         assert [t.reply for t in turns] == [t.reply for t in again]
@@ -256,8 +322,12 @@ def test_stop_ends_the_request_on_the_server(tiny_model, tmp_path):
     api = ApiServer(server_engine, "127.0.0.1", 0).start()
     engine = remote(api.url)
     try:
-        r = run_blocking(engine, Turn("c", [Message("user", "Tell me everything.")], Sampling(max_new_tokens=400)),
-                         on_token=lambda ev: engine.stop(ev.turn_id), timeout=300)
+        r = run_blocking(
+            engine,
+            Turn("c", [Message("user", "Tell me everything.")], Sampling(max_new_tokens=400)),
+            on_token=lambda ev: engine.stop(ev.turn_id),
+            timeout=300,
+        )
         assert isinstance(r, TurnDone) and r.stopped
         assert ended.wait(60)
         assert server_turns[0].stopped and len(server_turns[0].token_ids) < 400

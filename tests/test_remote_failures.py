@@ -2,6 +2,7 @@
 401/403/404/413, a plain web site, a timeout, a stream dropped mid-reply, an unreadable
 picture): the turn fails with one clear sentence, the conversation sent is left as it was, and
 the engine keeps working."""
+
 from __future__ import annotations
 
 import pytest
@@ -82,8 +83,11 @@ def test_404_from_the_chat_endpoint(stub):
 
 def test_413_too_many_pictures(stub, tmp_path):
     pics = [str(make_picture(tmp_path / f"p{i}.png", i, size=(96, 96))) for i in range(3)]
-    r = check(stub(Strict).root, "refused the request as too large (413)",
-              messages=[Message("user", "compare", picture_refs(*pics))])
+    r = check(
+        stub(Strict).root,
+        "refused the request as too large (413)",
+        messages=[Message("user", "compare", picture_refs(*pics))],
+    )
     assert "fewer or smaller pictures" in r.message
 
 
@@ -106,8 +110,9 @@ def test_stream_dropped_mid_reply_keeps_the_partial_reply(stub):
     engine = remote(stub(DropsMidStream).root, model="big-vlm")
     seen: list[str] = []
     try:
-        r = run_blocking(engine, Turn("c", [Message("user", "hi")]), on_token=lambda ev: seen.append(ev.text),
-                         timeout=60)
+        r = run_blocking(
+            engine, Turn("c", [Message("user", "hi")]), on_token=lambda ev: seen.append(ev.text), timeout=60
+        )
         assert isinstance(r, TurnFailed)
         assert r.partial == "Half a reply" == "".join(seen)
         assert "dropped mid-reply; the partial reply is kept" in r.message

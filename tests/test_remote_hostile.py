@@ -2,6 +2,7 @@
 ends is cut at max_tokens (plus a margin) or a total deadline with its text kept; usage of the
 wrong types keeps the reply; Stop and Ctrl+C end a turn the server never answers within a
 second, the partial reply kept (in `replay` too); escape codes never reach the terminal."""
+
 from __future__ import annotations
 
 import json
@@ -113,9 +114,15 @@ def test_a_bad_chunk_after_text_is_a_mid_reply_failure_with_the_text_kept(stub):
 
 # ---------------------------------------------------------------- the terminal
 
+
 def run_main(*args, **kw):
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True, timeout=120,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"), **kw)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), *args],
+        capture_output=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        **kw,
+    )
 
 
 def test_escape_codes_in_a_reply_or_an_error_never_reach_the_terminal(stub, tmp_path):
@@ -125,8 +132,18 @@ def test_escape_codes_in_a_reply_or_an_error_never_reach_the_terminal(stub, tmp_
     out = res.stdout.decode()
     assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out
     assert out.startswith("Hello\\x1b]0;pwned\\x07") and out.endswith(" there\n\tok\n")  # shown, harmless
-    res = run_main("ask", "--remote", server.root, "--model", "big-vlm", "--api-key", "bad",
-                   "--data-dir", str(tmp_path / "d"), "hi")
+    res = run_main(
+        "ask",
+        "--remote",
+        server.root,
+        "--model",
+        "big-vlm",
+        "--api-key",
+        "bad",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "hi",
+    )
     err = res.stderr.decode()
     assert res.returncode == 1 and "Invalid key" in err and "\x1b" not in err and "\x07" not in err
     assert err.count("\n") == 1
@@ -146,9 +163,23 @@ def _interrupt_after(proc: subprocess.Popen, ready: threading.Event, printed: st
 @pytest.mark.parametrize("handler", [NeverAnswers, Drips])
 def test_ctrl_c_in_ask_exits_within_a_second_with_one_line(stub, tmp_path, handler):
     server = stub(handler)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "ask", "--remote", server.root, "--model",
-                             "big-vlm", "--data-dir", str(tmp_path / "d"), "hi"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "ask",
+            "--remote",
+            server.root,
+            "--model",
+            "big-vlm",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "hi",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     printed = "Hello" if handler is Drips else ""
     took = _interrupt_after(proc, server.httpd.asked, printed)
     out, err = proc.communicate()
@@ -161,9 +192,23 @@ def test_ctrl_c_in_replay_keeps_the_partial_reply(stub, tmp_path):
     server = stub(Drips)
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"turns": [{"user": "hi"}, {"user": "and then?"}]}))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "replay", "--remote", server.root, "--model",
-                             "big-vlm", "--data-dir", str(tmp_path / "d"), str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "replay",
+            "--remote",
+            server.root,
+            "--model",
+            "big-vlm",
+            "--data-dir",
+            str(tmp_path / "d"),
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     took = _interrupt_after(proc, server.httpd.asked)
     out, err = proc.communicate()
     assert took < 1.0 and proc.returncode == 130

@@ -1,5 +1,6 @@
 """Stop on a remote engine ends the turn at once (issue 27): it closes the stream instead of waiting
 for the server's next piece of text, which a slow server sends seconds later (here: never)."""
+
 from __future__ import annotations
 
 import queue

@@ -2,6 +2,7 @@
 too), step by step on the owner thread; a turn sent mid-restore finishes it and is exact; switching
 away, a turn of another chat and short memory each stop it or keep it from starting; and the
 engine says where each chat's KV is (ChatMemoryReport) with estimates from measured rates."""
+
 from __future__ import annotations
 
 import threading
@@ -43,8 +44,9 @@ class Places:
     def wait(self, predicate, timeout: float = 30.0) -> ChatMemoryReport:
         with self._cv:
             ok = self._cv.wait_for(lambda: self.reports and predicate(self.reports[-1]), timeout)
-            assert ok, (f"no such report; last: {self.reports[-1] if self.reports else None}; "
-                        f"places of c: {self.history('c')}")
+            assert ok, (
+                f"no such report; last: {self.reports[-1] if self.reports else None}; places of c: {self.history('c')}"
+            )
             return self.reports[-1]
 
 
@@ -114,8 +116,12 @@ def test_a_turn_sent_mid_restore_finishes_it_and_is_exact(spilled_chat, monkeypa
     started = threading.Event()
 
     def send_mid_restore(ev):  # on the owner thread, between two blobs: the turn waits in the queue
-        if isinstance(ev, ChatMemoryReport) and ev.of("c").place == KVPlace.RESTORING \
-                and ev.of("c").restored_tokens >= B and not started.is_set():
+        if (
+            isinstance(ev, ChatMemoryReport)
+            and ev.of("c").place == KVPlace.RESTORING
+            and ev.of("c").restored_tokens >= B
+            and not started.is_set()
+        ):
             sent["thread"] = threading.Thread(target=lambda: sent.setdefault("done", ask(engine, "c", msgs, NEW)))
             sent["thread"].start()
             started.set()
@@ -161,7 +167,8 @@ def test_switching_away_or_another_chats_turn_stops_the_restore(spilled_chat, tm
             if isinstance(ev, ChatMemoryReport) and ev.of("c").place == KVPlace.RESTORING:
                 engine.remove_listener(other_turn)
                 other["thread"] = threading.Thread(
-                    target=lambda: other.setdefault("done", ask(engine, "x", [Message("user", "Hello there.")], 2)))
+                    target=lambda: other.setdefault("done", ask(engine, "x", [Message("user", "Hello there.")], 2))
+                )
                 other["thread"].start()
 
         engine.add_listener(other_turn)
@@ -184,8 +191,9 @@ def test_no_restore_ahead_that_memory_cannot_hold(spilled_chat):
     probe.shutdown()
     # a budget that holds the model and nothing more: the chat's KV would not fit (the same
     # weight format, which a budget could otherwise change, and with it the store's namespace)
-    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600, memory_budget_bytes=weights + 1024,
-                         weights=fmt)
+    engine = open_engine(
+        model, data, block_tokens=B, spill_idle_s=3600, memory_budget_bytes=weights + 1024, weights=fmt
+    )
     places = Places(engine)
     try:
         engine.open_chat("c")

@@ -2,6 +2,7 @@
 in the settings file (readable by others on many systems), but in the OS keyring or, where
 there is none (this machine), in a 0600 file in a 0700 folder; settings an older version wrote
 move there; the HF token file is tightened when saved over."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """A session's state has one owner, engine/local/session.py: everyone else reads it and changes
 it only through Session's methods, which keep the cache holding exactly the session's tokens."""
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,9 @@ def _session_fields() -> set[str]:
     tree = ast.parse(SESSION_PY.read_text(encoding="utf-8"))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Session")
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    return {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets
-            if isinstance(t, ast.Attribute)}
+    return {
+        t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Attribute)
+    }
 
 
 def _assigned_attributes(tree: ast.AST):
@@ -65,6 +67,7 @@ def test_session_state_is_read_only_outside_its_methods(name):
 
 # ------------------------------------------------------------ the invariant, with a real cache
 
+
 def _prompt(ids: list[int], pictures: dict[int, tuple[int, bytes]]):
     """A prompt of text and picture chunks: pictures maps a start to (length, key)."""
     from engine.local.prompt import PictureChunk, Prompt, TextChunk
@@ -76,8 +79,14 @@ def _prompt(ids: list[int], pictures: dict[int, tuple[int, bytes]]):
         if start > done:
             chunks.append(TextChunk(done, tuple(ids[done:start])))
         entry = PictureEntry(PictureKey(key), "", length)
-        chunks.append(PictureChunk(PictureSpan(start, start + length, PictureKey(key)), entry,
-                                   tuple(ids[start:start + length]), ids[start]))
+        chunks.append(
+            PictureChunk(
+                PictureSpan(start, start + length, PictureKey(key)),
+                entry,
+                tuple(ids[start : start + length]),
+                ids[start],
+            )
+        )
         done = start + length
     if done < len(ids):
         chunks.append(TextChunk(done, tuple(ids[done:])))

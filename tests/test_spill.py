@@ -1,5 +1,6 @@
 """Session spill through the engine: idle conversations go to SSD, come back exact (also after a
 restart), later spills write only new blocks, and damage or a bad disk never costs a reply."""
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,12 @@ def spill_now(engine, cid, timeout=20.0) -> SpillState:
 def conversation(tmp_path):
     a = make_picture(tmp_path / "a.png", 1)
     b = make_picture(tmp_path / "b.png", 2, size=(64, 40))
-    return [("Describe the first picture in a few words, please.", pics(a)),
-            ("Now compare it with this one.", pics(b)),
-            ("Which has more red?", []),
-            ("Last question about both pictures.", pics(a))]
+    return [
+        ("Describe the first picture in a few words, please.", pics(a)),
+        ("Now compare it with this one.", pics(b)),
+        ("Which has more red?", []),
+        ("Last question about both pictures.", pics(a)),
+    ]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -203,8 +206,14 @@ def test_sliding_window_models_are_refused_with_a_reason(tiny_model, tmp_path):
     shutil.copytree(tiny_model("qwen2_vl"), model)
     cfg = json.loads((model / "config.json").read_text())
     text = cfg.get("text_config", cfg)
-    text.update({"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0,
-                 "layer_types": ["sliding_attention"] * text["num_hidden_layers"]})
+    text.update(
+        {
+            "use_sliding_window": True,
+            "sliding_window": 8,
+            "max_window_layers": 0,
+            "layer_types": ["sliding_attention"] * text["num_hidden_layers"],
+        }
+    )
     (model / "config.json").write_text(json.dumps(cfg))
     engine = open_engine(model, tmp_path / "d", block_tokens=B)
     try:
@@ -219,14 +228,30 @@ def test_sliding_window_models_are_refused_with_a_reason(tiny_model, tmp_path):
 
 def test_replay_restart_restores_from_the_store(tiny_model, tmp_path):
     make_picture(tmp_path / "a.png", 4)
-    script = {"settings": {"max_new_tokens": 4, "block_tokens": B, "spill_idle_s": 3600},
-              "turns": [{"user": "What is in this picture, in detail?", "images": ["a.png"]},
-                        {"user": "And after a restart?", "restart": True}]}
+    script = {
+        "settings": {"max_new_tokens": 4, "block_tokens": B, "spill_idle_s": 3600},
+        "turns": [
+            {"user": "What is in this picture, in detail?", "images": ["a.png"]},
+            {"user": "And after a restart?", "restart": True},
+        ],
+    }
     path = tmp_path / "s.json"
     path.write_text(json.dumps(script))
-    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "replay", str(path), "--model",
-                          str(tiny_model("smolvlm" if "smolvlm" in FAMILIES else "idefics3")),
-                          "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "replay",
+            str(path),
+            "--model",
+            str(tiny_model("smolvlm" if "smolvlm" in FAMILIES else "idefics3")),
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert lines[1]["stats"]["restored_tokens"] > 0

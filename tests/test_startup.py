@@ -1,6 +1,7 @@
 """The window comes before torch: launched as a desktop would (main.py, offscreen), the app's
 startup trace says the window was shown while torch and transformers were not yet imported,
 and the model still loads afterwards."""
+
 from __future__ import annotations
 
 import os
@@ -28,11 +29,24 @@ def test_read_trace_keeps_first_marks_and_skips_a_half_written_line(tmp_path):
 def test_window_shows_before_torch_is_imported(tmp_path, tiny_model):
     home, trace, log_path = tmp_path / "home", tmp_path / "trace", tmp_path / "app.log"
     (home / "run").mkdir(parents=True, mode=0o700)
-    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
-           "XDG_DATA_HOME": str(home / "share"), "XDG_CACHE_HOME": str(home / "cache"),
-           "XDG_RUNTIME_DIR": str(home / "run"), "QT_QPA_PLATFORM": "offscreen", TRACE_ENV: str(trace)}
-    argv = [sys.executable, str(ROOT / "main.py"), "--model", str(tiny_model("llava")),
-            "--data-dir", str(tmp_path / "data")]
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_DATA_HOME": str(home / "share"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_RUNTIME_DIR": str(home / "run"),
+        "QT_QPA_PLATFORM": "offscreen",
+        TRACE_ENV: str(trace),
+    }
+    argv = [
+        sys.executable,
+        str(ROOT / "main.py"),
+        "--model",
+        str(tiny_model("llava")),
+        "--data-dir",
+        str(tmp_path / "data"),
+    ]
     with open(log_path, "w") as log:
         app = subprocess.Popen(argv, env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -6,6 +6,7 @@ fine-tune (--init) of a folder, and the folder must load through the standard Au
 AutoModelForImageTextToText path. The training pictures (any size, noise, blur, JPEG, photos and
 screenshots) must come out pixel for pixel the same from the same seed.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -23,10 +24,27 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 def train(out: Path, *extra: str) -> None:
     subprocess.run(
-        [sys.executable, str(ROOT / "packaging" / "demo_model" / "train_shapes.py"),
-         "--vision-steps", "6", "--steps", "6", "--batch", "4", "--vision-batch", "8", "--threads", "1",
-         "--out", str(out), *extra],
-        check=True, capture_output=True, timeout=240)
+        [
+            sys.executable,
+            str(ROOT / "packaging" / "demo_model" / "train_shapes.py"),
+            "--vision-steps",
+            "6",
+            "--steps",
+            "6",
+            "--batch",
+            "4",
+            "--vision-batch",
+            "8",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
 
 
 def test_same_seed_gives_the_same_weights_and_a_loadable_folder(tmp_path):
@@ -79,7 +97,8 @@ def test_a_photo_or_a_screenshot_gets_the_one_line_answer():
 
     conv = sd.eval_conversation(random.Random(3), "unknown")
     assert conv.messages[-1]["content"][0]["text"] == (
-        "I can only describe simple shapes \u2014 load a bigger model from the Models page.")
+        "I can only describe simple shapes \u2014 load a bigger model from the Models page."
+    )
     assert conv.images[0].size == conv.scenes[0].size
 
 
@@ -94,8 +113,7 @@ def test_picture_order_probe_targets_follow_the_pictures():
     assert target.tolist() == [0, 0, 1, 1, 2, 2, 2, 2]
     hidden = torch.zeros(1, ids.shape[1], 8, requires_grad=True)
     probe.loss(hidden, ids).backward()
-    assert hidden.grad[0, 0].abs().sum() == 0 and hidden.grad[0, 1].abs().sum() > 0, \
-        "only picture tokens are read"
+    assert hidden.grad[0, 0].abs().sum() == 0 and hidden.grad[0, 1].abs().sum() > 0, "only picture tokens are read"
     assert probe.loss(hidden, torch.tensor([[1, 2, 3]])).item() == 0.0, "no pictures, no loss"
 
 
@@ -125,7 +143,7 @@ def test_word_probe_names_a_shape_on_every_token_it_covers():
 
 
 def test_side_questions_name_the_one_shape_farthest_that_way():
-    """"What shape is on the left?" names the shape alone in the leftmost occupied column; where no
+    """ "What shape is on the left?" names the shape alone in the leftmost occupied column; where no
     one shape is (two in that column, or all in one column) the direction is not asked."""
     import random
 
@@ -134,9 +152,11 @@ def test_side_questions_name_the_one_shape_farthest_that_way():
     from shapes_questions import side_of, visual_question
 
     def scene(*cells):
-        kinds, colours = ["circle", "square", "star"][:len(cells)], ["red", "blue", "green"][:len(cells)]
-        objs = [world.Obj(k, c, cell, (cell % 3 + 0.5) / 3, (cell // 3 + 0.5) / 3, 0.1)
-                for k, c, cell in zip(kinds, colours, cells, strict=True)]
+        kinds, colours = ["circle", "square", "star"][: len(cells)], ["red", "blue", "green"][: len(cells)]
+        objs = [
+            world.Obj(k, c, cell, (cell % 3 + 0.5) / 3, (cell // 3 + 0.5) / 3, 0.1)
+            for k, c, cell in zip(kinds, colours, cells, strict=True)
+        ]
         return world.Scene(objs, ["white"], size=(96, 96))
 
     two = scene(3, 5)  # a red circle on the left, a blue square on the right: issue 27's drawing
@@ -150,8 +170,11 @@ def test_side_questions_name_the_one_shape_farthest_that_way():
     rng = random.Random(5)
     for _ in range(200):
         t, q, a = visual_question(rng, three, 0, 1, "side")
-        assert t == "side" and a in ("The shape on the right is a green star.", "The shape at the top is a red circle.",
-                                     "The shape at the bottom is a blue square."), (q, a)
+        assert t == "side" and a in (
+            "The shape on the right is a green star.",
+            "The shape at the top is a red circle.",
+            "The shape at the bottom is a blue square.",
+        ), (q, a)
     assert visual_question(rng, scene(4), 0, 1, "side")[0] == "where", "one shape: asked where it is"
 
     # the drawn set asks both of two and three shapes, the answer checked against its own scene

@@ -2,6 +2,7 @@
 is exact against a fresh prefill of the same weights, the vision encoder stays in full precision
 (and still unloads / reloads), the memory ledger counts the quantized bytes, and a KV store
 written with one weight format is never restored into another."""
+
 from __future__ import annotations
 
 import pytest
@@ -139,8 +140,11 @@ def test_vision_stays_full_precision_and_still_unloads_and_reloads(family, fmt, 
         assert all(is_quantized(p) for n, p in quant.model.named_parameters() if in_lm(n) and p.dim() == 2)
         assert is_quantized(quant.model.get_input_embeddings().weight)
     else:  # NF4: the linear layers, output head excepted
-        lm_linears = [m for n, m in quant.model.named_modules() if isinstance(m, torch.nn.Linear)
-                      and in_lm(n) and m is not quant.model.get_output_embeddings()]
+        lm_linears = [
+            m
+            for n, m in quant.model.named_modules()
+            if isinstance(m, torch.nn.Linear) and in_lm(n) and m is not quant.model.get_output_embeddings()
+        ]
         assert lm_linears and all(is_quantized(m.weight) for m in lm_linears)
 
     # the elastic encoder releases and reads back the folder's full-precision weights

@@ -1,6 +1,7 @@
 """The weights setting from every side: `auto` picks what fits and says so, unsupported or
 unknown formats are refused with one line (and the engine keeps working), `--weights` and replay
 settings reach the engine, turn stats say what was loaded, and the Settings dialog offers it."""
+
 from __future__ import annotations
 
 import io
@@ -30,14 +31,17 @@ def wide_llava(tmp_path_factory):
     models: int8 < bf16 < fp32."""
     from tests.fixtures.tiny_models import build_tiny_model
 
-    return build_tiny_model("llava", tmp_path_factory.mktemp("wide-llava"),
-                            text={"hidden_size": 256, "intermediate_size": 1024})
+    return build_tiny_model(
+        "llava", tmp_path_factory.mktemp("wide-llava"), text={"hidden_size": 256, "intermediate_size": 1024}
+    )
 
 
 def test_auto_picks_full_precision_when_it_fits_else_the_next_step_down_that_fits(wide_llava):
     model = wide_llava
-    need = {f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32)
-            for f in ("fp32", "bf16", "int8", "4bit")}
+    need = {
+        f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32)
+        for f in ("fp32", "bf16", "int8", "4bit")
+    }
     assert need["int8"] < need["bf16"] < need["fp32"] and need["4bit"] < need["fp32"]
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB)
     assert (plan.format, plan.dtype, plan.note) == ("fp32", torch.float32, "")
@@ -56,8 +60,9 @@ def test_auto_picks_full_precision_when_it_fits_else_the_next_step_down_that_fit
 
 def test_auto_in_the_engine_says_which_format_and_why(wide_llava, tmp_path):
     model = wide_llava
-    need = {f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32)
-            for f in ("bf16", "int8")}
+    need = {
+        f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32) for f in ("bf16", "int8")
+    }
     budget = int(need["int8"] * 1.1) + 1
     assert budget < need["bf16"] * 1.1
     notices: list[str] = []
@@ -83,8 +88,10 @@ def test_unsupported_and_unknown_formats_are_refused_with_one_line(tiny_model):
     for fmt in ("int8", "4bit"):  # Apple GPUs have neither library's kernels
         with pytest.raises(ModelLoadError) as err:
             plan_weights(model, "llava", torch.device("mps"), "auto", fmt, 64 * GIB)
-        assert str(err.value) == f"{fmt} weights are not available on mps (they run on CPU and CUDA); " \
-                                 "choose bf16, fp16 or fp32"
+        assert (
+            str(err.value) == f"{fmt} weights are not available on mps (they run on CPU and CUDA); "
+            "choose bf16, fp16 or fp32"
+        )
     with pytest.raises(ValueError, match="unknown weights format 'int3'"):
         EngineSettings().with_changes({"weights": "int3"})
 
@@ -98,8 +105,9 @@ def test_a_refused_format_leaves_the_engine_working(tiny_model, tmp_path):
         before = expect_done(ask(engine, "c", [Message("user", "Hi")], 4))
         engine.update_settings(weights="bf16", dtype="float32")  # a reload that cannot work
         after = expect_done(ask(engine, "c", [Message("user", "Hi")], 4))  # runs after the refusal
-        assert failures == ["weights bf16 and dtype float32 disagree: set dtype to auto, "
-                            "or choose the weights format fp32"]
+        assert failures == [
+            "weights bf16 and dtype float32 disagree: set dtype to auto, or choose the weights format fp32"
+        ]
         assert after.token_ids == before.token_ids and after.stats.weights == "fp32"
     finally:
         engine.shutdown()
@@ -121,8 +129,7 @@ def test_changing_the_weights_setting_reloads_the_model(tiny_model, tmp_path):
 def test_replay_settings_and_the_weights_option(tiny_model, tmp_path):
     model = str(tiny_model("idefics3"))
     script = tmp_path / "s.json"
-    script.write_text(json.dumps({"settings": {"max_new_tokens": 3, "weights": "int8"},
-                                  "turns": [{"user": "Hello"}]}))
+    script.write_text(json.dumps({"settings": {"max_new_tokens": 3, "weights": "int8"}, "turns": [{"user": "Hello"}]}))
     out = io.StringIO()
     assert run_replay(script, model, tmp_path / "d1", out) == 0
     stats = json.loads(out.getvalue())["stats"]
@@ -132,11 +139,25 @@ def test_replay_settings_and_the_weights_option(tiny_model, tmp_path):
     assert json.loads(out.getvalue())["stats"]["weights"] == "fp32"
 
     script.write_text(json.dumps({"settings": {"weights": "int3"}, "turns": [{"user": "Hello"}]}))
-    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "replay", str(script), "--model", model,
-                          "--data-dir", str(tmp_path / "d3")], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "replay",
+            str(script),
+            "--model",
+            model,
+            "--data-dir",
+            str(tmp_path / "d3"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
-        "error: unknown weights format 'int3' (use auto, bf16, fp16, fp32, int8, 4bit)"]
+        "error: unknown weights format 'int3' (use auto, bf16, fp16, fp32, int8, 4bit)"
+    ]
 
 
 def test_weights_option_on_every_headless_command():
@@ -147,8 +168,12 @@ def test_weights_option_on_every_headless_command():
     assert parser.parse_args(["replay", "--weights", "4bit", "s.json"]).weights == "4bit"
     assert parser.parse_args(["serve", "--weights", "bf16"]).weights == "bf16"
     assert parser.parse_args(["ask", "hi"]).weights is None  # the engine default: auto
-    res = subprocess.run([sys.executable, str(ROOT / "main.py"), "ask", "--weights", "int3", "hi"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "ask", "--weights", "int3", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr
 
 

@@ -2,6 +2,7 @@
 
 `ApiServer` is imported on first use (its web stack takes ~1 s to import), so the window, which
 offers the server but seldom runs it, starts without it."""
+
 from .access import check_bind, is_loopback
 from .activity import ApiActivity
 from .errors import ApiConfigError, ApiError

@@ -1,5 +1,6 @@
 """Who may use the API: the bind rule (no network address without a token) and the per-request
 check (the bearer token, or, without one, localhost-only Host and Origin headers)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,8 @@ def check_bind(host: str, token: str | None) -> None:
         raise ApiConfigError(
             f"Refusing to serve the API on {shown}: that address is reachable from other machines, and "
             f"without a token anyone there could use the model. Pass --api-token (every request then needs "
-            f"'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
+            f"'Authorization: Bearer <token>'), or bind to 127.0.0.1."
+        )
 
 
 def _name_is_local(host: str | None) -> bool:
@@ -58,7 +60,7 @@ def _name_is_local(host: str | None) -> bool:
 def _host_header_name(value: str) -> str:
     value = value.strip()
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
+        return value[1 : value.find("]")] if "]" in value else value
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
@@ -74,20 +76,24 @@ class AccessCheck:
             auth = headers.get("Authorization", "")
             scheme, _, given = auth.partition(" ")
             ok = scheme.lower() == "bearer" and hmac.compare_digest(
-                hashlib.sha256(given.strip().encode()).digest(), self._token_digest)
+                hashlib.sha256(given.strip().encode()).digest(), self._token_digest
+            )
             if not ok:
-                raise ApiError(401, "Missing or wrong API token: send 'Authorization: Bearer <token>'.", None,
-                               "invalid_api_key")
+                raise ApiError(
+                    401, "Missing or wrong API token: send 'Authorization: Bearer <token>'.", None, "invalid_api_key"
+                )
             return
         # no token (loopback only): refuse what a web page could send, and DNS rebinding
         host = headers.get("Host")
         if host is not None and not _host_allowed(_host_header_name(host), bound_host):
-            raise ApiError(403, f"Host {host!r} is not allowed; the API answers on localhost only.", None,
-                           "host_not_allowed")
+            raise ApiError(
+                403, f"Host {host!r} is not allowed; the API answers on localhost only.", None, "host_not_allowed"
+            )
         origin = headers.get("Origin")
         if origin is not None and not _name_is_local(urlsplit(origin).hostname):
-            raise ApiError(403, "Requests from web pages are not allowed without an API token.", None,
-                           "origin_not_allowed")
+            raise ApiError(
+                403, "Requests from web pages are not allowed without an API token.", None, "origin_not_allowed"
+            )
 
 
 def _host_allowed(name: str, bound_host: str) -> bool:

@@ -1,4 +1,5 @@
 """Counters of API use that the window's Memory dock shows."""
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,14 @@ class ApiActivity:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"requests": self.requests, "active": self.active, "errors": self.errors,
-                    "disconnects": self.disconnects, "last_client": self.last_client,
-                    "last_request_at": self.last_request_at}
+            return {
+                "requests": self.requests,
+                "active": self.active,
+                "errors": self.errors,
+                "disconnects": self.disconnects,
+                "last_client": self.last_client,
+                "last_request_at": self.last_request_at,
+            }
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -1,5 +1,6 @@
 """One chat completion's engine turn: waiting for its events, cutting at stop sequences, stopping
 it when the client goes away, and the plain (non-streamed) JSON reply."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,12 +31,18 @@ def usage(done: TurnDone) -> dict:
     s = done.stats
     prompt, completion = s.prompt_tokens, len(done.token_ids)
     local = s if isinstance(s, LocalTurnStats) else None  # a remote engine's turn: no numbers of ours
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": local.reused_tokens + local.restored_tokens if local else 0},
-            # what the picture gate did, for a Parley window using this server (its memory dock)
-            "parley": {"encoder_loads": local.encoder_loads if local else 0,
-                       "pictures_encoded": local.pictures_encoded if local else 0,
-                       "image_cache_hits": local.image_cache_hits if local else 0}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": local.reused_tokens + local.restored_tokens if local else 0},
+        # what the picture gate did, for a Parley window using this server (its memory dock)
+        "parley": {
+            "encoder_loads": local.encoder_loads if local else 0,
+            "pictures_encoded": local.pictures_encoded if local else 0,
+            "image_cache_hits": local.image_cache_hits if local else 0,
+        },
+    }
 
 
 class ChatTurn:
@@ -129,11 +136,19 @@ async def complete(turn: ChatTurn) -> dict | None:
                     scanner.push(ev.reply)  # tokens were not sent here: the reply is the text
                 scanner.flush()
                 return {
-                    "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                    "created": int(time.time()), "model": turn.api.model_name() or "",
+                    "id": f"chatcmpl-{uuid.uuid4().hex}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": turn.api.model_name() or "",
                     "system_fingerprint": None,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": scanner.text},
-                                 "logprobs": None, "finish_reason": turn.finish_reason(ev)}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": scanner.text},
+                            "logprobs": None,
+                            "finish_reason": turn.finish_reason(ev),
+                        }
+                    ],
                     "usage": usage(ev),
                 }
     return None

@@ -1,17 +1,34 @@
 """Errors the API answers with, in OpenAI's error shape."""
+
 from __future__ import annotations
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
-          404: "invalid_request_error", 405: "invalid_request_error", 411: "invalid_request_error",
-          408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-          503: "server_error", 507: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    411: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+    507: "server_error",
+}
 
 
 class ApiError(Exception):
     """A request the API answers with an HTTP error and OpenAI's `{"error": {...}}` body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -20,8 +37,14 @@ class ApiError(Exception):
         self.headers = dict(headers or {})  # extra response headers (Allow, Retry-After, WWW-Authenticate)
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class ClientGone(Exception):

@@ -4,6 +4,7 @@ and a `video_url` part (vLLM's, `{"type": "video_url", "video_url": {"url": "dat
 Kept in the shared picture store as transient files like inline pictures, then typed by
 engine/pictures/attach.py: a PDF's pages or a video's sampled frames become the message's pictures.
 A bad one is a 400 with one sentence."""
+
 from __future__ import annotations
 
 from ..pictures.attach import attach
@@ -21,8 +22,11 @@ def file_part_url(part: dict, p: str) -> tuple[str, str, str]:
         f = part.get("file")
         url = f.get("file_data") if isinstance(f, dict) else None
         if not isinstance(url, str):
-            raise bad(f"'{p}.file.file_data' must be a data URL string (data:application/pdf;base64,...).",
-                      f"{p}.file", "invalid_type")
+            raise bad(
+                f"'{p}.file.file_data' must be a data URL string (data:application/pdf;base64,...).",
+                f"{p}.file",
+                "invalid_type",
+            )
         return url, f"{p}.file.file_data", "file"
     vu = part.get("video_url")
     url = vu.get("url") if isinstance(vu, dict) else vu
@@ -31,8 +35,9 @@ def file_part_url(part: dict, p: str) -> tuple[str, str, str]:
     return url, f"{p}.video_url.url", "video"
 
 
-def store_file_upload(store: PictureStore, data: bytes, mime: str, param: str, kind: str,
-                      hold: Hold | None = None) -> list[PictureRef]:
+def store_file_upload(
+    store: PictureStore, data: bytes, mime: str, param: str, kind: str, hold: Hold | None = None
+) -> list[PictureRef]:
     """Keep a PDF or video as a transient file and return its pages or frames as pictures."""
     if kind == "file" and not data.startswith(b"%PDF-"):
         raise bad("A file part must be a PDF (data:application/pdf;base64,...).", param, "invalid_file")

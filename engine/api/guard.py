@@ -19,6 +19,7 @@ so that a client still sending gets the answer (not a reset) at little cost to e
 it is read at most DROP_BYTES_PER_S, so a client re-sending huge bodies cannot take the
 machine's memory bandwidth from the requests being served.
 """
+
 from __future__ import annotations
 
 import asyncio

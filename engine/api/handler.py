@@ -1,6 +1,7 @@
 """The API as an ASGI application (Starlette requests and responses, served by uvicorn): checks
 access, routes /v1/models and /v1/chat/completions, reads bodies under size and time limits,
 and answers errors in OpenAI's shape."""
+
 from __future__ import annotations
 
 import asyncio
@@ -76,16 +77,18 @@ class ApiApp:
                 response = await self._route(request, state, send)
         except ApiError as err:
             api.activity.count("errors")
-            response = ErrorResponse(err, state["body_left"], api.max_body_bytes, api.client_timeout_s,
-                                     api.body_timeout_s)
+            response = ErrorResponse(
+                err, state["body_left"], api.max_body_bytes, api.client_timeout_s, api.body_timeout_s
+            )
         except ClientGone:
             return
         except Exception as exc:
             log.exception("API request failed")
             api.activity.count("errors")
             internal = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", None, "internal_error")
-            response = ErrorResponse(internal, state["body_left"], api.max_body_bytes, api.client_timeout_s,
-                                     api.body_timeout_s)
+            response = ErrorResponse(
+                internal, state["body_left"], api.max_body_bytes, api.client_timeout_s, api.body_timeout_s
+            )
         if response is not None:
             await response(scope, receive, send)
 
@@ -102,18 +105,29 @@ class ApiApp:
             return self._models(None)
         if path.startswith("/v1/models/"):
             _allow(method, "GET")
-            return self._models(path[len("/v1/models/"):])
-        raise ApiError(404, f"Unknown path {path!r} (Parley serves /v1/models and /v1/chat/completions).",
-                       None, "not_found")
+            return self._models(path[len("/v1/models/") :])
+        raise ApiError(
+            404, f"Unknown path {path!r} (Parley serves /v1/models and /v1/chat/completions).", None, "not_found"
+        )
 
     def _models(self, wanted: str | None):
         name = self.api.model_name()
         # every model Parley loads takes pictures: said the ways chat clients look for it (Ollama's
         # capabilities list, OpenRouter's input modalities), so their image button is enabled
-        models = [] if name is None else [{"id": name, "object": "model", "created": 0, "owned_by": "parley",
-                                           "capabilities": ["completion", "vision"],
-                                           "architecture": {"input_modalities": ["text", "image"],
-                                                            "output_modalities": ["text"]}}]
+        models = (
+            []
+            if name is None
+            else [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "parley",
+                    "capabilities": ["completion", "vision"],
+                    "architecture": {"input_modalities": ["text", "image"], "output_modalities": ["text"]},
+                }
+            ]
+        )
         if wanted is None:
             return JSONResponse({"object": "list", "data": models})
         for m in models:
@@ -127,14 +141,19 @@ class ApiApp:
         api = self.api
         te = request.headers.get("transfer-encoding")
         if te and te.lower() != "identity":
-            raise ApiError(411, "Send the body with a Content-Length (chunked uploads are not supported).", None,
-                           "length_required")
+            raise ApiError(
+                411, "Send the body with a Content-Length (chunked uploads are not supported).", None, "length_required"
+            )
         if request.headers.get("content-length") is None:
             raise ApiError(411, "A Content-Length header is required.", None, "length_required")
         n = state["body_left"]
         if n > api.max_body_bytes:
-            raise ApiError(413, f"The request body is too large ({n} bytes; the limit is {api.max_body_bytes}).",
-                           None, "body_too_large")
+            raise ApiError(
+                413,
+                f"The request body is too large ({n} bytes; the limit is {api.max_body_bytes}).",
+                None,
+                "body_too_large",
+            )
         parts, got = [], 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + api.body_timeout_s
@@ -144,9 +163,14 @@ class ApiApp:
                 message = await asyncio.wait_for(request.receive(), max(wait, 0.0))
             except TimeoutError:
                 state["body_left"] = 0  # nothing more is read from this client: answer, then close
-                raise ApiError(408, f"The request body did not arrive in time (each part within "
-                                    f"{api.client_timeout_s:g} s, the whole within {api.body_timeout_s:g} s).",
-                               None, "request_timeout", {"Connection": "close"}) from None
+                raise ApiError(
+                    408,
+                    f"The request body did not arrive in time (each part within "
+                    f"{api.client_timeout_s:g} s, the whole within {api.body_timeout_s:g} s).",
+                    None,
+                    "request_timeout",
+                    {"Connection": "close"},
+                ) from None
             if message["type"] == "http.disconnect":
                 raise ClientGone()
             part = message.get("body", b"")
@@ -209,14 +233,18 @@ class ApiApp:
                     turn.client_gone()  # cancelled: the client hung up mid-stream
                 raise
 
-        return StreamingResponse(body(), media_type="text/event-stream; charset=utf-8",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream; charset=utf-8",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
 
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
-        raise ApiError(405, f"Method {method} is not allowed here (use {allowed}).", None, "method_not_allowed",
-                       {"Allow": allowed})
+        raise ApiError(
+            405, f"Method {method} is not allowed here (use {allowed}).", None, "method_not_allowed", {"Allow": allowed}
+        )
 
 
 def _declared_body(request: Request) -> int:

@@ -4,6 +4,7 @@ so a re-sent picture — or one the window imported — is the same file and the
 cache (keyed by its content digest) finds it. The API's pictures are transient there:
 size-capped and aged out, never at the cost of a picture a conversation keeps.
 """
+
 from __future__ import annotations
 
 import base64
@@ -31,8 +32,11 @@ def decode_data_url(url: str, param: str, accept: str = "image/") -> bytes:
     prefix a part of this kind must name when it names one ("application/pdf", "video/")."""
     low = url[:16].lower()
     if low.startswith(("http://", "https://")):
-        raise bad("Parley does not fetch remote images: send the picture inline as a data URL "
-                  "(data:image/png;base64,...).", param, "remote_image_refused")
+        raise bad(
+            "Parley does not fetch remote images: send the picture inline as a data URL (data:image/png;base64,...).",
+            param,
+            "remote_image_refused",
+        )
     m = _DATA_URL.match(url)
     if m is None:
         raise bad("An image_url must be a data URL (data:image/png;base64,...).", param, "invalid_image_url")
@@ -42,7 +46,7 @@ def decode_data_url(url: str, param: str, accept: str = "image/") -> bytes:
     if mime and not mime.startswith(accept):
         what = {"image/": "a picture", "application/pdf": "a PDF", "video/": "a video"}.get(accept, accept)
         raise bad(f"The payload is not {what} (its data URL says {mime!r}).", param, "invalid_image")
-    payload = _WS.sub(b"", url[m.end():].encode("ascii", "replace"))
+    payload = _WS.sub(b"", url[m.end() :].encode("ascii", "replace"))
     payload += b"=" * (-len(payload) % 4)
     try:
         data = base64.b64decode(payload, validate=True)

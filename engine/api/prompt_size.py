@@ -9,6 +9,7 @@ there. Two checks run first, on an API worker thread:
    passes the context: the work per request is bounded by the context, not by the body.
 Whatever passes is checked exactly by the engine, whose tokenizing is then bounded too.
 """
+
 from __future__ import annotations
 
 import threading
@@ -81,6 +82,10 @@ class PromptMeter:
                 counted += len(tok.encode(piece, add_special_tokens=False).ids)
                 slack += 1  # a cut between pieces may split one token in two: never refuse on that
                 if counted - slack >= context:
-                    raise bad(f"The messages are more than {context} tokens long, more than the model's context "
-                              f"of {context} tokens.", "messages", "context_length_exceeded")
+                    raise bad(
+                        f"The messages are more than {context} tokens long, more than the model's context "
+                        f"of {context} tokens.",
+                        "messages",
+                        "context_length_exceeded",
+                    )
         return counted

@@ -3,6 +3,7 @@
 Everything a client can get wrong is checked here, before the engine sees the request, and
 answered with a 400 naming the offending field.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,23 +79,33 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str, st
             if not isinstance(url, str):
                 raise bad(f"'{p}.image_url.url' must be a string.", f"{p}.image_url", "invalid_type")
             if role != "user":
-                raise bad(f"Pictures can only be sent in user messages ({p} is in a {role} message).", p,
-                          "invalid_value")
+                raise bad(
+                    f"Pictures can only be sent in user messages ({p} is in a {role} message).", p, "invalid_value"
+                )
             urls.append((url, f"{p}.image_url.url", "image"))
         elif kind in ("file", "video_url"):  # a PDF's pages, a video's frames
             if role != "user":
-                raise bad(f"Files can only be sent in user messages ({p} is in a {role} message).", p,
-                          "invalid_value")
+                raise bad(f"Files can only be sent in user messages ({p} is in a {role} message).", p, "invalid_value")
             urls.append(file_part_url(part, p))
         else:
-            raise bad(f"Content part type {kind!r} is not supported (use 'text', 'image_url', 'file' (a PDF) "
-                      "or 'video_url').", f"{p}.type", "unsupported_content")
+            raise bad(
+                f"Content part type {kind!r} is not supported (use 'text', 'image_url', 'file' (a PDF) "
+                "or 'video_url').",
+                f"{p}.type",
+                "unsupported_content",
+            )
     return "\n".join(texts), urls
 
 
-def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 16, *,
-                       served_model: str | None = None, max_text_chars: int | None = None,
-                       hold: Hold | None = None) -> ChatRequest:
+def parse_chat_request(
+    raw: bytes,
+    pictures: PictureStore,
+    max_pictures: int = 16,
+    *,
+    served_model: str | None = None,
+    max_text_chars: int | None = None,
+    hold: Hold | None = None,
+) -> ChatRequest:
     """`served_model`: the loaded model's name (another name is a 404, as OpenAI answers);
     `max_text_chars`: more text than this cannot fit the context (refused before any tokenizing);
     `hold`: the request's pictures are held in the store under it (the caller releases it)."""
@@ -137,11 +148,17 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
         if not isinstance(role, str):
             raise bad(f"'messages[{i}].role' must be a string.", f"messages[{i}].role", "invalid_type")
         if role in ("tool", "function"):
-            raise bad(f"Role {role!r} is not supported (Parley has no tool calling).", f"messages[{i}].role",
-                      "unsupported_role")
+            raise bad(
+                f"Role {role!r} is not supported (Parley has no tool calling).",
+                f"messages[{i}].role",
+                "unsupported_role",
+            )
         if role not in ROLES:
-            raise bad(f"Unknown role {role!r} in messages[{i}] (use system, user or assistant).",
-                      f"messages[{i}].role", "invalid_role")
+            raise bad(
+                f"Unknown role {role!r} in messages[{i}] (use system, user or assistant).",
+                f"messages[{i}].role",
+                "invalid_role",
+            )
         text, urls = _content(m, i, ROLES[role])
         n_pictures += len(urls)
         if n_pictures > max_pictures:
@@ -189,12 +206,20 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
     stops = [s for s in stops if s]
 
     if served_model is not None and model is not None and model != served_model:
-        raise ApiError(404, f"The model {model!r} does not exist here; this server runs {served_model!r}.",
-                       "model", "model_not_found")
+        raise ApiError(
+            404,
+            f"The model {model!r} does not exist here; this server runs {served_model!r}.",
+            "model",
+            "model_not_found",
+        )
     n_chars = sum(len(text) for _, text, _ in parsed)
     if max_text_chars is not None and n_chars > max_text_chars:
-        raise bad(f"The messages hold {n_chars} characters of text, more than can fit the model's context "
-                  f"(at most {max_text_chars}).", "messages", "context_length_exceeded")
+        raise bad(
+            f"The messages hold {n_chars} characters of text, more than can fit the model's context "
+            f"(at most {max_text_chars}).",
+            "messages",
+            "context_length_exceeded",
+        )
 
     # only now, with the request well formed, pay for decoding and storing pictures
     messages = []
@@ -208,12 +233,19 @@ def parse_chat_request(raw: bytes, pictures: PictureStore, max_pictures: int = 1
             data = decode_data_url(url, p, "application/pdf" if kind == "file" else "video/")
             refs.extend(store_file_upload(pictures, data, data_url_mime(url), p, kind, hold))
             if total + len(refs) > max_pictures:  # a PDF's pages count as pictures
-                raise bad(f"Too many pictures: this request's files hold more than {max_pictures} pages or frames.",
-                          p, "too_many_pictures")
+                raise bad(
+                    f"Too many pictures: this request's files hold more than {max_pictures} pages or frames.",
+                    p,
+                    "too_many_pictures",
+                )
         total += len(refs)
         messages.append(Message(role, text, refs))
     greedy = temperature == 0 or top_p == 0
-    sampling = Sampling(greedy=greedy, temperature=temperature if not greedy else 1.0,
-                        top_p=top_p if not greedy else 1.0, max_new_tokens=max_tokens,
-                        seed=seed if seed is None else int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    sampling = Sampling(
+        greedy=greedy,
+        temperature=temperature if not greedy else 1.0,
+        top_p=top_p if not greedy else 1.0,
+        max_new_tokens=max_tokens,
+        seed=seed if seed is None else int(seed) & 0xFFFF_FFFF_FFFF_FFFF,
+    )
     return ChatRequest(messages, sampling, stream, include_usage, stops, model, n_pictures, hold)

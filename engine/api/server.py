@@ -13,6 +13,7 @@ them: each gets `head_timeout_s` to send one, and past `max_waiting` of them the
 longest is closed (guard.py says why uvicorn's own limit is not used); bodies are capped (413 at
 once); a client gets `client_timeout_s` for each part of its body (slow-loris).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,13 +48,28 @@ class ApiServer:
     `port=0` takes any free port (see `.address`). Binding happens in the constructor, so a port
     in use or a refused bind fails before the model loads."""
 
-    def __init__(self, engine, host: str = "127.0.0.1", port: int = 8011, token: str | None = None,
-                 data_dir: str | Path | None = None, *, max_body_bytes: int = 20 << 20, max_pictures: int = 16,
-                 max_pending: int = 32, max_requests: int = 256, backlog: int = 2048,
-                 head_timeout_s: float = 5.0, client_timeout_s: float = 30.0, body_timeout_s: float = 120.0,
-                 prepare_workers: int = 4, max_waiting: int | None = None,
-                 max_picture_bytes: int = 2 << 30, picture_max_age_s: float = 7 * 86400.0,
-                 on_activity: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        engine,
+        host: str = "127.0.0.1",
+        port: int = 8011,
+        token: str | None = None,
+        data_dir: str | Path | None = None,
+        *,
+        max_body_bytes: int = 20 << 20,
+        max_pictures: int = 16,
+        max_pending: int = 32,
+        max_requests: int = 256,
+        backlog: int = 2048,
+        head_timeout_s: float = 5.0,
+        client_timeout_s: float = 30.0,
+        body_timeout_s: float = 120.0,
+        prepare_workers: int = 4,
+        max_waiting: int | None = None,
+        max_picture_bytes: int = 2 << 30,
+        picture_max_age_s: float = 7 * 86400.0,
+        on_activity: Callable[[dict], None] | None = None,
+    ):
         check_bind(host, token)
         self.engine = engine
         self.access = AccessCheck(token)
@@ -84,11 +100,20 @@ class ApiServer:
         if max_waiting is None:  # idle connections may take at most half the descriptors this process has
             max_waiting = max(64, min(8192, (raise_open_file_limit() - 256) // 2))
         self.max_waiting = max_waiting
-        config = uvicorn.Config(ApiApp(self), http=guarded_protocol(head_timeout_s, max_waiting), lifespan="off",
-                                log_config=None, access_log=False, backlog=backlog, server_header=False,
-                                headers=[("Server", "Parley")], limit_concurrency=None,
-                                timeout_keep_alive=max(1, int(head_timeout_s)),
-                                timeout_graceful_shutdown=3, h11_max_incomplete_event_size=64 << 10)
+        config = uvicorn.Config(
+            ApiApp(self),
+            http=guarded_protocol(head_timeout_s, max_waiting),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            backlog=backlog,
+            server_header=False,
+            headers=[("Server", "Parley")],
+            limit_concurrency=None,
+            timeout_keep_alive=max(1, int(head_timeout_s)),
+            timeout_graceful_shutdown=3,
+            h11_max_incomplete_event_size=64 << 10,
+        )
         self._uvicorn = uvicorn.Server(config)
 
     # ------------------------------------------------------------ lifecycle
@@ -105,8 +130,9 @@ class ApiServer:
     def start(self) -> ApiServer:
         if self._thread is None:
             self.engine.add_listener(self._on_event)
-            self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},
-                                            name="parley-api", daemon=True)
+            self._thread = threading.Thread(
+                target=self._uvicorn.run, kwargs={"sockets": [self._sock]}, name="parley-api", daemon=True
+            )
             self._thread.start()
             drop_legacy_folder(self.data_dir)
             self.pictures.sweep()  # aged-out pictures go before the first request
@@ -150,8 +176,14 @@ class ApiServer:
         the model thread)."""
         hold = self.pictures.hold()
         try:
-            req = parse_chat_request(raw, self.pictures, self.max_pictures, served_model=loaded.name,
-                                     max_text_chars=self.meter.max_chars(loaded), hold=hold)
+            req = parse_chat_request(
+                raw,
+                self.pictures,
+                self.max_pictures,
+                served_model=loaded.name,
+                max_text_chars=self.meter.max_chars(loaded),
+                hold=hold,
+            )
             self.meter.check(req.messages, loaded)
         except BaseException:
             hold.release()
@@ -197,8 +229,13 @@ class _Places:
     def take(self):
         with self._lock:
             if self.taken >= self.limit:
-                raise ApiError(429, f"Too many {self.what} (at most {self.limit}); retry later.", None,
-                               "too_many_requests", {"Retry-After": "1"})
+                raise ApiError(
+                    429,
+                    f"Too many {self.what} (at most {self.limit}); retry later.",
+                    None,
+                    "too_many_requests",
+                    {"Retry-After": "1"},
+                )
             self.taken += 1
         try:
             yield

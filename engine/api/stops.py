@@ -1,4 +1,5 @@
 """Stop sequences over streamed text: release only text that cannot turn into a stop."""
+
 from __future__ import annotations
 
 
@@ -26,7 +27,7 @@ class StopScanner:
         found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
         if found:
             self.hit = True
-            self.text = self.text[:min(found)]
+            self.text = self.text[: min(found)]
             return self._release(len(self.text))
         hold = 0
         for s in self.stops:
@@ -42,6 +43,6 @@ class StopScanner:
 
     def _release(self, end: int) -> str:
         end = max(end, self.sent)
-        out = self.text[self.sent:end]
+        out = self.text[self.sent : end]
         self.sent = end
         return out

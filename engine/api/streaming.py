@@ -1,4 +1,5 @@
 """A streamed chat completion: server-sent `chat.completion.chunk` events as the turn generates."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,14 @@ async def sse_events(turn: ChatTurn):
     loop = asyncio.get_running_loop()
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-               "system_fingerprint": None,
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
         if req.include_usage:
             obj["usage"] = None
         return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
@@ -51,8 +57,14 @@ async def sse_events(turn: ChatTurn):
                 out.append(chunk({}, turn.finish_reason(ev)))
                 if req.include_usage:
                     obj: dict[str, object] = {
-                        "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "system_fingerprint": None, "choices": [], "usage": usage(ev)}
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "system_fingerprint": None,
+                        "choices": [],
+                        "usage": usage(ev),
+                    }
                     out.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
                 out.append(b"data: [DONE]\n\n")
         now = loop.time()

@@ -5,6 +5,7 @@ Automatic choice: CUDA (bfloat16; float16 on GPUs without bfloat16), else MPS (f
 on the device: float32 when the GPU refuses it), else the CPU (float32). A choice that differs
 from what was asked comes with a note the engine shows the user.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,13 +51,17 @@ def pick_device(requested: str = "auto") -> torch.device:
     except RuntimeError:
         raise DeviceError(f"Unknown device {requested!r} (use auto, cpu, cuda, cuda:N or mps)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("CUDA was asked for, but this torch build or machine has no CUDA GPU "
-                          "(install the CUDA build of torch, or choose auto / cpu)")
+        raise DeviceError(
+            "CUDA was asked for, but this torch build or machine has no CUDA GPU "
+            "(install the CUDA build of torch, or choose auto / cpu)"
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise DeviceError(f"There is no GPU {dev.index} (this machine has {torch.cuda.device_count()})")
     if dev.type == "mps" and not mps_available():
-        raise DeviceError("Apple's GPU (MPS) was asked for, but it is not available here: it needs a Mac "
-                          "with Apple silicon, macOS 12.3 or later and an arm64 Python")
+        raise DeviceError(
+            "Apple's GPU (MPS) was asked for, but it is not available here: it needs a Mac "
+            "with Apple silicon, macOS 12.3 or later and an arm64 Python"
+        )
     return dev
 
 
@@ -89,8 +94,9 @@ def pick_dtype(device: torch.device, requested: str = "auto") -> tuple[torch.dty
         why = dtype_runs_on(device, want)
         if why is not None:
             name = str(want).replace("torch.", "")
-            return torch.float32, (f"This Mac's GPU cannot run {name} ({why}): the model runs in float32, "
-                                   "which takes twice the memory.")
+            return torch.float32, (
+                f"This Mac's GPU cannot run {name} ({why}): the model runs in float32, which takes twice the memory."
+            )
     return want, None
 
 
@@ -101,6 +107,7 @@ def choose(requested_device: str = "auto", requested_dtype: str = "auto") -> Pla
 
 
 # ---------------------------------------------------------------- memory and housekeeping
+
 
 def memory(device: torch.device) -> tuple[str, int, int]:
     """(device name, total bytes, free bytes): VRAM on CUDA; on MPS the GPU's recommended working

@@ -12,6 +12,7 @@ for every thread, by 6 MiB (memory_ledger --quick). The engine's threads allocat
 rarely and mostly one at a time: the decode, UI-stall and image-gate benchmarks showed no
 slowdown after the change.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -1,4 +1,5 @@
 """The memory ledger: exact bytes per component, from tensor sizes, for the Memory dock."""
+
 from __future__ import annotations
 
 import torch
@@ -65,8 +66,14 @@ def free_for_model(loaded, kv_bytes: int, budget: int | None) -> tuple[int, int]
     return min(free, budget - lm - vision - kv_bytes), 0
 
 
-def build_report(loaded, sessions: dict, extra_components: dict | None = None, counters: dict | None = None,
-                 encoder_state: EncoderStatus = EncoderStatus.RESIDENT, idle_left: float | None = None) -> MemoryReport:
+def build_report(
+    loaded,
+    sessions: dict,
+    extra_components: dict | None = None,
+    counters: dict | None = None,
+    encoder_state: EncoderStatus = EncoderStatus.RESIDENT,
+    idle_left: float | None = None,
+) -> MemoryReport:
     if loaded is None:
         name, total, free = device_totals(torch.device("cpu"))
         return MemoryReport("cpu", name, total, free, {}, {}, counters or {})
@@ -79,7 +86,13 @@ def build_report(loaded, sessions: dict, extra_components: dict | None = None, c
     components["hot_kv"] = sum(kv.values())
     components.update(extra_components or {})
     return MemoryReport(
-        device=str(loaded.device), device_name=name, total_bytes=total, free_bytes=free,
-        components=components, sessions_kv=kv, counters=dict(counters or {}),
-        encoder_state=encoder_state, encoder_idle_left_s=idle_left,
+        device=str(loaded.device),
+        device_name=name,
+        total_bytes=total,
+        free_bytes=free,
+        components=components,
+        sessions_kv=kv,
+        counters=dict(counters or {}),
+        encoder_state=encoder_state,
+        encoder_idle_left_s=idle_left,
     )

@@ -5,6 +5,7 @@ memory no tensor shows; the loader measures them as the growth of private memory
 load. Private means anonymous (heap, not file-backed code or a mapped safetensors file): RSS minus
 shared pages on Linux, the private bytes on Windows, RSS on macOS (psutil has no split there).
 """
+
 from __future__ import annotations
 
 import sys

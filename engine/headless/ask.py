@@ -1,5 +1,6 @@
 """`main.py ask`: one question (with pictures) to the built-in engine or a remote server; the reply
 streams to stdout, a failure is one line on stderr."""
+
 from __future__ import annotations
 
 import sys
@@ -36,8 +37,13 @@ def cmd_ask(args) -> int:
     stop_wait_s = 30.0  # how long shutting the engine down may take
     try:
         load_blocking(engine, model)
-        sampling = Sampling(greedy=args.temperature <= 0, temperature=max(args.temperature, 1e-6),
-                            top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        sampling = Sampling(
+            greedy=args.temperature <= 0,
+            temperature=max(args.temperature, 1e-6),
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+        )
         text = f"{files.text}\n\n{args.prompt}" if files.text else args.prompt
         turn = Turn("ask", [Message("user", text, list(files.refs))], sampling, args.system)
 

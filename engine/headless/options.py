@@ -1,5 +1,6 @@
 """What the command line's shared options mean, for every command (the window's too): --data-dir,
 --model (a folder or a Hub repo id in the HF cache), --remote/--api-key/--model and --weights."""
+
 from __future__ import annotations
 
 import os
@@ -51,5 +52,9 @@ def attach_choice(args):
     from ..pictures.attach import AttachChoice
     from ..pictures.video import FrameSampling
 
-    return AttachChoice(pages=args.pages, dpi=args.dpi, document_text=args.pdf_text,
-                        sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames))
+    return AttachChoice(
+        pages=args.pages,
+        dpi=args.dpi,
+        document_text=args.pdf_text,
+        sampling=FrameSampling(fps=args.fps, max_frames=args.max_frames),
+    )

@@ -6,6 +6,7 @@ all their pages, videos: a frame a second, at most 16) are relative to the scrip
 is hashed once, when its turn is sent (a missing one fails that turn with one line, as a failed
 turn does). Settings take sampling keys and any EngineSettings field.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,7 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
     turns = []
     for i, t in enumerate(script["turns"]):
         if not isinstance(t, dict) or not isinstance(t.get("user"), str):
-            raise ReplayError(f"turn {i}: needs a \"user\" text")
+            raise ReplayError(f'turn {i}: needs a "user" text')
         bad = set(t) - TURN_KEYS
         if bad:
             raise ReplayError(f"turn {i}: unknown key(s): {', '.join(sorted(bad))}")
@@ -59,8 +60,9 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
     return sampling, settings, turns
 
 
-def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overrides: dict | None = None,
-               remote=None) -> int:
+def run_replay(
+    script: Path, model_dir: str, data_dir: Path, out: TextIO, overrides: dict | None = None, remote=None
+) -> int:
     """`remote` (a RemoteConfig): run the script against that server; `model_dir` is then the
     server's model name. `overrides`: engine settings from the command line (`--weights`), over
     the script's."""
@@ -74,9 +76,11 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
     def open_engine():
         if remote is not None:
             from ..remote import RemoteEngine
+
             eng = RemoteEngine(remote, settings, data_dir).start()
         else:
             from ..local.engine import Engine  # torch: only the built-in engine needs it
+
             eng = Engine(settings, data_dir).start()
         try:
             load_blocking(eng, model_dir)
@@ -111,8 +115,12 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
             try:
                 result = run_blocking(engine, Turn(cid, list(history), sampling, systems.get(cid)))
             except Interrupted as exc:  # Ctrl+C: the turn in progress is written with what it had
-                out.write(json.dumps({"turn": i, "conversation": cid, "error": "interrupted (Ctrl+C)",
-                                      "partial": exc.partial}) + "\n")
+                out.write(
+                    json.dumps(
+                        {"turn": i, "conversation": cid, "error": "interrupted (Ctrl+C)", "partial": exc.partial}
+                    )
+                    + "\n"
+                )
                 out.flush()
                 if remote is not None:  # a server that never answers is not waited for
                     stop_wait_s = 1.0
@@ -125,8 +133,13 @@ def run_replay(script: Path, model_dir: str, data_dir: Path, out: TextIO, overri
                     line["partial"] = result.partial
             else:
                 history.append(Message("assistant", result.reply))
-                line = {"turn": i, "conversation": cid, "reply": result.reply,
-                        "reply_token_ids": result.token_ids, "stats": result.stats.as_dict()}
+                line = {
+                    "turn": i,
+                    "conversation": cid,
+                    "reply": result.reply,
+                    "reply_token_ids": result.token_ids,
+                    "stats": result.stats.as_dict(),
+                }
             out.write(json.dumps(line) + "\n")
             out.flush()
     finally:
@@ -142,8 +155,9 @@ def cmd_replay(args) -> int:
         remote = options.remote_config(args) if args.remote else None
         model = remote.model if remote else options.model_dir(args.model)
         overrides = {"weights": args.weights} if args.weights else {}
-        return run_replay(Path(args.script), model, options.data_dir(args.data_dir), sys.stdout, remote=remote,
-                          overrides=overrides)
+        return run_replay(
+            Path(args.script), model, options.data_dir(args.data_dir), sys.stdout, remote=remote, overrides=overrides
+        )
     except (ReplayError, RemoteConfigError) as exc:
         print(f"error: {terminal_safe(exc)}", file=sys.stderr)
         return 1

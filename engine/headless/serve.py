@@ -1,5 +1,6 @@
 """`main.py serve`: the OpenAI-compatible API over the built-in engine until Ctrl+C or kill; a
 host beyond loopback without a token is refused before anything loads."""
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ One-way chain, each module using only the ones before it:
   session_restore                                    SessionRestoreJob: one session's own KV back, a blob a step
   store                                              KVStore: the thin facade the engine uses
 """
+
 from ..pictures.span import PictureSpan
 from .errors import KVStoreError, StoreUnavailable, UnsupportedCache
 from .keys import BlockKey, block_keys, namespace_digest
@@ -19,6 +20,21 @@ from .session_restore import SessionRestore, SessionRestoreJob
 from .spill_job import SpillJob, SpillResult
 from .store import KVStore, StoredSession
 
-__all__ = ["KVStore", "StoredSession", "SessionRestore", "SessionRestoreJob", "SpillJob", "SpillResult",
-           "RestoreResult", "KVStoreError", "StoreUnavailable", "UnsupportedCache", "PictureSpan", "BlockKey",
-           "KVLayout", "block_keys", "namespace_digest", "model_refusal"]
+__all__ = [
+    "KVStore",
+    "StoredSession",
+    "SessionRestore",
+    "SessionRestoreJob",
+    "SpillJob",
+    "SpillResult",
+    "RestoreResult",
+    "KVStoreError",
+    "StoreUnavailable",
+    "UnsupportedCache",
+    "PictureSpan",
+    "BlockKey",
+    "KVLayout",
+    "block_keys",
+    "namespace_digest",
+    "model_refusal",
+]

@@ -10,6 +10,7 @@
 One file per block (not per tensor) keeps the file count and the fsyncs per spill low, and lets a
 restore fetch a block with one read. Both checksums are verified on every read.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,13 +49,24 @@ def blob_path(blobs_dir: str, key: bytes) -> str:
     return os.path.join(blobs_dir, h[:2], h + SUFFIX)
 
 
-def encode_header(kind: int, layout: KVLayout, key: bytes, tokens: np.ndarray,
-                  payload_digest: bytes) -> bytes:
+def encode_header(kind: int, layout: KVLayout, key: bytes, tokens: np.ndarray, payload_digest: bytes) -> bytes:
     n = len(tokens)
     payload_len = n * layout.token_bytes
     hl = header_len(n, layout.n_layers)
-    body = bytearray(_FIXED.pack(MAGIC, BLOB_VERSION, kind, DTYPE_CODES[layout.dtype], hl, key, n,
-                                 layout.n_layers, payload_len, payload_digest))
+    body = bytearray(
+        _FIXED.pack(
+            MAGIC,
+            BLOB_VERSION,
+            kind,
+            DTYPE_CODES[layout.dtype],
+            hl,
+            key,
+            n,
+            layout.n_layers,
+            payload_len,
+            payload_digest,
+        )
+    )
     body += np.asarray(layout.shapes, dtype="<u4").tobytes()
     body += np.ascontiguousarray(tokens, dtype="<i8").tobytes()
     body += blake3.blake3(bytes(body)).digest()
@@ -97,7 +109,7 @@ def parse_header(buf) -> BlobHeader:
     off += 16 * n_layers
     tokens = np.frombuffer(buf, dtype="<i8", count=n, offset=off).copy()
     off += 8 * n
-    if blake3.blake3(memoryview(buf)[:off]).digest() != bytes(buf[off:off + 32]):
+    if blake3.blake3(memoryview(buf)[:off]).digest() != bytes(buf[off : off + 32]):
         raise BadBlob("header checksum mismatch")
     layout = KVLayout(CODE_DTYPES[dcode], tuple(shape_row(row) for row in shapes))
     if payload_len != n * layout.token_bytes:

@@ -1,4 +1,5 @@
 """Errors raised by the KV block store."""
+
 from __future__ import annotations
 
 

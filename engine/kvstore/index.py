@@ -8,6 +8,7 @@ here and takes the lock itself; no other module sees the lock or the fields.
 Threads: spill planning and restores call in from the model-owner thread, job commits and
 releases from the writer thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,16 +32,29 @@ if TYPE_CHECKING:  # spill_job imports this module; only the checker needs its t
 
 log = logging.getLogger(__name__)
 
-COUNTER_NAMES = ("spills", "spill_failures", "blocks_written", "tails_written", "reused_blobs",
-                 "reused_bytes", "missing_blobs", "bytes_written", "restores", "restored_tokens",
-                 "restore_bytes", "bad_blobs", "evicted_sessions")
+COUNTER_NAMES = (
+    "spills",
+    "spill_failures",
+    "blocks_written",
+    "tails_written",
+    "reused_blobs",
+    "reused_bytes",
+    "missing_blobs",
+    "bytes_written",
+    "restores",
+    "restored_tokens",
+    "restore_bytes",
+    "bad_blobs",
+    "evicted_sessions",
+)
 
 
 class TrackedJob(Protocol):
     """What the index needs of an in-flight spill job (spill_job.SpillJob)."""
+
     session_id: str
     plans: list[BlobPlan]
-    written: list[BlobPlan]   # the plans whose files were renamed into place
+    written: list[BlobPlan]  # the plans whose files were renamed into place
     stats: SpillResult
 
     @property
@@ -57,13 +71,13 @@ class StoreIndex:
         self.root = root
         self.blobs_dir = blobs_dir
         self.manifest_reset = manifest_reset  # the manifest was damaged and started empty
-        self.max_bytes = 0                    # set by set_limits once the store knows its size
+        self.max_bytes = 0  # set by set_limits once the store knows its size
         self.min_free_bytes = 0
         self._manifest = manifest
         self._lock = threading.RLock()
         self._spill_pins: Counter = Counter()  # keys referenced by in-flight spill jobs
-        self._read_pins: Counter = Counter()   # keys being read by a restore
-        self._active: Counter = Counter()      # session ids with an in-flight spill job
+        self._read_pins: Counter = Counter()  # keys being read by a restore
+        self._active: Counter = Counter()  # session ids with an in-flight spill job
         self._jobs: set = set()
         self._counters: Counter = Counter({k: 0 for k in COUNTER_NAMES})
         self._generation = 0  # bumped whenever the set of session rows changes
@@ -169,7 +183,7 @@ class StoreIndex:
                 if size == p.size and self.file_size(p.key) == p.size:
                     p.write = False  # known blob: referenced, neither copied nor written
                 elif size is not None or p.key in memo:
-                    missing += 1     # the manifest names it but the disk lost it: rewrite now
+                    missing += 1  # the manifest names it but the disk lost it: rewrite now
             job = make_job(missing)
             self._spill_pins.update(p.key for p in job.plans)
             self._active[job.session_id] += 1
@@ -238,8 +252,9 @@ class StoreIndex:
         return old is not None
 
     # ------------------------------------------------------------------ restores
-    def pin_for_restore(self, session_id: str | None, keys: list[BlockKey], ns: bytes, block_tokens: int,
-                        limit: int, shared: bool) -> RestoreChoice:
+    def pin_for_restore(
+        self, session_id: str | None, keys: list[BlockKey], ns: bytes, block_tokens: int, limit: int, shared: bool
+    ) -> RestoreChoice:
         """Choose the blobs a restore reads (restore.choose_blobs) and pin them against deletion
         until unpin_reads(choice.pins)."""
         with self._lock:
@@ -297,8 +312,14 @@ class StoreIndex:
         with self._lock:
             if self._jobs:  # their temp and renamed files would look like orphans
                 raise KVStoreError("sweep while spills are in flight")
-            report = {"tmp_removed": 0, "orphans_removed": 0, "unreferenced_removed": 0,
-                      "missing_rows": 0, "size_mismatch_removed": 0, "manifest_reset": self.manifest_reset}
+            report = {
+                "tmp_removed": 0,
+                "orphans_removed": 0,
+                "unreferenced_removed": 0,
+                "missing_rows": 0,
+                "size_mismatch_removed": 0,
+                "manifest_reset": self.manifest_reset,
+            }
             files = list_blob_files(self.blobs_dir, report)
             rec = self._manifest.reconcile(files)
             report["missing_rows"] = rec["missing_rows"]  # kept: restores stop there, spills rewrite them
@@ -361,6 +382,8 @@ class StoreIndex:
             while free - need < self.min_free_bytes and self._evict_one({job.session_id}):
                 free = free_bytes(self.root)
             if free - need < self.min_free_bytes:
-                return (f"not enough free disk space in {self.root}: {free} bytes free, "
-                        f"the spill needs {need} and the floor is {self.min_free_bytes}")
+                return (
+                    f"not enough free disk space in {self.root}: {free} bytes free, "
+                    f"the spill needs {need} and the floor is {self.min_free_bytes}"
+                )
         return None

@@ -5,6 +5,7 @@ token (and picture) before it, so each key chains its parent's key. Two conversa
 same opening therefore get the same first keys and share blobs. Never Python `hash()`: it is
 salted per process and far too short.
 """
+
 from __future__ import annotations
 
 import struct
@@ -72,8 +73,9 @@ def _pictures_bytes(pictures: Sequence[PictureSpan], a: int, b: int) -> bytes:
     return struct.pack("<I", len(parts)) + b"".join(parts)
 
 
-def _chunk_key(tag: bytes, ns: bytes, parent: BlockKey, tokens: np.ndarray, a: int, b: int,
-               pictures: Sequence[PictureSpan]) -> BlockKey:
+def _chunk_key(
+    tag: bytes, ns: bytes, parent: BlockKey, tokens: np.ndarray, a: int, b: int, pictures: Sequence[PictureSpan]
+) -> BlockKey:
     h = blake3.blake3(tag)
     h.update(ns)
     h.update(parent)
@@ -83,8 +85,9 @@ def _chunk_key(tag: bytes, ns: bytes, parent: BlockKey, tokens: np.ndarray, a: i
     return BlockKey(h.digest())
 
 
-def block_keys(ns: bytes, tokens: np.ndarray, pictures: Sequence[PictureSpan],
-               block_tokens: int, limit_blocks: int | None = None) -> list[BlockKey]:
+def block_keys(
+    ns: bytes, tokens: np.ndarray, pictures: Sequence[PictureSpan], block_tokens: int, limit_blocks: int | None = None
+) -> list[BlockKey]:
     """Chained keys of the full blocks of `tokens` (a trailing partial block gets none)."""
     n_blocks = len(tokens) // block_tokens
     if limit_blocks is not None:
@@ -98,13 +101,13 @@ def block_keys(ns: bytes, tokens: np.ndarray, pictures: Sequence[PictureSpan],
     return keys
 
 
-def block_key(ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int, block_tokens: int,
-              pictures: Sequence[PictureSpan]) -> BlockKey:
+def block_key(
+    ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int, block_tokens: int, pictures: Sequence[PictureSpan]
+) -> BlockKey:
     """Key of the one block at `start` (block_keys' step: checks a stored block against its name)."""
     return _chunk_key(_BLOCK_TAG, ns, parent, tokens, start, start + block_tokens, pictures)
 
 
-def tail_key(ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int,
-             pictures: Sequence[PictureSpan]) -> BlockKey:
+def tail_key(ns: bytes, parent: BlockKey, tokens: np.ndarray, start: int, pictures: Sequence[PictureSpan]) -> BlockKey:
     """Key of the tokens past the last full block (its own domain: never equal to a block key)."""
     return _chunk_key(_TAIL_TAG, ns, parent, tokens, start, len(tokens), pictures)

@@ -6,6 +6,7 @@ tokens <= t, so a prefix of blocks is an exact prefix cache. A sliding-window la
 tokens, recurrent/linear-attention state is not per token, quantized layers keep a residual
 buffer — spilling those as blocks would restore wrong attention, so they are refused by name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -44,6 +45,7 @@ def shape_row(row: Iterable[Any]) -> tuple[int, int, int, int]:
 class KVLayout:
     """dtype and per-layer shapes: (k_heads, k_dim, v_heads, v_dim). Payload order per blob:
     for each layer, K as [k_heads, n, k_dim] then V as [v_heads, n, v_dim], C-contiguous."""
+
     dtype: torch.dtype
     shapes: tuple[tuple[int, int, int, int], ...]
 
@@ -82,6 +84,7 @@ class KVLayout:
 
 def _full_attention_class():
     from transformers.cache_utils import DynamicLayer  # the one layer type we spill
+
     return DynamicLayer
 
 
@@ -103,10 +106,13 @@ def model_refusal(config: Any) -> str | None:
     """Why the cache transformers builds for a model with this config cannot be spilled (None when
     it can): decided once at load, so such a model's conversations simply stay in memory."""
     from transformers.cache_utils import DynamicCache
+
     odd = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers if layer_refusal(layer)})
     if odd:
-        return (f"this model's cache has {', '.join(odd)} layers (sliding window or recurrent state); "
-                "Parley only spills plain full-attention KV, so its conversations stay in memory")
+        return (
+            f"this model's cache has {', '.join(odd)} layers (sliding window or recurrent state); "
+            "Parley only spills plain full-attention KV, so its conversations stay in memory"
+        )
     return None
 
 
@@ -152,6 +158,7 @@ def inspect_cache(cache: Any, n_tokens: int) -> tuple[KVLayout, list[tuple[torch
 def build_cache(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
     """A DynamicCache of full-attention layers holding exactly these [1, H, n, D] tensors (no copy)."""
     from transformers.cache_utils import DynamicCache
+
     full = _full_attention_class()
     cache = DynamicCache()
     for k, v in tensors:

@@ -6,6 +6,7 @@ count sessions referencing a blob and change in the same transaction that instal
 session row, so a crash leaves either the old row with its refs or the new one with its refs.
 The caller serializes access (one connection, used under the store's lock).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,13 +55,18 @@ CREATE INDEX IF NOT EXISTS blobs_unreferenced ON blobs(refcount) WHERE refcount 
 
 # ------------------------------------------------------------------ state codec
 
+
 def encode_state(state: dict | None) -> str:
     """JSON with small tensors (e.g. Qwen-VL rope_deltas) encoded as dtype/shape/data."""
+
     def enc(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             t = x.detach().cpu()
-            return {"__tensor__": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                    "data": t.reshape(-1).tolist()}
+            return {
+                "__tensor__": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "data": t.reshape(-1).tolist(),
+            }
         if isinstance(x, dict):
             return {str(k): enc(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
@@ -68,6 +74,7 @@ def encode_state(state: dict | None) -> str:
         if isinstance(x, bytes):
             return {"__bytes__": x.hex()}
         return x
+
     return json.dumps(enc(state or {}), separators=(",", ":"))
 
 
@@ -82,10 +89,12 @@ def decode_state(text: str) -> dict:
         if isinstance(x, list):
             return [dec(v) for v in x]
         return x
+
     return dec(json.loads(text))
 
 
 # ------------------------------------------------------------------ rows
+
 
 @dataclass
 class SessionRow:
@@ -111,7 +120,7 @@ class SessionRow:
 
 
 def _split_keys(blob: bytes) -> list[BlockKey]:
-    return [BlockKey(bytes(blob[i:i + KEY_BYTES])) for i in range(0, len(blob), KEY_BYTES)]
+    return [BlockKey(bytes(blob[i : i + KEY_BYTES])) for i in range(0, len(blob), KEY_BYTES)]
 
 
 def _span_json(p: PictureSpan) -> list:
@@ -124,14 +133,25 @@ def _span_from_json(item: list) -> PictureSpan:
 
 def _row(r: tuple) -> SessionRow:
     return SessionRow(
-        id=r[0], namespace=bytes(r[1]), block_tokens=r[2], block_keys=_split_keys(r[3]),
-        tail_key=BlockKey(bytes(r[4])) if r[4] is not None else None, tail_tokens=r[5], n_tokens=r[6],
+        id=r[0],
+        namespace=bytes(r[1]),
+        block_tokens=r[2],
+        block_keys=_split_keys(r[3]),
+        tail_key=BlockKey(bytes(r[4])) if r[4] is not None else None,
+        tail_tokens=r[5],
+        n_tokens=r[6],
         pictures=tuple(_span_from_json(p) for p in json.loads(r[7])),
-        layout=KVLayout.from_json(json.loads(r[8])), state_json=r[9], bytes=r[10], last_used=r[11])
+        layout=KVLayout.from_json(json.loads(r[8])),
+        state_json=r[9],
+        bytes=r[10],
+        last_used=r[11],
+    )
 
 
-_SESSION_COLS = ("id, namespace, block_tokens, block_keys, tail_key, tail_tokens, n_tokens, "
-                 "pictures, layout, state, bytes, last_used")
+_SESSION_COLS = (
+    "id, namespace, block_tokens, block_keys, tail_key, tail_tokens, n_tokens, "
+    "pictures, layout, state, bytes, last_used"
+)
 
 
 class Manifest:
@@ -164,7 +184,7 @@ class Manifest:
         keys = list(dict.fromkeys(keys))
         out: dict[bytes, int] = {}
         for i in range(0, len(keys), 500):  # stay under SQLite's bound-parameter limit
-            chunk = keys[i:i + 500]
+            chunk = keys[i : i + 500]
             q = f"SELECT key, size FROM blobs WHERE key IN ({','.join('?' * len(chunk))})"
             out.update((bytes(k), s) for k, s in self.db.execute(q, chunk))
         return out
@@ -184,9 +204,13 @@ class Manifest:
         return [(bytes(k), s) for k, s in self.db.execute("SELECT key, size FROM blobs WHERE refcount <= 0")]
 
     # -- writes (each one transaction)
-    def install(self, row: SessionRow, written: Iterable[tuple[bytes, int, int]],
-                referenced: Iterable[tuple[bytes, int, int]],
-                keep: Callable[[bytes], bool] = lambda k: False) -> list[BlockKey]:
+    def install(
+        self,
+        row: SessionRow,
+        written: Iterable[tuple[bytes, int, int]],
+        referenced: Iterable[tuple[bytes, int, int]],
+        keep: Callable[[bytes], bool] = lambda k: False,
+    ) -> list[BlockKey]:
         """Upsert blob rows, swap the session row, and move refcounts from old keys to new keys,
         atomically. `written`/`referenced`: (key, size, kind). Blob rows the old row alone held
         are deleted in the same transaction (one commit, one fsync) unless keep(key); returns
@@ -198,11 +222,14 @@ class Manifest:
                 self.db.execute(
                     "INSERT INTO blobs(key, size, refcount, last_use, kind) VALUES(?,?,0,?,?) "
                     "ON CONFLICT(key) DO UPDATE SET size=excluded.size, last_use=excluded.last_use",
-                    (key, size, now, kind))
+                    (key, size, now, kind),
+                )
             for key, size, kind in referenced:
                 self.db.execute(
                     "INSERT INTO blobs(key, size, refcount, last_use, kind) VALUES(?,?,0,?,?) "
-                    "ON CONFLICT(key) DO UPDATE SET last_use=excluded.last_use", (key, size, now, kind))
+                    "ON CONFLICT(key) DO UPDATE SET last_use=excluded.last_use",
+                    (key, size, now, kind),
+                )
             delta = Counter(row.keys())
             delta.subtract(old.keys() if old else [])
             freed = []
@@ -216,9 +243,21 @@ class Manifest:
                         freed.append(key)
             self.db.execute(
                 f"INSERT OR REPLACE INTO sessions({_SESSION_COLS}) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
-                (row.id, row.namespace, row.block_tokens, b"".join(row.block_keys), row.tail_key,
-                 row.tail_tokens, row.n_tokens, json.dumps([_span_json(p) for p in row.pictures]),
-                 json.dumps(row.layout.to_json()), row.state_json, row.bytes, row.last_used))
+                (
+                    row.id,
+                    row.namespace,
+                    row.block_tokens,
+                    b"".join(row.block_keys),
+                    row.tail_key,
+                    row.tail_tokens,
+                    row.n_tokens,
+                    json.dumps([_span_json(p) for p in row.pictures]),
+                    json.dumps(row.layout.to_json()),
+                    row.state_json,
+                    row.bytes,
+                    row.last_used,
+                ),
+            )
         return freed
 
     def drop_session(self, sid: str) -> SessionRow | None:

@@ -7,6 +7,7 @@ copied (and cast, or moved to the device) per tensor. A read-ahead thread fetche
 while this one is hashed. Nothing is handed out before its header checksum, payload checksum,
 key, token ids and shapes check out; on the first failure the restore stops at the valid prefix.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,17 +37,26 @@ class ReadOutcome:
     bytes_read: int
 
 
-def read_prefix(plan: ReadPlan, layout: KVLayout, device: str | torch.device, dtype: torch.dtype | None,
-                executor: ThreadPoolExecutor | None,
-                on_fail: Callable[[ReadItem, str, str], None]) -> ReadOutcome:
+def read_prefix(
+    plan: ReadPlan,
+    layout: KVLayout,
+    device: str | torch.device,
+    dtype: torch.dtype | None,
+    executor: ThreadPoolExecutor | None,
+    on_fail: Callable[[ReadItem, str, str], None],
+) -> ReadOutcome:
     """Read a plan into fresh tensors on `device` (cast to `dtype` if given). Stops at the first bad
     or missing blob (reported through on_fail); the result is the verified prefix, shortened so it
     never ends inside one of plan.keep_whole."""
     dev = torch.device(device)
     out_dtype = dtype or layout.dtype
-    dest = [(torch.empty((1, kh, plan.n_tokens, kd), dtype=out_dtype, device=dev),
-             torch.empty((1, vh, plan.n_tokens, vd), dtype=out_dtype, device=dev))
-            for kh, kd, vh, vd in layout.shapes]
+    dest = [
+        (
+            torch.empty((1, kh, plan.n_tokens, kd), dtype=out_dtype, device=dev),
+            torch.empty((1, vh, plan.n_tokens, vd), dtype=out_dtype, device=dev),
+        )
+        for kh, kd, vh, vd in layout.shapes
+    ]
     reader = BlobReader(layout, dest, executor)
     n = cut_before(reader.run(plan.items, on_fail), plan.keep_whole)
     if n == 0:
@@ -83,16 +93,17 @@ class BlobReader:
 
     DEPTH = 2  # reads in flight ahead of verification (keeps the disk busy while we hash)
 
-    def __init__(self, layout: KVLayout, dest: list[tuple[torch.Tensor, torch.Tensor]],
-                 executor: ThreadPoolExecutor | None):
+    def __init__(
+        self, layout: KVLayout, dest: list[tuple[torch.Tensor, torch.Tensor]], executor: ThreadPoolExecutor | None
+    ):
         self.layout = layout
         self.dest = dest
         self.executor = executor
-        self.direct_ok = all(t.device.type == "cpu" and t.dtype == layout.dtype and t.is_contiguous()
-                             for pair in dest for t in pair)
+        self.direct_ok = all(
+            t.device.type == "cpu" and t.dtype == layout.dtype and t.is_contiguous() for pair in dest for t in pair
+        )
         # byte views of the destinations, for preadv straight into tensor memory
-        self.dest_u8 = ([tuple(t.view(torch.uint8).numpy() for t in pair) for pair in dest]
-                        if self.direct_ok else None)
+        self.dest_u8 = [tuple(t.view(torch.uint8).numpy() for t in pair) for pair in dest] if self.direct_ok else None
         pin = any(t.device.type == "cuda" for pair in dest for t in pair) and torch.cuda.is_available()
         self._pin = pin
         self._staging: list[torch.Tensor | None] = [None] * (self.DEPTH + 1)
@@ -172,7 +183,7 @@ class BlobReader:
             for v in payload:
                 hasher.update(v)
         else:
-            hasher.update(payload.numpy().data[hdr.header_len:hdr.header_len + hdr.payload_len])
+            hasher.update(payload.numpy().data[hdr.header_len : hdr.header_len + hdr.payload_len])
         if hasher.digest() != hdr.payload_digest:
             raise BadBlob("payload checksum mismatch")
         if item.expect is not None and not np.array_equal(hdr.tokens, item.expect):
@@ -187,16 +198,16 @@ class BlobReader:
         for layer, kv, heads, dim, off, nbytes in self.layout.segments(item.n):
             dst = self.dest[layer][kv]
             if dst.dtype != self.layout.dtype:  # a cast was asked for
-                src = buf[base + off:base + off + nbytes].view(self.layout.dtype).view(heads, item.n, dim)
-                dst[0, :, a:a + use, :].copy_(src[:, :use, :])
+                src = buf[base + off : base + off + nbytes].view(self.layout.dtype).view(heads, item.n, dim)
+                dst[0, :, a : a + use, :].copy_(src[:, :use, :])
                 continue
             # bit copy through an integer view (see layout.RAW_DTYPES)
             raw = self.layout.raw_dtype
-            src = buf[base + off:base + off + nbytes].view(raw).view(heads, item.n, dim)[:, :use, :]
+            src = buf[base + off : base + off + nbytes].view(raw).view(heads, item.n, dim)[:, :use, :]
             if dst.device.type == "cpu":
-                np.copyto(dst.view(raw).numpy()[0, :, a:a + use, :], src.numpy())
+                np.copyto(dst.view(raw).numpy()[0, :, a : a + use, :], src.numpy())
             else:
-                dst.view(raw)[0, :, a:a + use, :].copy_(src)
+                dst.view(raw)[0, :, a : a + use, :].copy_(src)
 
     def run(self, items: list[ReadItem], on_fail: Callable[[ReadItem, str, str], None]) -> int:
         """Read items in order; returns how many tokens from items[0].start were placed and

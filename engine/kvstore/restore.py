@@ -7,6 +7,7 @@ pictures), so block i can come from this session's row or from any session holdi
 The session's tail (a partial block) is usable only when all of the session's blocks matched;
 it is compared token by token and picture by picture.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,10 +24,10 @@ from .manifest import SessionRow
 
 @dataclass
 class RestoreStats:
-    source: str = "none"   # whose blocks it read: "session", "shared", "session+shared" or "none"
+    source: str = "none"  # whose blocks it read: "session", "shared", "session+shared" or "none"
     blobs_read: int = 0
     bytes_read: int = 0
-    bad_blobs: int = 0      # failed their check (ended the prefix; never served)
+    bad_blobs: int = 0  # failed their check (ended the prefix; never served)
     missing_blobs: int = 0  # in the index but gone from disk (ended the prefix)
     session_tokens: int = 0  # tokens the session's own row holds (0 without a usable row)
     state_complete: bool = False  # the row's state describes exactly the restored tokens
@@ -35,7 +36,7 @@ class RestoreStats:
 
 @dataclass
 class RestoreResult:
-    cache: Any | None          # transformers DynamicCache holding n_tokens tokens, or None
+    cache: Any | None  # transformers DynamicCache holding n_tokens tokens, or None
     n_tokens: int
     state: dict = field(default_factory=dict)
     stats: RestoreStats = field(default_factory=RestoreStats)
@@ -44,9 +45,10 @@ class RestoreResult:
 @dataclass
 class RestoreChoice:
     """Which keys a restore reads: the block chain, then the session's tail when usable."""
-    row: SessionRow | None     # the session's own row, when it matches the namespace and block size
-    chain: list[BlockKey]      # block keys, in order, each from the row or from any session
-    from_own: int              # how many of them the row itself names
+
+    row: SessionRow | None  # the session's own row, when it matches the namespace and block size
+    chain: list[BlockKey]  # block keys, in order, each from the row or from any session
+    from_own: int  # how many of them the row itself names
     use_tail: bool
 
     @property
@@ -63,8 +65,7 @@ class RestoreChoice:
 
     @property
     def source(self) -> str:
-        return ("session" if self.from_own == len(self.chain) else
-                "shared" if self.from_own == 0 else "session+shared")
+        return "session" if self.from_own == len(self.chain) else "shared" if self.from_own == 0 else "session+shared"
 
 
 @dataclass
@@ -72,9 +73,9 @@ class ReadItem:
     key: BlockKey
     path: str
     kind: int
-    start: int                 # sequence position of the blob's first token
-    n: int                     # tokens the blob holds
-    use: int                   # tokens wanted (<= n)
+    start: int  # sequence position of the blob's first token
+    n: int  # tokens the blob holds
+    use: int  # tokens wanted (<= n)
     expect: np.ndarray | None  # token ids the blob must hold (None: checked by `accept`)
     accept: Callable[[BlobHeader], int] | None = None  # tail: how many tokens match
 
@@ -82,12 +83,13 @@ class ReadItem:
 @dataclass
 class ReadPlan:
     items: list[ReadItem]
-    n_tokens: int                          # tokens the items cover, if every blob verifies
+    n_tokens: int  # tokens the items cover, if every blob verifies
     keep_whole: tuple[PictureSpan, ...] = ()  # pictures a shorter result must not cut
 
 
-def choose_blobs(keys: list[BlockKey], row: SessionRow | None, present: dict[bytes, int], ns: bytes,
-                 block_tokens: int, limit: int) -> RestoreChoice:
+def choose_blobs(
+    keys: list[BlockKey], row: SessionRow | None, present: dict[bytes, int], ns: bytes, block_tokens: int, limit: int
+) -> RestoreChoice:
     """keys: the prompt's block keys; row: the session's stored row (or None); present: which of
     the keys any session holds (empty when sharing is off); limit: the most tokens wanted."""
     if row is not None and not (row.namespace == ns and row.block_tokens == block_tokens):
@@ -101,13 +103,24 @@ def choose_blobs(keys: list[BlockKey], row: SessionRow | None, present: dict[byt
         elif k not in present:
             break
         chain.append(k)
-    use_tail = (row is not None and row.tail_key is not None and from_own == len(own) == len(chain)
-                and len(own) * block_tokens < limit)
+    use_tail = (
+        row is not None
+        and row.tail_key is not None
+        and from_own == len(own) == len(chain)
+        and len(own) * block_tokens < limit
+    )
     return RestoreChoice(row, chain, from_own, use_tail)
 
 
-def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[PictureSpan, ...], limit: int,
-               block_tokens: int, cut_pictures: bool, path_of: Callable[[bytes], str]) -> ReadPlan:
+def plan_reads(
+    choice: RestoreChoice,
+    tokens: np.ndarray,
+    pictures: tuple[PictureSpan, ...],
+    limit: int,
+    block_tokens: int,
+    cut_pictures: bool,
+    path_of: Callable[[bytes], str],
+) -> ReadPlan:
     """The files to read, in order, and how many tokens of each (never past `limit`, and with
     cut_pictures never ending inside a picture)."""
     B = block_tokens
@@ -119,24 +132,35 @@ def plan_reads(choice: RestoreChoice, tokens: np.ndarray, pictures: tuple[Pictur
     for i, k in enumerate(choice.chain):
         if i * B >= n_plan:
             break
-        items.append(ReadItem(k, path_of(k), KIND_BLOCK, i * B, B, min(B, n_plan - i * B),
-                              tokens[i * B:(i + 1) * B]))
+        items.append(ReadItem(k, path_of(k), KIND_BLOCK, i * B, B, min(B, n_plan - i * B), tokens[i * B : (i + 1) * B]))
     base = len(choice.chain) * B
     if row is not None and tail is not None and n_plan > base:
-        items.append(ReadItem(tail, path_of(tail), KIND_TAIL, base, row.tail_tokens,
-                              n_plan - base, None, tail_acceptor(tokens, pictures, row, base)))
+        items.append(
+            ReadItem(
+                tail,
+                path_of(tail),
+                KIND_TAIL,
+                base,
+                row.tail_tokens,
+                n_plan - base,
+                None,
+                tail_acceptor(tokens, pictures, row, base),
+            )
+        )
     return ReadPlan(items, n_plan, keep_whole)
 
 
 def tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):
     """How many of a stored tail's tokens the new prompt shares: equal token ids, and the same
     pictures (same span, same key) over that range."""
+
     def accept(hdr: BlobHeader) -> int:
         stored = hdr.tokens
-        given = tokens[base:base + len(stored)]
+        given = tokens[base : base + len(stored)]
         m = min(len(stored), len(given))
         diff = np.nonzero(stored[:m] != given[:m])[0]
         if len(diff):
             m = int(diff[0])
         return pictures_agree(base, base + m, row.pictures, pictures) - base
+
     return accept

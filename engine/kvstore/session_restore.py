@@ -12,6 +12,7 @@ as in every restore.
 and give way to a turn. The destination tensors are allocated when the job begins (the caller
 checked that memory allows them); `cancel()` lets them go.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,13 +36,14 @@ from .restore import ReadItem
 @dataclass
 class SessionRestore:
     """What a finished job holds: the KV of `ids` (with `pictures` over them) in `cache`."""
+
     cache: object | None  # transformers DynamicCache, None when nothing verified
     ids: list[int]
     pictures: tuple[PictureSpan, ...]
     state: dict = field(default_factory=dict)
     complete: bool = False  # every token of the row was restored (the state describes them)
     bytes_read: int = 0
-    seconds: float = 0.0   # time spent in steps (reading, checking, placing), not between them
+    seconds: float = 0.0  # time spent in steps (reading, checking, placing), not between them
 
     @property
     def n_tokens(self) -> int:
@@ -55,9 +57,17 @@ def kv_bytes(layout: KVLayout, n_tokens: int, dtype: torch.dtype | None) -> int:
 
 
 class SessionRestoreJob:
-    def __init__(self, row: SessionRow, ns: bytes, path_of: Callable[[bytes], str], device, dtype,
-                 on_fail: Callable[[ReadItem, str, str], None], on_done: Callable[[SessionRestoreJob], None],
-                 blobs: int | None = None):
+    def __init__(
+        self,
+        row: SessionRow,
+        ns: bytes,
+        path_of: Callable[[bytes], str],
+        device,
+        dtype,
+        on_fail: Callable[[ReadItem, str, str], None],
+        on_done: Callable[[SessionRestoreJob], None],
+        blobs: int | None = None,
+    ):
         self.row = row
         self.ns = ns
         self.B = row.block_tokens
@@ -76,9 +86,13 @@ class SessionRestoreJob:
         dev = torch.device(device)
         self.device = dev
         out_dtype = dtype or row.layout.dtype
-        self.dest = [(torch.empty((1, kh, self.n_tokens, kd), dtype=out_dtype, device=dev),
-                      torch.empty((1, vh, self.n_tokens, vd), dtype=out_dtype, device=dev))
-                     for kh, kd, vh, vd in row.layout.shapes]
+        self.dest = [
+            (
+                torch.empty((1, kh, self.n_tokens, kd), dtype=out_dtype, device=dev),
+                torch.empty((1, vh, self.n_tokens, vd), dtype=out_dtype, device=dev),
+            )
+            for kh, kd, vh, vd in row.layout.shapes
+        ]
         self._reader = BlobReader(row.layout, self.dest, None)
         self._next = 0
 
@@ -92,30 +106,43 @@ class SessionRestoreJob:
         items = []
         parent: BlockKey = ZERO_KEY
         for i, key in enumerate(row.block_keys):
-            items.append(ReadItem(key, path_of(key), KIND_BLOCK, i * B, B, B, None,
-                                  self._check_block(i * B, parent, key)))
+            items.append(
+                ReadItem(key, path_of(key), KIND_BLOCK, i * B, B, B, None, self._check_block(i * B, parent, key))
+            )
             parent = key
         if row.tail_key is not None and row.tail_tokens:
             start = len(row.block_keys) * B
-            items.append(ReadItem(row.tail_key, path_of(row.tail_key), KIND_TAIL, start, row.tail_tokens,
-                                  row.tail_tokens, None, self._check_tail(start, parent, row.tail_key)))
+            items.append(
+                ReadItem(
+                    row.tail_key,
+                    path_of(row.tail_key),
+                    KIND_TAIL,
+                    start,
+                    row.tail_tokens,
+                    row.tail_tokens,
+                    None,
+                    self._check_tail(start, parent, row.tail_key),
+                )
+            )
         return items
 
     def _check_block(self, start: int, parent: BlockKey, key: BlockKey):
         def accept(hdr: BlobHeader) -> int:
-            self.tokens[start:start + self.B] = hdr.tokens
+            self.tokens[start : start + self.B] = hdr.tokens
             if block_key(self.ns, parent, self.tokens, start, self.B, self.row.pictures) != key:
                 raise BadBlob("its tokens do not hash to its key")
             return self.B
+
         return accept
 
     def _check_tail(self, start: int, parent: BlockKey, key: BlockKey):
         def accept(hdr: BlobHeader) -> int:
             n = len(hdr.tokens)
-            self.tokens[start:start + n] = hdr.tokens
-            if tail_key(self.ns, parent, self.tokens[:start + n], start, self.row.pictures) != key:
+            self.tokens[start : start + n] = hdr.tokens
+            if tail_key(self.ns, parent, self.tokens[: start + n], start, self.row.pictures) != key:
                 raise BadBlob("its tokens do not hash to its key")
             return n
+
         return accept
 
     @property
@@ -165,12 +192,22 @@ class SessionRestoreJob:
         if n == 0 or not self.dest:
             return SessionRestore(None, [], (), bytes_read=self.bytes_read, seconds=self.seconds)
         t0 = time.perf_counter()
-        tensors = self.dest if n == self.n_tokens else [(k[:, :, :n, :].clone(), v[:, :, :n, :].clone())
-                                                        for k, v in self.dest]
+        tensors = (
+            self.dest
+            if n == self.n_tokens
+            else [(k[:, :, :n, :].clone(), v[:, :, :n, :].clone()) for k, v in self.dest]
+        )
         synchronize(self.device)  # CUDA / MPS copies may still be in flight
         self.seconds += time.perf_counter() - t0
         self.dest = []
         complete = n == self.row.n_tokens
         pictures = tuple(p for p in self.row.pictures if p.start < n)  # a last one may be partly held
-        return SessionRestore(build_cache(tensors), self.tokens[:n].tolist(), pictures,
-                              self.row.state if complete else {}, complete, self.bytes_read, self.seconds)
+        return SessionRestore(
+            build_cache(tensors),
+            self.tokens[:n].tolist(),
+            pictures,
+            self.row.state if complete else {},
+            complete,
+            self.bytes_read,
+            self.seconds,
+        )

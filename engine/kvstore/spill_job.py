@@ -8,6 +8,7 @@
 Only blocks that are not already on disk are copied off the device at all. A job is given only
 what it needs: the store's index (pins, commit, release), the writer thread and the buffer pool.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,15 +41,15 @@ class SpillResult:
     session_id: str
     n_tokens: int = 0
     error: str | None = None
-    blocks_written: int = 0     # full blocks written (the tail is counted in tail_written)
+    blocks_written: int = 0  # full blocks written (the tail is counted in tail_written)
     tail_written: int = 0
-    reused_blobs: int = 0       # blocks/tail referenced from disk: not copied, not written
+    reused_blobs: int = 0  # blocks/tail referenced from disk: not copied, not written
     reused_bytes: int = 0
-    missing_blobs: int = 0      # named by the manifest but gone from disk: rewritten here
+    missing_blobs: int = 0  # named by the manifest but gone from disk: rewritten here
     bytes_written: int = 0
     evicted_sessions: int = 0
-    copy_seconds: float = 0.0   # owner-thread time spent in device->host copies
-    seconds: float = 0.0        # begin_spill -> manifest commit
+    copy_seconds: float = 0.0  # owner-thread time spent in device->host copies
+    seconds: float = 0.0  # begin_spill -> manifest commit
 
 
 @dataclass
@@ -68,15 +69,16 @@ class BlobPlan:
 
 class _Piece(NamedTuple):
     """One contiguous run of payload bytes to copy: heads h0:h1, rows t0:t1 of one tensor of one blob."""
-    wi: int        # index into the blobs to write
+
+    wi: int  # index into the blobs to write
     layer: int
-    kv: int        # 0: K, 1: V
+    kv: int  # 0: K, 1: V
     h0: int
     h1: int
     t0: int
     t1: int
     nbytes: int
-    last: bool     # the blob's last piece: close it after writing
+    last: bool  # the blob's last piece: close it after writing
 
 
 @dataclass
@@ -86,11 +88,24 @@ class _Sink:
 
 
 class SpillJob:
-    def __init__(self, index: StoreIndex, writer: WriterThread, pool: BufferPool, *, durable: bool,
-                 block_tokens: int, session_id: str, ns: bytes, tokens: np.ndarray,
-                 pictures: tuple[PictureSpan, ...], layout: KVLayout,
-                 kv: list[tuple[torch.Tensor, torch.Tensor]], plans: list[BlobPlan], state_json: str,
-                 missing: int):
+    def __init__(
+        self,
+        index: StoreIndex,
+        writer: WriterThread,
+        pool: BufferPool,
+        *,
+        durable: bool,
+        block_tokens: int,
+        session_id: str,
+        ns: bytes,
+        tokens: np.ndarray,
+        pictures: tuple[PictureSpan, ...],
+        layout: KVLayout,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        plans: list[BlobPlan],
+        state_json: str,
+        missing: int,
+    ):
         self.session_id = session_id
         self.block_tokens = block_tokens
         self.ns = ns
@@ -107,8 +122,10 @@ class SpillJob:
         # numpy arrays for CPU tensors: torch's per-op overhead and thread pool cost 5-50x here
         raw = layout.raw_dtype
         self._kv: list[tuple[np.ndarray | torch.Tensor, ...]] | None  # None once handed over
-        self._kv = [tuple(t.detach().view(raw).numpy() if t.device.type == "cpu" else t.detach().view(raw)
-                          for t in pair) for pair in kv]
+        self._kv = [
+            tuple(t.detach().view(raw).numpy() if t.device.type == "cpu" else t.detach().view(raw) for t in pair)
+            for pair in kv
+        ]
         self._to_write = [p for p in plans if p.write]
         # a small job is cut into ~4 units (>= 1 MiB) so the writer starts while copies go on
         total = sum(p.size for p in self._to_write)
@@ -118,15 +135,19 @@ class SpillJob:
         self._handed_over = False
         self._failed: str | None = None
         self._sinks: dict[int, _Sink] = {}
-        self.written: list[BlobPlan] = []   # renamed into place, durable
+        self.written: list[BlobPlan] = []  # renamed into place, durable
         self._dirs: set[str] = set()
         self._done = threading.Event()
         self._result: SpillResult | None = None
         self._t0 = time.perf_counter()
-        self.stats = SpillResult(ok=False, session_id=session_id, n_tokens=len(tokens),
-                                 missing_blobs=missing,
-                                 reused_blobs=sum(1 for p in plans if not p.write),
-                                 reused_bytes=sum(p.size for p in plans if not p.write))
+        self.stats = SpillResult(
+            ok=False,
+            session_id=session_id,
+            n_tokens=len(tokens),
+            missing_blobs=missing,
+            reused_blobs=sum(1 for p in plans if not p.write),
+            reused_bytes=sum(p.size for p in plans if not p.write),
+        )
 
     # ---------------------------------------------------------------- owner thread
     def step(self, block: bool = True) -> bool:
@@ -161,11 +182,11 @@ class SpillJob:
                 if pieces and used + nbytes > self._unit:
                     break
                 plan = self._to_write[wi]
-                src = src_kv[layer][kv][0, h0:h1, plan.start + t0:plan.start + t1, :]
+                src = src_kv[layer][kv][0, h0:h1, plan.start + t0 : plan.start + t1, :]
                 if isinstance(src, np.ndarray):  # CPU cache: plain memcpy, no intra-op thread pool
-                    np.copyto(buf_np[used:used + nbytes].view(raw_np).reshape(src.shape), src)
+                    np.copyto(buf_np[used : used + nbytes].view(raw_np).reshape(src.shape), src)
                 else:  # device->host into the (pinned) buffer; synchronous: done on return
-                    buf[used:used + nbytes].view(raw).view(src.shape).copy_(src)
+                    buf[used : used + nbytes].view(raw).view(src.shape).copy_(src)
                 pieces.append((p, used))
                 used += nbytes
                 self._next = next(pieces_left, None)
@@ -263,7 +284,7 @@ class SpillJob:
                 sink = self._sinks.get(wi)
                 if sink is None:
                     sink = self._open(wi)
-                data = mv[off:off + nbytes]
+                data = mv[off : off + nbytes]
                 sink.hasher.update(data)
                 sink.file.write(data)
                 if last:
@@ -285,8 +306,9 @@ class SpillJob:
         plan = self._to_write[wi]
         sink = self._sinks.pop(wi)
         try:
-            header = encode_header(plan.kind, self.layout, plan.key, self.tokens[plan.start:plan.end],
-                                   sink.hasher.digest())
+            header = encode_header(
+                plan.kind, self.layout, plan.key, self.tokens[plan.start : plan.end], sink.hasher.digest()
+            )
             sink.file.pwrite(header, 0)
             if sink.file.size != plan.size:
                 raise OSError(f"blob size {sink.file.size} != expected {plan.size}")
@@ -325,12 +347,20 @@ class SpillJob:
 
     def _session_row(self) -> SessionRow:
         tail = next((p for p in self.plans if p.kind == KIND_TAIL), None)
-        return SessionRow(id=self.session_id, namespace=self.ns, block_tokens=self.block_tokens,
-                          block_keys=[p.key for p in self.plans if p.kind == KIND_BLOCK],
-                          tail_key=tail.key if tail else None, tail_tokens=tail.n if tail else 0,
-                          n_tokens=len(self.tokens), pictures=self.pictures, layout=self.layout,
-                          state_json=self.state_json, bytes=sum(p.size for p in self.plans),
-                          last_used=time.time())
+        return SessionRow(
+            id=self.session_id,
+            namespace=self.ns,
+            block_tokens=self.block_tokens,
+            block_keys=[p.key for p in self.plans if p.kind == KIND_BLOCK],
+            tail_key=tail.key if tail else None,
+            tail_tokens=tail.n if tail else 0,
+            n_tokens=len(self.tokens),
+            pictures=self.pictures,
+            layout=self.layout,
+            state_json=self.state_json,
+            bytes=sum(p.size for p in self.plans),
+            last_used=time.time(),
+        )
 
     def _discard_open(self) -> None:
         for sink in self._sinks.values():

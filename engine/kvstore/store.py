@@ -7,6 +7,7 @@ the index (index.py: manifest, pins, counters, lock, eviction, job commit, sweep
 Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
 writes, the manifest commit, refcount release and eviction run on the store's writer thread.
 """
+
 from __future__ import annotations
 
 import errno
@@ -47,6 +48,7 @@ DEFAULT_CAP = 20 * GiB
 @dataclass(frozen=True)
 class StoredSession:
     """A session this store can restore (its row was written under the store's namespace)."""
+
     id: str
     n_tokens: int
     disk_bytes: int  # its blobs on disk (shared ones counted in full)
@@ -81,9 +83,18 @@ class KVStore:
     durable: fsync files and directories (tests of logic may turn it off; never in the app).
     """
 
-    def __init__(self, root: str, namespace: bytes | str = b"", *, block_tokens: int = 256,
-                 unit_bytes: int = 32 << 20, max_bytes: int | None = None,
-                 min_free_bytes: int | None = None, pin_memory: bool | None = None, durable: bool = True):
+    def __init__(
+        self,
+        root: str,
+        namespace: bytes | str = b"",
+        *,
+        block_tokens: int = 256,
+        unit_bytes: int = 32 << 20,
+        max_bytes: int | None = None,
+        min_free_bytes: int | None = None,
+        pin_memory: bool | None = None,
+        durable: bool = True,
+    ):
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
         self.root = os.path.abspath(root)
@@ -216,8 +227,9 @@ class KVStore:
         if self._listing is not None and self._listing[0] == self.index.generation:
             return self._listing[1]
         generation, rows = self.index.sessions_of(self._ns(None), self.block_tokens)
-        listing = sorted((StoredSession(r.id, r.n_tokens, r.bytes, r.last_used, r.layout) for r in rows),
-                         key=lambda s: -s.last_used)
+        listing = sorted(
+            (StoredSession(r.id, r.n_tokens, r.bytes, r.last_used, r.layout) for r in rows), key=lambda s: -s.last_used
+        )
         self._listing = (generation, listing)
         return listing
 
@@ -225,10 +237,18 @@ class KVStore:
         row = self.index.session(session_id)
         if row is None:
             return None
-        return {"n_tokens": row.n_tokens, "blocks": len(row.block_keys), "tail_tokens": row.tail_tokens,
-                "bytes": row.bytes, "last_used": row.last_used, "state": row.state,
-                "block_keys": list(row.block_keys), "tail_key": row.tail_key,
-                "pictures": list(row.pictures), "layout": row.layout}
+        return {
+            "n_tokens": row.n_tokens,
+            "blocks": len(row.block_keys),
+            "tail_tokens": row.tail_tokens,
+            "bytes": row.bytes,
+            "last_used": row.last_used,
+            "state": row.state,
+            "block_keys": list(row.block_keys),
+            "tail_key": row.tail_key,
+            "pictures": list(row.pictures),
+            "layout": row.layout,
+        }
 
     def drop_session(self, session_id: str) -> bool:
         """Forget a session (e.g. the conversation was deleted); its unshared blobs are removed."""
@@ -244,9 +264,16 @@ class KVStore:
         return verify(rows, blobs, self.index.path)
 
     # ------------------------------------------------------------------ spill
-    def begin_spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
-                    cache: Any = None, state: dict | None = None, *,
-                    namespace: bytes | str | None = None) -> SpillJob:
+    def begin_spill(
+        self,
+        session_id: str,
+        token_ids: Any,
+        picture_spans: Iterable[PictureSpan] = (),
+        cache: Any = None,
+        state: dict | None = None,
+        *,
+        namespace: bytes | str | None = None,
+    ) -> SpillJob:
         """Plan a spill of `cache` (whose first len(token_ids) tokens are these ids).
 
         Raises UnsupportedCache for caches that cannot be spilled exactly, ValueError for bad
@@ -266,16 +293,28 @@ class KVStore:
         keys = block_keys(ns, tokens, pictures, B)
         nb = len(keys)
         path = self.index.path
-        plans = [BlobPlan(k, KIND_BLOCK, i * B, (i + 1) * B, blob_size(layout, B), path(k))
-                 for i, k in enumerate(keys)]
+        plans = [BlobPlan(k, KIND_BLOCK, i * B, (i + 1) * B, blob_size(layout, B), path(k)) for i, k in enumerate(keys)]
         if n > nb * B:
             tk = tail_key(ns, keys[-1] if keys else ZERO_KEY, tokens, nb * B, pictures)
             plans.append(BlobPlan(tk, KIND_TAIL, nb * B, n, blob_size(layout, n - nb * B), path(tk)))
 
         def make_job(missing: int) -> SpillJob:
-            return SpillJob(self.index, self._writer, self._pool, durable=self.durable, block_tokens=B,
-                            session_id=session_id, ns=ns, tokens=tokens, pictures=pictures, layout=layout,
-                            kv=kv, plans=plans, state_json=state_json, missing=missing)
+            return SpillJob(
+                self.index,
+                self._writer,
+                self._pool,
+                durable=self.durable,
+                block_tokens=B,
+                session_id=session_id,
+                ns=ns,
+                tokens=tokens,
+                pictures=pictures,
+                layout=layout,
+                kv=kv,
+                plans=plans,
+                state_json=state_json,
+                missing=missing,
+            )
 
         job, error = self.index.begin_job(session_id, plans, make_job)
         if error:
@@ -283,17 +322,29 @@ class KVStore:
             job.step()  # hands the failed job to the writer, which reports it
         return job
 
-    def spill(self, session_id: str, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
-              cache: Any = None, state: dict | None = None, *,
-              namespace: bytes | str | None = None) -> SpillResult:
+    def spill(
+        self,
+        session_id: str,
+        token_ids: Any,
+        picture_spans: Iterable[PictureSpan] = (),
+        cache: Any = None,
+        state: dict | None = None,
+        *,
+        namespace: bytes | str | None = None,
+    ) -> SpillResult:
         """begin_spill + all copies + wait."""
         job = self.begin_spill(session_id, token_ids, picture_spans, cache, state, namespace=namespace)
         job.run_copies()
         return job.result()
 
     # ------------------------------------------------------------------ restore
-    def begin_session_restore(self, session_id: str, device: str | torch.device = "cpu",
-                              dtype: torch.dtype | None = None, blobs: int | None = None) -> SessionRestoreJob | None:
+    def begin_session_restore(
+        self,
+        session_id: str,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        blobs: int | None = None,
+    ) -> SessionRestoreJob | None:
         """Start restoring a session's own stored KV, all of it (or its first `blobs`), one blob per
         step() (no prompt needed: each blob is checked against its chained key). None when the
         store holds no row of it under this namespace. Its blobs stay pinned until the job finishes
@@ -317,10 +368,19 @@ class KVStore:
             self.index.unpin_reads(row.keys())
             raise
 
-    def restore(self, session_id: str | None, token_ids: Any, picture_spans: Iterable[PictureSpan] = (),
-                device: str | torch.device = "cpu", dtype: torch.dtype | None = None, *,
-                namespace: bytes | str | None = None, max_tokens: int | None = None,
-                shared: bool = True, cut_pictures: bool = True) -> RestoreResult:
+    def restore(
+        self,
+        session_id: str | None,
+        token_ids: Any,
+        picture_spans: Iterable[PictureSpan] = (),
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        *,
+        namespace: bytes | str | None = None,
+        max_tokens: int | None = None,
+        shared: bool = True,
+        cut_pictures: bool = True,
+    ) -> RestoreResult:
         """Restore the longest verified prefix of `token_ids` (and pictures) the store holds.
 
         Uses the session's own blocks and tail, and (shared=True) any session's blocks whose
@@ -368,8 +428,9 @@ class KVStore:
                 return done()
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(BlobReader.DEPTH, thread_name_prefix="kvstore-read")
-            out = read_prefix(plan, layout, device, dtype, self._reader,
-                              lambda item, why, detail: failed(item.key, why, detail))
+            out = read_prefix(
+                plan, layout, device, dtype, self._reader, lambda item, why, detail: failed(item.key, why, detail)
+            )
             stats.blobs_read = out.blobs_read
             stats.bytes_read = out.bytes_read
             if out.tensors is None:  # nothing verified (n_tokens == 0)

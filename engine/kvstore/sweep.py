@@ -4,6 +4,7 @@ for the startup sweep (index.StoreIndex.sweep), free space, and the deep check o
 The sweep decides from the manifest and a directory listing (names and sizes) only; it never
 reads a payload, so it costs the same whatever the store holds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -111,7 +112,7 @@ def list_blob_files(blobs_dir: str, report: dict) -> dict[bytes, int]:
                         report["tmp_removed"] += 1
                 elif ent.name.endswith(SUFFIX) and len(ent.name) == 2 * KEY_BYTES + len(SUFFIX):
                     try:
-                        files[bytes.fromhex(ent.name[:2 * KEY_BYTES])] = ent.stat().st_size
+                        files[bytes.fromhex(ent.name[: 2 * KEY_BYTES])] = ent.stat().st_size
                     except (ValueError, OSError):
                         pass
     return files
@@ -129,12 +130,13 @@ def check_blob_file(path: str, key: bytes) -> None:
         raise BadBlob("key mismatch")
     if len(data) != hdr.header_len + hdr.payload_len:
         raise BadBlob("size mismatch")
-    if blake3.blake3(memoryview(data)[hdr.header_len:]).digest() != hdr.payload_digest:
+    if blake3.blake3(memoryview(data)[hdr.header_len :]).digest() != hdr.payload_digest:
         raise BadBlob("payload checksum mismatch")
 
 
-def verify(rows: list[SessionRow], blobs: dict[bytes, tuple[int, int]],
-           path_of: Callable[[bytes], str]) -> dict[str, Any]:
+def verify(
+    rows: list[SessionRow], blobs: dict[bytes, tuple[int, int]], path_of: Callable[[bytes], str]
+) -> dict[str, Any]:
     """Deep check (reads every referenced blob) of a manifest snapshot (index.snapshot()): for
     tests and diagnostics, not the hot path."""
     report: dict[str, Any] = {"sessions": 0, "blobs_ok": 0, "bad": [], "missing": [], "refcount_errors": []}

@@ -8,6 +8,7 @@ Durability: a blob is written through AtomicFile (temp file next to its final na
 synced, published) and its directory synced before the manifest transaction that references it
 commits; what "synced" means on each OS lives in engine/platform/files.py.
 """
+
 from __future__ import annotations
 
 import errno

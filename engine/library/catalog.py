@@ -1,4 +1,5 @@
 """The catalog of known-good VLMs, kept as data in resources/model_catalog.json."""
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,16 @@ class CatalogEntry:
 
 def load_catalog(path: Path = CATALOG_FILE) -> list[CatalogEntry]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    return [CatalogEntry(m["repo_id"], m["family"], m["params"], float(m["download_gb"]), bool(m.get("approx")),
-                         m.get("note", ""), m.get("vision_params"), m.get("kv_bytes_per_token"))
-            for m in data["models"]]
+    return [
+        CatalogEntry(
+            m["repo_id"],
+            m["family"],
+            m["params"],
+            float(m["download_gb"]),
+            bool(m.get("approx")),
+            m.get("note", ""),
+            m.get("vision_params"),
+            m.get("kv_bytes_per_token"),
+        )
+        for m in data["models"]
+    ]

@@ -1,4 +1,5 @@
 """`python main.py models list | pull ORG/NAME [--revision REV] | rm ORG/NAME` (headless)."""
+
 from __future__ import annotations
 
 import sys
@@ -24,19 +25,26 @@ def cmd_list(args) -> int:
     data_dir = Path(args.data_dir).expanduser() if getattr(args, "data_dir", None) else default_data_dir()
     device = free_device_memory()
     installed = {m.repo_id: m for m in installed_models()}
-    print(f"device: {device[0]}, {device[1] / (1 << 30):.2f} GiB free; precision {args.precision}, "
-          f"context {args.context} tokens")
+    print(
+        f"device: {device[0]}, {device[1] / (1 << 30):.2f} GiB free; precision {args.precision}, "
+        f"context {args.context} tokens"
+    )
     offline = offline_forced()
     catalog = {e.repo_id: e for e in load_catalog()}
-    rows = [(e.repo_id, e.family, e.params, f"~{e.download_gb:.2f} GB" if e.approx else _gb(int(e.download_gb * 1e9)))
-            for e in catalog.values()]
+    rows = [
+        (e.repo_id, e.family, e.params, f"~{e.download_gb:.2f} GB" if e.approx else _gb(int(e.download_gb * 1e9)))
+        for e in catalog.values()
+    ]
     rows += [(r, m.model_type or "?", "", _gb(m.size_on_disk)) for r, m in installed.items() if r not in catalog]
     print(f"{'MODEL':44} {'FAMILY':11} {'PARAMS':>6} {'DOWNLOAD':>10} {'INSTALLED':9} FIT")
     if offline:
         print("network unreachable: offline mode is on (HF_HUB_OFFLINE); catalog models are sized from the catalog")
     for repo_id, family, params, size in rows:
-        mark = "installed" if repo_id in installed and installed[repo_id].complete else (
-            "partial" if repo_id in installed else "")
+        mark = (
+            "installed"
+            if repo_id in installed and installed[repo_id].complete
+            else ("partial" if repo_id in installed else "")
+        )
         fit = ""
         try:
             config = remote_config(repo_id, installed.get(repo_id), offline=offline)
@@ -115,8 +123,9 @@ def add_parser(sub) -> None:
     ls = msub.add_parser("list", help="the catalog and installed models, with whether each fits")
     ls.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16", "float16", "int8", "4bit"])
     ls.add_argument("--context", type=int, default=4096, help="context length for the KV cache estimate")
-    ls.add_argument("--data-dir", default=None, help="the data folder whose measured speeds are shown "
-                                                     "(default: the app's)")
+    ls.add_argument(
+        "--data-dir", default=None, help="the data folder whose measured speeds are shown (default: the app's)"
+    )
     ls.set_defaults(func=cmd_list)
     pl = msub.add_parser("pull", help="download ORG/NAME into the Hugging Face cache (resumable)")
     pl.add_argument("repo")

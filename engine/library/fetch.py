@@ -8,6 +8,7 @@ Range request, and the file is renamed into place only after its hash equals the
 listed (SHA-256 for LFS files, the git blob id for the others). No more than the listed size
 is ever written: a body that runs past it is refused at the first byte too many.
 """
+
 from __future__ import annotations
 
 import errno
@@ -108,8 +109,17 @@ class _Hasher:
         self._pool.shutdown(wait=True)
 
 
-def fetch_blob(session, url: str, headers: dict, blob: Path, digest: Digest, size: int, meter: ProgressMeter,
-               cancel: threading.Event, name: str) -> None:
+def fetch_blob(
+    session,
+    url: str,
+    headers: dict,
+    blob: Path,
+    digest: Digest,
+    size: int,
+    meter: ProgressMeter,
+    cancel: threading.Event,
+    name: str,
+) -> None:
     """Download `url` to `blob` (blobs/<digest>); raises Cancelled / ChecksumMismatch / WrongSize /
     DiskFull / NetworkUnreachable / a huggingface_hub HTTP error. A cancel or a drop keeps the
     partial file; wrong bytes (hash or size) delete it."""
@@ -134,14 +144,27 @@ def fetch_blob(session, url: str, headers: dict, blob: Path, digest: Digest, siz
     if have != size or got != digest.hex:
         part.unlink(missing_ok=True)
         meter.rollback(have)
-        raise ChecksumMismatch(f"{name} failed its {digest.label} check (expected {digest.hex[:12]}…, got "
-                               f"{got[:12]}…); deleted, nothing published")
+        raise ChecksumMismatch(
+            f"{name} failed its {digest.label} check (expected {digest.hex[:12]}…, got "
+            f"{got[:12]}…); deleted, nothing published"
+        )
     os.replace(part, blob)
     _fsync_dir(blob.parent)
 
 
-def _receive(session, url, headers, part: Path, hasher: _Hasher, have: int, size: int, meter: ProgressMeter,
-             cancel: threading.Event, name: str, blob: Path) -> int:
+def _receive(
+    session,
+    url,
+    headers,
+    part: Path,
+    hasher: _Hasher,
+    have: int,
+    size: int,
+    meter: ProgressMeter,
+    cancel: threading.Event,
+    name: str,
+    blob: Path,
+) -> int:
     """Append the missing bytes to `part` (Range from `have`), retrying drops; returns bytes on disk.
     A full disk keeps what reached the disk (the next pull re-hashes the part file)."""
     try:
@@ -150,12 +173,24 @@ def _receive(session, url, headers, part: Path, hasher: _Hasher, have: int, size
         if exc.errno != errno.ENOSPC:
             raise
         kept = part.stat().st_size if part.exists() else 0
-        raise DiskFull(f"disk full while writing {name} into {blob.parent}: {kept} of {size} bytes kept "
-                       f"for the next pull; free {(size - kept) / 1e6:.1f} MB there and pull again") from None
+        raise DiskFull(
+            f"disk full while writing {name} into {blob.parent}: {kept} of {size} bytes kept "
+            f"for the next pull; free {(size - kept) / 1e6:.1f} MB there and pull again"
+        ) from None
 
 
-def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size: int, meter: ProgressMeter,
-            cancel: threading.Event, name: str) -> int:
+def _append(
+    session,
+    url,
+    headers,
+    part: Path,
+    hasher: _Hasher,
+    have: int,
+    size: int,
+    meter: ProgressMeter,
+    cancel: threading.Event,
+    name: str,
+) -> int:
     import httpx2
     from huggingface_hub.utils import hf_raise_for_status
 
@@ -172,8 +207,10 @@ def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size:
                 timeout = httpx2.Timeout(15, read=READ_TIMEOUT_S)
                 with session.stream("GET", url, headers=req, follow_redirects=True, timeout=timeout) as r:
                     if r.status_code == 416:  # nothing at or past `have`: the file is shorter than listed
-                        raise WrongSize(f"{name}: the server has only {have} of the {size} bytes the hub listed "
-                                        f"(shorter than listed); deleted, nothing published")
+                        raise WrongSize(
+                            f"{name}: the server has only {have} of the {size} bytes the hub listed "
+                            f"(shorter than listed); deleted, nothing published"
+                        )
                     hf_raise_for_status(r)
                     if have and r.status_code == 200:  # the server ignored Range: start over
                         out.truncate(0)
@@ -199,10 +236,13 @@ def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size:
                 if tries <= 0:
                     out.flush()
                     if cut:
-                        raise LibraryError(f"{shown_endpoint()} cut {name} short {RETRIES} times in a row ({have} of "
-                                           f"{size} bytes kept for the next pull): {type(exc).__name__}") from None
-                    raise NetworkUnreachable(f"network unreachable while fetching {name} "
-                                             f"({have} of {size} bytes kept): {exc}") from None
+                        raise LibraryError(
+                            f"{shown_endpoint()} cut {name} short {RETRIES} times in a row ({have} of "
+                            f"{size} bytes kept for the next pull): {type(exc).__name__}"
+                        ) from None
+                    raise NetworkUnreachable(
+                        f"network unreachable while fetching {name} ({have} of {size} bytes kept): {exc}"
+                    ) from None
                 cancel.wait(0.2 * (RETRIES - tries))  # short back-off; a cancel ends it
                 continue
             if have > before or cancel.is_set():
@@ -210,13 +250,16 @@ def _append(session, url, headers, part: Path, hasher: _Hasher, have: int, size:
                 continue
             tries -= 1  # a whole answer with no byte in it: a server that never gets there
             if tries <= 0:
-                raise LibraryError(f"{shown_endpoint()} cut {name} short: {RETRIES} answers in a row brought no "
-                                   f"byte ({have} of {size} bytes kept for the next pull)")
+                raise LibraryError(
+                    f"{shown_endpoint()} cut {name} short: {RETRIES} answers in a row brought no "
+                    f"byte ({have} of {size} bytes kept for the next pull)"
+                )
         out.flush()
         os.fsync(out.fileno())
     return have
 
 
 def _too_long(name: str, size: int) -> WrongSize:
-    return WrongSize(f"{name}: the server sent more than the {size} bytes the hub listed for it; "
-                     f"deleted, nothing published")
+    return WrongSize(
+        f"{name}: the server sent more than the {size} bytes the hub listed for it; deleted, nothing published"
+    )

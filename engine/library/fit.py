@@ -7,6 +7,7 @@ Parameter counts come from the architecture (transformers' own config class fill
 defaults), so the estimate needs no weights. It leaves out activations and allocator slack;
 the verdict's "tight" band (80-100 % of free memory) is there for them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,10 +55,12 @@ class Fit:
         gb = 1 << 30
         n = self.need
         about = "~" if self.from_catalog else ""
-        return (f"{self.verdict}: needs {about}{n.total_bytes / gb:.2f} GiB (weights {n.weights_bytes / gb:.2f} + "
-                f"vision {n.vision_bytes / gb:.2f} + KV {n.kv_bytes / gb:.2f} for {n.context} tokens, {n.precision}) "
-                f"of {self.free_bytes / gb:.2f} GiB free on {self.device}"
-                + (" (estimated from the catalog)" if self.from_catalog else ""))
+        return (
+            f"{self.verdict}: needs {about}{n.total_bytes / gb:.2f} GiB (weights {n.weights_bytes / gb:.2f} + "
+            f"vision {n.vision_bytes / gb:.2f} + KV {n.kv_bytes / gb:.2f} for {n.context} tokens, {n.precision}) "
+            f"of {self.free_bytes / gb:.2f} GiB free on {self.device}"
+            + (" (estimated from the catalog)" if self.from_catalog else "")
+        )
 
 
 def _config_objects(config: dict):
@@ -118,11 +121,11 @@ def _vision_params(model_type: str, v, text_hidden: int, config) -> int:
         positions = (v.image_size // patch) ** 2
         tower += channels * patch * patch * d + d + positions * d + 2 * d  # patch conv, positions, post-norm
     if family.connector == "merger":
-        merged = d * v.spatial_merge_size ** 2
+        merged = d * v.spatial_merge_size**2
         out = getattr(v, "out_hidden_size", None) or v.hidden_size
         return tower + d + merged * merged + merged + merged * out + out  # norm + 2 linears
     if family.connector == "pixel_shuffle":
-        return tower + d * config.scale_factor ** 2 * text_hidden  # one linear, no bias
+        return tower + d * config.scale_factor**2 * text_hidden  # one linear, no bias
     return tower + _llava_projector(d, text_hidden)
 
 
@@ -163,8 +166,15 @@ def _check_precision(precision: str) -> None:
 def _need(params: ParamCount, precision: str, context: int, kv_per_token_16bit: int) -> MemoryNeed:
     elem = 4 if precision == "float32" else 2  # the vision tower and the KV cache stay 16-bit when quantized
     per_token = kv_per_token_16bit * elem // 2
-    return MemoryNeed(params, precision, context, int(params.language * BYTES_PER_PARAM[precision]),
-                      params.vision * elem, per_token, per_token * context)
+    return MemoryNeed(
+        params,
+        precision,
+        context,
+        int(params.language * BYTES_PER_PARAM[precision]),
+        params.vision * elem,
+        per_token,
+        per_token * context,
+    )
 
 
 def memory_need(config: dict, precision: str = "bfloat16", context: int = 4096) -> MemoryNeed:
@@ -179,8 +189,9 @@ def catalog_need(entry, precision: str = "bfloat16", context: int = 4096) -> Mem
     if entry.vision_params is None or entry.kv_bytes_per_token is None:
         raise ValueError(f"the catalog holds no sizes for {entry.repo_id}")
     total = entry.total_params
-    return _need(ParamCount(total - entry.vision_params, entry.vision_params), precision, context,
-                 entry.kv_bytes_per_token)
+    return _need(
+        ParamCount(total - entry.vision_params, entry.vision_params), precision, context, entry.kv_bytes_per_token
+    )
 
 
 def verdict(need_bytes: int, free_bytes: int) -> str:
@@ -201,8 +212,7 @@ def accelerator_possible() -> bool:
     if sys.platform == "darwin":
         return platform.machine() == "arm64"
     if sys.platform.startswith("linux"):
-        return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd",
-                                               "/dev/dxg"))
+        return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg"))
     if sys.platform == "win32":
         import ctypes.util
 
@@ -234,16 +244,18 @@ def free_device_memory() -> tuple[str, int]:
     return "cpu (RAM)", int(psutil.virtual_memory().available)
 
 
-def estimate_fit(config: dict, precision: str = "bfloat16", context: int = 4096,
-                 device: tuple[str, int] | None = None) -> Fit:
+def estimate_fit(
+    config: dict, precision: str = "bfloat16", context: int = 4096, device: tuple[str, int] | None = None
+) -> Fit:
     """The whole answer for one model; `device` = (name, free bytes) to skip the probe."""
     need = memory_need(config, precision, context)
     name, free = device or free_device_memory()
     return Fit(need, name, free, verdict(need.total_bytes, free))
 
 
-def estimate_fit_from_catalog(entry, precision: str = "bfloat16", context: int = 4096,
-                              device: tuple[str, int] | None = None) -> Fit:
+def estimate_fit_from_catalog(
+    entry, precision: str = "bfloat16", context: int = 4096, device: tuple[str, int] | None = None
+) -> Fit:
     """estimate_fit from a catalog entry's numbers (see catalog_need), said to be an estimate."""
     need = catalog_need(entry, precision, context)
     name, free = device or free_device_memory()

@@ -3,6 +3,7 @@
 Paths and the endpoint are read from the environment at call time (huggingface_hub reads them
 once at import), so HF_HUB_CACHE / HF_HOME / HF_ENDPOINT set later are still honoured.
 """
+
 from __future__ import annotations
 
 import errno
@@ -80,16 +81,20 @@ def translate(exc: BaseException, repo_id: str, revision: str | None = None) -> 
     if isinstance(exc, LibraryError):
         return exc
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return DiskFull(f"disk full while downloading {repo_id} into {hub_cache_dir()}; free some space and "
-                        f"pull again (finished files are kept)")
+        return DiskFull(
+            f"disk full while downloading {repo_id} into {hub_cache_dir()}; free some space and "
+            f"pull again (finished files are kept)"
+        )
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return NetworkUnreachable("network unreachable: offline mode is on (HF_HUB_OFFLINE)")
     if isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError)):
         return NetworkUnreachable(f"network unreachable: cannot reach {shown_endpoint()} ({type(exc).__name__})")
     if isinstance(exc, errors.GatedRepoError) or status in (401, 403):
         what = "gated" if isinstance(exc, errors.GatedRepoError) else "private or gated"
-        return AccessDenied(f"HTTP {status}: {repo_id} is {what}; accept its terms at {url} and "
-                            f"set a Hugging Face token with access to it")
+        return AccessDenied(
+            f"HTTP {status}: {repo_id} is {what}; accept its terms at {url} and "
+            f"set a Hugging Face token with access to it"
+        )
     if isinstance(exc, errors.RevisionNotFoundError):
         return NotFound(f"HTTP {status}: revision {revision!r} not found in {url}")
     if isinstance(exc, (errors.RepositoryNotFoundError, errors.RemoteEntryNotFoundError)) or status == 404:

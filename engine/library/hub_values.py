@@ -7,6 +7,7 @@ gives it: a commit is 40 hex digits, a sha256 64, a git blob id 40; a name is re
 created (what Ollama added after CVE-2024-37032). `Digest` is what a file's bytes are verified
 against: the sha256 the Hub lists for an LFS file, the git blob id for any other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,6 +107,7 @@ def inside(root: Path, path: Path) -> Path:
 class Digest:
     """What a downloaded file's bytes must hash to: the sha256 of an LFS file, or the git blob
     id (SHA-1 of `blob <size>\\0` + bytes) of any other file. `hex` names its blob in the cache."""
+
     kind: str  # "sha256" | "git-sha1"
     hex: str
 

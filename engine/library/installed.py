@@ -1,5 +1,6 @@
 """Models already in the HF cache: list them, resolve a repo id to its snapshot folder (offline),
 delete one with the bytes it frees (huggingface_hub's cache scan/delete API)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,8 +67,11 @@ def installed_models(cache: Path | None = None) -> list[InstalledModel]:
         if snap is None:
             continue
         config = repo_check.read_json(snap / "config.json") or {}
-        out.append(InstalledModel(repo.repo_id, snap.name, snap, repo.size_on_disk, is_complete(snap),
-                                  config.get("model_type")))
+        out.append(
+            InstalledModel(
+                repo.repo_id, snap.name, snap, repo.size_on_disk, is_complete(snap), config.get("model_type")
+            )
+        )
     return out
 
 
@@ -90,8 +94,10 @@ def partial_download(text: str, cache: Path | None = None) -> str | None:
         return None
     if not repo_folder(text, cache).is_dir() or resolve_model(text, cache) is not None:
         return None
-    return (f"{text}: the download is incomplete, so there is nothing verified to load; run "
-            f"`python main.py models pull {text}` to finish it")
+    return (
+        f"{text}: the download is incomplete, so there is nothing verified to load; run "
+        f"`python main.py models pull {text}` to finish it"
+    )
 
 
 def delete_model(repo_id: str, cache: Path | None = None) -> int:
@@ -110,8 +116,9 @@ def delete_model(repo_id: str, cache: Path | None = None) -> int:
         info = scan_cache_dir(cache)
     except CacheNotFound:
         info = None
-    repo = None if info is None else next(
-        (r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"), None)
+    repo = (
+        None if info is None else next((r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"), None)
+    )
     if info is None or repo is None:
         if parts:
             return freed

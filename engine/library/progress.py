@@ -1,5 +1,6 @@
 """Download progress as plain numbers (bytes, speed, time left) for any display: a tqdm bar in
 the terminal, a progress bar in the window."""
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,13 @@ ProgressCallback = Callable[[Progress], None]
 class ProgressMeter:
     """Counts bytes and calls `callback` at most every `interval` seconds (and on `finish`)."""
 
-    def __init__(self, total: int, callback: ProgressCallback | None, interval: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        total: int,
+        callback: ProgressCallback | None,
+        interval: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.total, self.callback, self.interval, self.clock = total, callback, interval, clock
         self.done = 0
         self.resumed = 0

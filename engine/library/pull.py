@@ -11,6 +11,7 @@ hub is checked where it enters (hub_values), every path is checked to lie under 
 anything is created, and the snapshot (links, then the ref) is published only once every file
 is on disk and verified.
 """
+
 from __future__ import annotations
 
 import json
@@ -104,15 +105,21 @@ def fetch_json(repo_id: str, filename: str, commit: str, token: str | None, size
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    too_large = TooLarge(f"{repo_id}: {filename} is larger than the {JSON_MAX_BYTES >> 20} MiB Parley reads to "
-                         f"check a model; refused")
+    too_large = TooLarge(
+        f"{repo_id}: {filename} is larger than the {JSON_MAX_BYTES >> 20} MiB Parley reads to check a model; refused"
+    )
     if size is not None and size > JSON_MAX_BYTES:
         raise too_large
     url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint())
     body = bytearray()
     try:
-        with get_session().stream("GET", url, headers=build_hf_headers(token=token or False), follow_redirects=True,
-                                  timeout=httpx2.Timeout(META_TIMEOUT_S, connect=META_CONNECT_TIMEOUT_S)) as r:
+        with get_session().stream(
+            "GET",
+            url,
+            headers=build_hf_headers(token=token or False),
+            follow_redirects=True,
+            timeout=httpx2.Timeout(META_TIMEOUT_S, connect=META_CONNECT_TIMEOUT_S),
+        ) as r:
             hf_raise_for_status(r)
             for chunk in r.iter_bytes():
                 body += chunk
@@ -133,8 +140,9 @@ def plan_pull(repo_id: str, revision: str = "main", token: str | None = None) ->
     """Ask the Hub what the model consists of and whether Parley can load it (small requests only)."""
     revision = hub_values.revision(revision)
     try:
-        info = _api().model_info(repo_id, revision=revision, files_metadata=True, token=token or False,
-                                 timeout=META_TIMEOUT_S)
+        info = _api().model_info(
+            repo_id, revision=revision, files_metadata=True, token=token or False, timeout=META_TIMEOUT_S
+        )
     except Exception as exc:
         raise translate(exc, repo_id, revision) from None
     commit = hub_values.commit_id(info.sha)
@@ -152,8 +160,7 @@ def plan_pull(repo_id: str, revision: str = "main", token: str | None = None) ->
     carrier_json = small_json(carrier) if carrier else None
     wanted = set(repo_check.needed_files(names, index))
     files = [RemoteFile.listed(s) for s in siblings if s.rfilename in wanted]
-    return PullPlan(repo_id, revision, commit, files, config,
-                    repo_check.problem(config, names, carrier_json), token)
+    return PullPlan(repo_id, revision, commit, files, config, repo_check.problem(config, names, carrier_json), token)
 
 
 def bytes_to_fetch(plan: PullPlan, cache: Path) -> int:
@@ -217,8 +224,12 @@ def _file_lock(path: Path, meter: ProgressMeter):
         lock.release()
 
 
-def pull(plan: PullPlan, on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
-         cache: Path | None = None) -> Path:
+def pull(
+    plan: PullPlan,
+    on_progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    cache: Path | None = None,
+) -> Path:
     """Fetch every planned file; returns the snapshot folder, published once all are present and verified."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
@@ -229,14 +240,21 @@ def pull(plan: PullPlan, on_progress: ProgressCallback | None = None, cancel: th
     blobs, snapshot = repo_dir / "blobs", repo_dir / "snapshots" / plan.commit
     locks = cache / ".locks" / repo_dir.name
     # every path this pull may create, checked before it creates any
-    for path in (blobs, snapshot, locks, repo_dir / "refs" / plan.revision,
-                 *(p for f in plan.files for p in (blobs / f.blob, snapshot / f.name, locks / (f.blob + ".lock")))):
+    for path in (
+        blobs,
+        snapshot,
+        locks,
+        repo_dir / "refs" / plan.revision,
+        *(p for f in plan.files for p in (blobs / f.blob, snapshot / f.name, locks / (f.blob + ".lock"))),
+    ):
         inside(cache, path)
     need = bytes_to_fetch(plan, cache)
     free = free_bytes(cache)
     if need + SPACE_MARGIN > free:
-        raise NoSpace(f"not enough disk space in {cache}: {plan.repo_id} needs {need / 1e9:.2f} GB more "
-                      f"(+{SPACE_MARGIN >> 20} MiB margin), {free / 1e9:.2f} GB free")
+        raise NoSpace(
+            f"not enough disk space in {cache}: {plan.repo_id} needs {need / 1e9:.2f} GB more "
+            f"(+{SPACE_MARGIN >> 20} MiB margin), {free / 1e9:.2f} GB free"
+        )
     blobs.mkdir(parents=True, exist_ok=True)
     locks.mkdir(parents=True, exist_ok=True)
     meter = ProgressMeter(plan.total_bytes, on_progress)

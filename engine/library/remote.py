@@ -1,5 +1,6 @@
 """A model's config.json for the fit estimate: from the installed snapshot when there is one,
 else fetched from the Hub into memory (remembered for this process; it is small)."""
+
 from __future__ import annotations
 
 from functools import lru_cache

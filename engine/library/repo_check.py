@@ -2,6 +2,7 @@
 
 Both answers come from the repo's file list and a few small JSON files, never the weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,22 @@ from fnmatch import fnmatch
 from ..model.families import unsupported
 
 # Top-level files a VLM needs: weights, configs, tokenizer, processor, chat template.
-NEEDED = ("*.safetensors", "*.safetensors.index.json", "*.json", "*.jinja", "tokenizer.model", "*.txt",
-          "*.tiktoken")
+NEEDED = ("*.safetensors", "*.safetensors.index.json", "*.json", "*.jinja", "tokenizer.model", "*.txt", "*.tiktoken")
 # Other weight formats and exports are never fetched: Parley loads safetensors only.
-NOT_NEEDED = ("*.bin", "*.gguf", "*.pth", "*.pt", "*.h5", "*.msgpack", "*.ot", "*.onnx", "*.onnx_data",
-              "README*", "LICENSE*", "*.md")
+NOT_NEEDED = (
+    "*.bin",
+    "*.gguf",
+    "*.pth",
+    "*.pt",
+    "*.h5",
+    "*.msgpack",
+    "*.ot",
+    "*.onnx",
+    "*.onnx_data",
+    "README*",
+    "LICENSE*",
+    "*.md",
+)
 INDEX = "model.safetensors.index.json"
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 TEMPLATE_CARRIERS = ("processor_config.json", "tokenizer_config.json")
@@ -23,8 +35,11 @@ TEMPLATE_CARRIERS = ("processor_config.json", "tokenizer_config.json")
 def needed_files(names: list[str], index: dict | None = None) -> list[str]:
     """The files to fetch. Sub-folders (onnx/, other variants) are skipped; with a shard index only
     the shards it names are fetched (some repos also ship a consolidated copy of the weights)."""
-    picked = [n for n in names if "/" not in n and any(fnmatch(n, p) for p in NEEDED)
-              and not any(fnmatch(n, p) for p in NOT_NEEDED)]
+    picked = [
+        n
+        for n in names
+        if "/" not in n and any(fnmatch(n, p) for p in NEEDED) and not any(fnmatch(n, p) for p in NOT_NEEDED)
+    ]
     if index is not None:
         shards = set((index.get("weight_map") or {}).values())
         picked = [n for n in picked if not n.endswith(".safetensors") or n in shards]

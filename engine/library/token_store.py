@@ -1,5 +1,6 @@
 """The Hugging Face token for gated/private repos: the OS keyring when one works, else the file
 huggingface_hub itself uses (HF_HOME/token, shared with `hf auth login`)."""
+
 from __future__ import annotations
 
 import os

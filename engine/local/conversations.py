@@ -1,5 +1,6 @@
 """The engine's hot conversations: lookup, which ones to free first, and which session a
 stateless client (the API) continues."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -29,8 +30,7 @@ class Conversations(dict):
 
     def idle_hot(self, active: str | None) -> list[Session]:
         """Conversations holding KV, least recently used first, never the active one."""
-        return sorted((s for c, s in self.items() if c != active and s.cache is not None),
-                      key=lambda s: s.last_used)
+        return sorted((s for c, s in self.items() if c != active and s.cache is not None), key=lambda s: s.last_used)
 
     def kv_bytes(self) -> int:
         return sum(s.kv_bytes() for s in self.values())

@@ -7,6 +7,7 @@ Importing this module, making an Engine and starting it cost no torch import in 
 thread: the torch-backed modules are imported by the owner thread when it starts (seconds), so
 a window can show before they are loaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -134,9 +135,9 @@ class Engine(EngineWorker):
         self.loaded: LoadedModel | None = None
         self.gate: PictureGate | None = None
         self.spill_scheduler: SpillScheduler | None = None
-        self.memory: MemoryManager | None = None      # make-room, spill timers, releasing sessions
-        self.pipeline: TurnPipeline | None = None     # one turn, from pictures to stats
-        self.board: ChatMemoryBoard | None = None     # where each conversation's KV is, told to listeners
+        self.memory: MemoryManager | None = None  # make-room, spill timers, releasing sessions
+        self.pipeline: TurnPipeline | None = None  # one turn, from pictures to stats
+        self.board: ChatMemoryBoard | None = None  # where each conversation's KV is, told to listeners
         self.open_cid: str | None = None  # the chat open in the window (also before a model is loaded)
         self.sessions = Conversations()
 
@@ -286,8 +287,15 @@ class Engine(EngineWorker):
         try:
             # the old model goes before the new one loads: two models never share the device
             self._release_model()
-            loaded = load_model(path, self.settings.device, self.settings.dtype, self.settings.weights,
-                                self.settings.memory_budget_bytes, self.settings.elastic, speed_dir=self.data_dir)
+            loaded = load_model(
+                path,
+                self.settings.device,
+                self.settings.dtype,
+                self.settings.weights,
+                self.settings.memory_budget_bytes,
+                self.settings.elastic,
+                speed_dir=self.data_dir,
+            )
         except ModelLoadError as exc:
             self._emit(ModelFailed(path, str(exc)))
             return
@@ -298,14 +306,21 @@ class Engine(EngineWorker):
         self.loaded = loaded
         emit = self.events.emit  # the parts emit events; none of them holds the engine
         # rates measured on this machine: per model (and its weights and dtype) and device
-        rates = RateBook(self.data_dir / RATES_FILE, hashlib.blake2b(loaded.fingerprint, digest_size=16).hexdigest(),
-                         str(loaded.device))
+        rates = RateBook(
+            self.data_dir / RATES_FILE,
+            hashlib.blake2b(loaded.fingerprint, digest_size=16).hexdigest(),
+            str(loaded.device),
+        )
         self.spill_scheduler = SpillScheduler(loaded, self.settings, self.data_dir, emit, rates)
         if self.spill_scheduler.refusal:
             self._emit(Notice("warning", "Conversations will not be spilled to disk: " + self.spill_scheduler.refusal))
         elif self.spill_scheduler.error:
-            self._emit(Notice("warning", f"The KV store is unavailable ({self.spill_scheduler.error}); "
-                                         "idle conversations stay in memory."))
+            self._emit(
+                Notice(
+                    "warning",
+                    f"The KV store is unavailable ({self.spill_scheduler.error}); idle conversations stay in memory.",
+                )
+            )
         self.gate = PictureGate(loaded, self.settings, self.data_dir / "image-cache", emit=emit)
         self.memory = MemoryManager(loaded, self.sessions, self.spill_scheduler, self.gate, self.settings, emit, rates)
         self.pipeline = TurnPipeline(loaded, self.gate, self.sessions, self.spill_scheduler, self.memory, rates)
@@ -318,12 +333,25 @@ class Engine(EngineWorker):
             self._emit(Notice("warning", note))
         if loaded.weights_note:  # `auto` weights chose the fastest or a smaller format: say which and why
             self._emit(Notice("info", loaded.weights_note))
-        self._emit(ModelReady(str(loaded.path), loaded.family.name, str(loaded.device),
-                              str(loaded.dtype).replace("torch.", ""), loaded.name,
-                              context_tokens=loaded.context_tokens, page_tokens=page_tokens(loaded)))
+        self._emit(
+            ModelReady(
+                str(loaded.path),
+                loaded.family.name,
+                str(loaded.device),
+                str(loaded.dtype).replace("torch.", ""),
+                loaded.name,
+                context_tokens=loaded.context_tokens,
+                page_tokens=page_tokens(loaded),
+            )
+        )
         if self.gate.disk_error and self.gate.disk_error != "disabled":
-            self._emit(Notice("warning", f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
-                                         "pictures are cached in memory only."))
+            self._emit(
+                Notice(
+                    "warning",
+                    f"The picture cache on disk is unavailable ({self.gate.disk_error}); "
+                    "pictures are cached in memory only.",
+                )
+            )
         if self.gate.elastic_refused:
             self._emit(Notice("warning", "The vision encoder stays loaded: " + self.gate.elastic_refused))
         # elastic: the encoder's memory is only taken while pictures need encoding

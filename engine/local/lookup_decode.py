@@ -7,6 +7,7 @@ keeps exactly the draft tokens that match its own argmax and the first token whe
 so the reply is by construction the greedy one. When nothing repeats there is no draft and a
 step costs one ordinary decode pass.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -19,9 +20,9 @@ PICTURE = -1  # picture positions never match text (the same placeholder id repe
 
 @dataclass
 class DraftStats:
-    drafted: int = 0   # draft tokens sent for verification
+    drafted: int = 0  # draft tokens sent for verification
     accepted: int = 0  # of those, kept (equal to the greedy choice)
-    passes: int = 0    # verification passes that carried a draft
+    passes: int = 0  # verification passes that carried a draft
 
     @property
     def acceptance(self) -> float:
@@ -35,14 +36,21 @@ class NgramDrafter:
     occurrence; an n-gram ending at the current end is registered only when the next token is
     appended, so a lookup never finds the suffix itself."""
 
-    def __init__(self, ids: list[int], max_ngram: int = 3, max_draft: int = 10,
-                 eos: set[int] | frozenset[int] = frozenset(), min_ngram: int = 2, max_rest: int = 64):
+    def __init__(
+        self,
+        ids: list[int],
+        max_ngram: int = 3,
+        max_draft: int = 10,
+        eos: set[int] | frozenset[int] = frozenset(),
+        min_ngram: int = 2,
+        max_rest: int = 64,
+    ):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram  # a single repeated token predicts little: a verify pass wasted
         self.max_draft = max_draft
         self.eos = eos
         self.draft_len = 4  # adapts: grows while drafts are taken whole, shrinks when cut
-        self.rest = 0       # steps to skip drafting after drafts were refused outright
+        self.rest = 0  # steps to skip drafting after drafts were refused outright
         self._backoff = 0
         self.max_rest = max_rest
         self.seq: list[int] = []
@@ -55,13 +63,13 @@ class NgramDrafter:
         """A drafter over a sequence whose picture positions never match text."""
         seq = list(ids)
         for p in pictures:
-            seq[p.start:p.end] = [PICTURE] * (p.end - p.start)
+            seq[p.start : p.end] = [PICTURE] * (p.end - p.start)
         return cls(seq, **kwargs)
 
     def append(self, tok: int) -> None:
         seq, end = self.seq, len(self.seq)
         for n in range(1, min(self.max_ngram, end) + 1):
-            gram = tuple(seq[end - n:end])
+            gram = tuple(seq[end - n : end])
             if PICTURE not in gram:
                 self.follow[gram] = end
         seq.append(tok)
@@ -82,7 +90,7 @@ class NgramDrafter:
             if start is None:
                 continue
             out = []
-            for t in seq[start:start + k]:
+            for t in seq[start : start + k]:
                 if t == PICTURE or t in self.eos:
                     break
                 out.append(t)

@@ -5,6 +5,7 @@ The engine owns one per loaded model and calls it between requests; the turn pip
 which conversation is running, so that one is never spilled or released under its turn, and asks
 it to make room before the encoder loads. It calls only downwards (the spill scheduler, the gate).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ def idle_tick_s(settings, busy: bool = False) -> float:
     return min(1.0, max(0.05, settings.elastic_idle_s / 4), max(0.05, settings.spill_idle_s / 4))
 
 
-def memory_report(loaded, sessions: Conversations, gate=None,
-                  spill_scheduler: SpillScheduler | None = None) -> MemoryReport:
+def memory_report(
+    loaded, sessions: Conversations, gate=None, spill_scheduler: SpillScheduler | None = None
+) -> MemoryReport:
     extra = {}
     state, left = EncoderStatus.RESIDENT, None
     counters = {}
@@ -50,8 +52,16 @@ def memory_report(loaded, sessions: Conversations, gate=None,
 
 
 class MemoryManager:
-    def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, gate: PictureGate,
-                 settings, emit: Callable, rates: RateBook):
+    def __init__(
+        self,
+        loaded,
+        sessions: Conversations,
+        spill_scheduler: SpillScheduler,
+        gate: PictureGate,
+        settings,
+        emit: Callable,
+        rates: RateBook,
+    ):
         self.loaded = loaded
         self.sessions = sessions
         self.spill_scheduler = spill_scheduler

@@ -11,6 +11,7 @@ stats.
 Runs on the engine's owner thread; the engine owns one per loaded model and handles the queue,
 stop requests and failures around it.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,15 @@ from .spill_scheduler import CommittedSpill, SpillScheduler
 
 
 class TurnPipeline:
-    def __init__(self, loaded, gate: PictureGate, sessions: Conversations, spill_scheduler: SpillScheduler,
-                 memory: MemoryManager, rates: RateBook):
+    def __init__(
+        self,
+        loaded,
+        gate: PictureGate,
+        sessions: Conversations,
+        spill_scheduler: SpillScheduler,
+        memory: MemoryManager,
+        rates: RateBook,
+    ):
         self.loaded = loaded
         self.rates = rates
         self.gate = gate
@@ -72,8 +80,15 @@ class TurnPipeline:
             self.gate.ensure_features(todo, gstats)
             tid = turn.turn_id
             before_run_s = time.perf_counter() - t_start
-            result = run_turn(self.loaded, session, prompt, sampling, settings,
-                              on_text=lambda text, tok: emit(Token(tid, cid, text, tok)), should_stop=should_stop)
+            result = run_turn(
+                self.loaded,
+                session,
+                prompt,
+                sampling,
+                settings,
+                on_text=lambda text, tok: emit(Token(tid, cid, text, tok)),
+                should_stop=should_stop,
+            )
         finally:
             self.memory.turn_ended()
         session.touch()
@@ -114,21 +129,36 @@ class TurnPipeline:
 
     @staticmethod
     def _too_long(prompt: Prompt, refs, limit: int) -> str:
-        line = (f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of "
-                f"{limit} tokens.")
-        mine = prompt.picture_chunks[len(prompt.picture_chunks) - len(refs):] if refs else ()
+        line = f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of {limit} tokens."
+        mine = prompt.picture_chunks[len(prompt.picture_chunks) - len(refs) :] if refs else ()
         taken = sum(c.end - c.start for c in mine)
-        choice = fit(list(range(len(refs))), -(-taken // max(1, len(refs))), limit,
-                     len(prompt.ids) - taken + 1, what="pictures", share=1.0)
+        choice = fit(
+            list(range(len(refs))),
+            -(-taken // max(1, len(refs))),
+            limit,
+            len(prompt.ids) - taken + 1,
+            what="pictures",
+            share=1.0,
+        )
         if not refs or not choice.left_out:
             return line + " Start a new conversation (or send fewer pictures)."
         left = [refs[i].label for i in choice.left_out]
         named = left[0] if len(left) == 1 else f"{left[0]} … {left[-1]}"
-        return (line + f" Only the first {len(choice.kept)} of this message's {len(refs)} pictures fit "
-                f"(about {taken // len(refs)} tokens each); left out: {named}. Send fewer pages or frames.")
+        return (
+            line + f" Only the first {len(choice.kept)} of this message's {len(refs)} pictures fit "
+            f"(about {taken // len(refs)} tokens each); left out: {named}. Send fewer pages or frames."
+        )
 
-    def _stats(self, result: TurnResult, restored: int, restore_s: float, restore_ahead_s: float,
-               before_run_s: float, gstats: GateTurnStats, spilled: CommittedSpill) -> LocalTurnStats:
+    def _stats(
+        self,
+        result: TurnResult,
+        restored: int,
+        restore_s: float,
+        restore_ahead_s: float,
+        before_run_s: float,
+        gstats: GateTurnStats,
+        spilled: CommittedSpill,
+    ) -> LocalTurnStats:
         n_gen = len(result.token_ids)
         return LocalTurnStats(
             prompt_tokens=result.prompt_tokens,

@@ -4,6 +4,7 @@ The expansion text comes from the processor's own per-picture step (stored with 
 and the whole expanded text is tokenized once exactly as the processor would, so the ids equal
 a fresh `processor(text=..., images=...)` while a cached picture needs no decode.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ..vision.entry import PictureEntry
 @dataclass(frozen=True)
 class TextChunk:
     """Text tokens of the prompt: the template, the messages, the markers around pictures."""
+
     start: int  # position of its first token in the prompt
     ids: tuple[int, ...]
 
@@ -33,6 +35,7 @@ class PictureChunk:
     """One picture's tokens: its feature tokens and the layout markers between them, which go into
     the model together. The entry (from the gate, whatever the picture came from: a file, a
     document's page, a video's frame or a clip of frames) carries its key, token count and features."""
+
     span: PictureSpan  # where it sits in the prompt, and its key (a video clip: one span)
     entry: PictureEntry
     ids: tuple[int, ...]
@@ -63,6 +66,7 @@ Chunk = TextChunk | PictureChunk
 class Prompt:
     """A turn's prompt as an ordered list of chunks (text, picture, text, ...), like llama.cpp's
     mtmd_tokenize output, with the positions the model runs it at."""
+
     chunks: tuple[Chunk, ...]
     positions: torch.Tensor | None = None  # None: plain 0..L-1; Qwen2-VL family: 3-D positions
     rope_delta: int = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
@@ -96,7 +100,7 @@ class Prompt:
             if rows is None:  # the vision gate encodes every picture of the prompt before the prefill
                 raise RuntimeError(f"picture at tokens {c.start}-{c.end} reached the prefill without its features")
             if c.start < a:
-                held = sum(1 for t in c.ids[:a - c.start] if t == c.token_id)
+                held = sum(1 for t in c.ids[: a - c.start] if t == c.token_id)
                 rows = rows.reshape(-1, rows.shape[-1])[held:]
             out.setdefault(c.entry.modality, []).append(rows)
         return out
@@ -138,16 +142,17 @@ def build_prompt(loaded, text: str, entries: list[PictureEntry]) -> Prompt:
     processor = loaded.processor
     token_ids = {"image": loaded.image_token_id, "video": _video_token_id(loaded)}
     by_kind = {k: [e for e in entries if e.modality == k] for k in token_ids}
-    n_placeholders = text.count(processor.image_token) + (
-        text.count(processor.video_token) if by_kind["video"] else 0)
+    n_placeholders = text.count(processor.image_token) + (text.count(processor.video_token) if by_kind["video"] else 0)
     if n_placeholders != len(entries):
         raise ValueError(
             f"the chat template produced {n_placeholders} picture placeholders for {len(entries)} pictures"
         )
     if entries:
         texts, _ = processor.get_text_with_replacements(
-            [text], images_replacements=[e.replacement for e in by_kind["image"]],
-            videos_replacements=[e.replacement for e in by_kind["video"]])
+            [text],
+            images_replacements=[e.replacement for e in by_kind["image"]],
+            videos_replacements=[e.replacement for e in by_kind["video"]],
+        )
         text = texts[0]
     ids = list(processor.tokenizer(text, **loaded.merged_kwargs["text_kwargs"])["input_ids"])
     if ids and isinstance(ids[0], list):  # some tokenizers return a batch for one string
@@ -158,7 +163,7 @@ def build_prompt(loaded, text: str, entries: list[PictureEntry]) -> Prompt:
     done = 0
     for e in entries:
         at = cursor[e.modality]
-        span = positions[e.modality][at: at + e.n_tokens]
+        span = positions[e.modality][at : at + e.n_tokens]
         if len(span) != e.n_tokens:
             raise ValueError("picture tokens in the prompt do not match the pictures' token counts")
         cursor[e.modality] += e.n_tokens
@@ -196,8 +201,8 @@ def _positions(loaded, prompt: Prompt) -> tuple[torch.Tensor | None, int]:
     grids: dict[str, list] = {"image": [], "video": []}
     seconds = []
     for c in prompt.picture_chunks:
-        seg = ids[0, c.start:c.end] == c.token_id
-        types[0, c.start:c.end] = seg.to(torch.int32) * (2 if c.entry.modality == "video" else 1)
+        seg = ids[0, c.start : c.end] == c.token_id
+        types[0, c.start : c.end] = seg.to(torch.int32) * (2 if c.entry.modality == "video" else 1)
         grids[c.entry.modality].append(c.entry.grid_thw)
         if c.entry.modality == "video" and c.entry.second_per_grid is not None:
             seconds.append(c.entry.second_per_grid)

@@ -8,6 +8,7 @@ prefill weighs more than a short one (whose fixed costs would otherwise skew the
 change of machine or disk shows within a few measurements. The file is the engine's own
 (data folder); a damaged or hostile one is ignored and rebuilt.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ MiB = 1 << 20
 
 @dataclass
 class RunningRate:
-    amount: float = 0.0   # decayed sum of MiB (restore) or tokens (prefill)
+    amount: float = 0.0  # decayed sum of MiB (restore) or tokens (prefill)
     seconds: float = 0.0  # decayed sum of the seconds they took
 
     def add(self, amount: float, seconds: float) -> None:
@@ -42,8 +43,11 @@ class RunningRate:
 
 
 def _valid(pair) -> bool:
-    return (isinstance(pair, list) and len(pair) == 2
-            and all(isinstance(x, (int, float)) and math.isfinite(x) and 0 < x < 1e15 for x in pair))
+    return (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(isinstance(x, (int, float)) and math.isfinite(x) and 0 < x < 1e15 for x in pair)
+    )
 
 
 class RateBook:
@@ -71,8 +75,11 @@ class RateBook:
         for kind in ("restore", "prefill"):
             entries = data.get(kind)
             if isinstance(entries, dict):
-                self._file[kind] = {k: v for k, v in list(entries.items())[-MAX_ENTRIES:]
-                                    if isinstance(k, str) and len(k) < 512 and _valid(v)}
+                self._file[kind] = {
+                    k: v
+                    for k, v in list(entries.items())[-MAX_ENTRIES:]
+                    if isinstance(k, str) and len(k) < 512 and _valid(v)
+                }
 
     def _entry(self, kind: str, key: str) -> RunningRate:
         pair = self._file[kind].get(key)

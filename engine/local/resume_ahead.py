@@ -8,6 +8,7 @@ never begins a restore that memory cannot hold. The memory manager owns one and 
 its idle work; the pipeline asks it before a turn. Each call says whether where a conversation's
 KV is changed (a restore began, moved on, ended or was held back), for the engine to tell.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,9 @@ PROBE_BLOBS = 4  # read to time the disk when no restore was timed yet (one to w
 @dataclass
 class RestoredAhead:
     """A restore begun when its chat was opened, not yet used by a turn."""
+
     tokens: int
-    ahead_s: float   # spent restoring in the background, before the turn
+    ahead_s: float  # spent restoring in the background, before the turn
     waited_s: float  # the rest, which the turn finished (it came in mid-restore)
 
 
@@ -46,8 +48,7 @@ def _mib(n: int) -> str:
 
 
 class ResumeAhead:
-    def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, rates: RateBook,
-                 settings):
+    def __init__(self, loaded, sessions: Conversations, spill_scheduler: SpillScheduler, rates: RateBook, settings):
         self.loaded = loaded
         self.sessions = sessions
         self.spill_scheduler = spill_scheduler
@@ -122,8 +123,11 @@ class ResumeAhead:
         if self.rates.restore.rate is not None or store is None:
             return False
         stored = store.stored_sessions()
-        job = store.begin_session_restore(stored[0].id, self.loaded.device, self.loaded.dtype,
-                                          blobs=PROBE_BLOBS) if stored else None
+        job = (
+            store.begin_session_restore(stored[0].id, self.loaded.device, self.loaded.dtype, blobs=PROBE_BLOBS)
+            if stored
+            else None
+        )
         if job is None:
             return False
         job.step()

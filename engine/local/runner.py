@@ -5,6 +5,7 @@ features between them (engine/local/pipeline.py).
 Kept free of threads and queues: tokens and the stop check are callbacks, so the same code
 serves the window, `ask`, `replay` and the API.
 """
+
 from __future__ import annotations
 
 import time
@@ -90,20 +91,45 @@ class _Decoded:
 
 
 @torch.inference_mode()
-def run_turn(loaded, session: Session, prompt: Prompt, sampling: Sampling, settings: EngineSettings,
-             on_text: Callable[[str, int], None], should_stop: Callable[[], bool]) -> TurnResult:
+def run_turn(
+    loaded,
+    session: Session,
+    prompt: Prompt,
+    sampling: Sampling,
+    settings: EngineSettings,
+    on_text: Callable[[str, int], None],
+    should_stop: Callable[[], bool],
+) -> TurnResult:
     """Prefill what the session does not hold yet (its pictures' features are ready), then decode."""
     reuse = session.cached_tokens
     t0 = time.perf_counter()
     logits = _prefill(loaded, session, prompt, settings.prefill_chunk_tokens)
     prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    out = _decode(loaded, session, logits, sampling, prompt.positions is not None,
-                  settings.lookup_decoding and sampling.greedy, on_text, should_stop, t0)
+    out = _decode(
+        loaded,
+        session,
+        logits,
+        sampling,
+        prompt.positions is not None,
+        settings.lookup_decoding and sampling.greedy,
+        on_text,
+        should_stop,
+        t0,
+    )
     decode_s = time.perf_counter() - t1
-    return TurnResult(reply=out.text, token_ids=out.token_ids, stopped=out.stopped, prompt_tokens=len(prompt.ids),
-                      prefix_tokens=reuse, max_new_tokens=sampling.max_new_tokens, prefill_s=prefill_s,
-                      first_token_s=out.first_token_s, decode_s=decode_s, drafts=out.drafts)
+    return TurnResult(
+        reply=out.text,
+        token_ids=out.token_ids,
+        stopped=out.stopped,
+        prompt_tokens=len(prompt.ids),
+        prefix_tokens=reuse,
+        max_new_tokens=sampling.max_new_tokens,
+        prefill_s=prefill_s,
+        first_token_s=out.first_token_s,
+        decode_s=decode_s,
+        drafts=out.drafts,
+    )
 
 
 def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> torch.Tensor:
@@ -119,13 +145,16 @@ def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> tor
             # one tensor per picture, as the model's own encoder leaves it (a torch.split in the Qwen2-VL
             # family's get_image_features); the output class types the field as the single tensor
             kwargs["mm_encoder_outputs"] = {
-                kind: BaseModelOutputWithPooling(
-                    pooler_output=[f.to(device=device, dtype=loaded.dtype) for f in fs])  # type: ignore[arg-type]
-                for kind, fs in features.items()}
+                kind: BaseModelOutputWithPooling(pooler_output=[f.to(device=device, dtype=loaded.dtype) for f in fs])  # type: ignore[arg-type]
+                for kind, fs in features.items()
+            }
         try:
             out = model(
-                input_ids=torch.tensor([prompt.ids[a:b]], device=device), cache=session.cache,
-                position_ids=_suffix_positions(prompt.positions, a, b, device), use_cache=True, logits_to_keep=1,
+                input_ids=torch.tensor([prompt.ids[a:b]], device=device),
+                cache=session.cache,
+                position_ids=_suffix_positions(prompt.positions, a, b, device),
+                use_cache=True,
+                logits_to_keep=1,
                 **kwargs,
             )
         except Exception:
@@ -137,8 +166,17 @@ def _prefill(loaded, session: Session, prompt: Prompt, chunk_tokens: int) -> tor
     return out.logits[0, -1]
 
 
-def _decode(loaded, session: Session, logits: torch.Tensor, sampling: Sampling, mrope: bool, lookup: bool,
-            on_text: Callable[[str, int], None], should_stop: Callable[[], bool], t0: float) -> _Decoded:
+def _decode(
+    loaded,
+    session: Session,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    mrope: bool,
+    lookup: bool,
+    on_text: Callable[[str, int], None],
+    should_stop: Callable[[], bool],
+    t0: float,
+) -> _Decoded:
     """Sample until the reply ends, is stopped or reaches max_new_tokens; the session takes each
     token the cache was given. With `lookup` (greedy only), prompt-lookup drafts are verified in
     the same pass and kept only where they equal the greedy choice. `mrope`: 3-D positions."""
@@ -184,9 +222,11 @@ def _decode(loaded, session: Session, logits: torch.Tensor, sampling: Sampling, 
         ids = [tok] + draft
         try:
             out = model(
-                input_ids=torch.tensor([ids], device=device), cache=session.cache,
+                input_ids=torch.tensor([ids], device=device),
+                cache=session.cache,
                 position_ids=_decode_positions(index, len(ids), session.rope_delta, mrope, device),
-                use_cache=True, logits_to_keep=len(ids),
+                use_cache=True,
+                logits_to_keep=len(ids),
             )
         except Exception:
             session.drop_kv()

@@ -1,4 +1,5 @@
 """Next-token choice: greedy, or temperature + top-p with a seedable generator."""
+
 from __future__ import annotations
 
 import torch

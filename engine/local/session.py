@@ -6,6 +6,7 @@ held tokens reach into, with their whole spans: a restore of whole blocks may en
 the next turn prefills only its remaining tokens. Every change goes through a method here, each of which keeps
 the two together; the fields are read-only properties to everyone else.
 """
+
 from __future__ import annotations
 
 import time
@@ -68,8 +69,11 @@ class Session:
             return 0
         total = 0
         for layer in getattr(self._cache, "layers", []):
-            held = (layer.held() if hasattr(layer, "held")
-                    else (getattr(layer, "keys", None), getattr(layer, "values", None)))
+            held = (
+                layer.held()
+                if hasattr(layer, "held")
+                else (getattr(layer, "keys", None), getattr(layer, "values", None))
+            )
             for t in held:  # a growing layer's spare room is held memory too
                 if t is not None and hasattr(t, "numel"):
                     total += t.numel() * t.element_size()
@@ -124,7 +128,7 @@ class Session:
 
     def grow_to(self, prompt: Prompt, end: int) -> None:
         """The cache was given `prompt`'s tokens up to `end` (the session held a prefix of it)."""
-        self._ids.extend(prompt.ids[len(self._ids):end])
+        self._ids.extend(prompt.ids[len(self._ids) : end])
         self._pictures = tuple(p for p in prompt.pictures if p.start < end)
 
     def append(self, tokens: list[int]) -> None:

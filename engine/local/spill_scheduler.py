@@ -6,6 +6,7 @@ spill's copies and writes in kvstore/spill_job.py). This file decides *when* and
 a conversation is freed only after its spill is committed, a failed spill leaves it hot, and a
 spill never holds up a waiting turn for more than one unit.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,9 @@ STORE_RETRY_S = 30.0  # how often an unavailable store (disk full) is tried agai
 @dataclass
 class CommittedSpill:
     """A conversation's latest committed spill, reported with its next turn."""
+
     blocks_written: int = 0  # blocks and tail blobs written
-    blocks_reused: int = 0   # blobs already in the store (another spill or conversation wrote them)
+    blocks_reused: int = 0  # blobs already in the store (another spill or conversation wrote them)
 
 
 @dataclass
@@ -49,7 +51,7 @@ class SpillScheduler:
         self.settings = settings
         self.store: KVStore | None = None
         self.refusal = model_refusal(loaded.model.config)
-        self.error: str | None = None        # the store cannot be used at all (e.g. not a folder)
+        self.error: str | None = None  # the store cannot be used at all (e.g. not a folder)
         self.unavailable: str | None = None  # it cannot be used now (disk full): retried later
         self._retry_at = 0.0
         self._last_failure: str | None = None
@@ -64,14 +66,23 @@ class SpillScheduler:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             # cap and free-space floor: the store's own rule unless the settings name a cap
-            self.store = KVStore(str(self.root), FORMAT + self.loaded.fingerprint,
-                                 block_tokens=self.settings.block_tokens, unit_bytes=self.settings.unit_bytes,
-                                 max_bytes=self.settings.store_cap_bytes or None)
+            self.store = KVStore(
+                str(self.root),
+                FORMAT + self.loaded.fingerprint,
+                block_tokens=self.settings.block_tokens,
+                unit_bytes=self.settings.unit_bytes,
+                max_bytes=self.settings.store_cap_bytes or None,
+            )
         except StoreUnavailable as exc:
             self._retry_at = time.monotonic() + STORE_RETRY_S
             if self.unavailable is None:  # said once (the engine logs notices), not on every retry
-                self.emit(Notice("warning", f"The KV store is unavailable ({exc.reason}); idle conversations "
-                                            f"stay in memory, and it is tried again every {STORE_RETRY_S:.0f} s."))
+                self.emit(
+                    Notice(
+                        "warning",
+                        f"The KV store is unavailable ({exc.reason}); idle conversations "
+                        f"stay in memory, and it is tried again every {STORE_RETRY_S:.0f} s.",
+                    )
+                )
             self.unavailable = exc.reason
             return False
         except (KVStoreError, OSError) as exc:
@@ -114,9 +125,13 @@ class SpillScheduler:
         # what is spilled stops before it, as a stored picture span must end within its tokens
         n = cut_before(len(session.ids), session.pictures)
         try:
-            job = self.store.begin_spill(session.conversation_id, session.ids[:n],
-                                         [p for p in session.pictures if p.end <= n], session.cache,
-                                         {"rope_delta": session.rope_delta})
+            job = self.store.begin_spill(
+                session.conversation_id,
+                session.ids[:n],
+                [p for p in session.pictures if p.end <= n],
+                session.cache,
+                {"rope_delta": session.rope_delta},
+            )
         except UnsupportedCache as exc:
             self.emit(SpillState(session.conversation_id, SpillStatus.REFUSED, str(exc)))
             self.failed_at[session.conversation_id] = time.monotonic()
@@ -162,8 +177,13 @@ class SpillScheduler:
         self.last_spill[cid] = CommittedSpill(result.blocks_written + result.tail_written, result.reused_blobs)
         if r.session.version == r.version:  # nothing happened to it meanwhile: free the memory
             r.session.drop_kv()
-        self.emit(SpillState(cid, SpillStatus.SPILLED, f"{result.blocks_written + result.tail_written} written, "
-                                             f"{result.reused_blobs} reused"))
+        self.emit(
+            SpillState(
+                cid,
+                SpillStatus.SPILLED,
+                f"{result.blocks_written + result.tail_written} written, {result.reused_blobs} reused",
+            )
+        )
 
     def spill_blocking(self, session: Session) -> bool:
         """Spill one session to completion now (exit, make-room, spill-now)."""
@@ -188,9 +208,14 @@ class SpillScheduler:
             return None
         now = time.monotonic()
         idle = self.settings.spill_idle_s
-        candidates = [s for c, s in sessions.items()
-                      if c not in keep and s.cache is not None and now - s.last_used >= idle
-                      and now - self.failed_at.get(c, -1e9) >= max(idle, 30.0)]
+        candidates = [
+            s
+            for c, s in sessions.items()
+            if c not in keep
+            and s.cache is not None
+            and now - s.last_used >= idle
+            and now - self.failed_at.get(c, -1e9) >= max(idle, 30.0)
+        ]
         return min(candidates, key=lambda s: s.last_used, default=None)
 
     # ------------------------------------------------------------------ restoring
@@ -203,8 +228,15 @@ class SpillScheduler:
         try:
             # whole blocks, even where the last one ends inside a picture: the turn prefills only
             # that picture's remaining tokens (its features sliced), not the whole picture again
-            res = self.store.restore(session.conversation_id, prompt.ids, prompt.pictures, device=self.loaded.device,
-                                     dtype=self.loaded.dtype, max_tokens=len(prompt.ids) - 1, cut_pictures=False)
+            res = self.store.restore(
+                session.conversation_id,
+                prompt.ids,
+                prompt.pictures,
+                device=self.loaded.device,
+                dtype=self.loaded.dtype,
+                max_tokens=len(prompt.ids) - 1,
+                cut_pictures=False,
+            )
         except KVStoreError as exc:
             log.warning("restore failed: %s", exc)
             return 0

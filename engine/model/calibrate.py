@@ -10,6 +10,7 @@ int8 with bf16 and with fp32 activations (which a CPU runs well depends on its b
 faster of each pair is kept. A few seconds in all,
 once per machine and shape.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,6 +47,7 @@ def _float_layer(weights: list[torch.Tensor], dtype: torch.dtype, packed: bool):
             lin.weight = nn.Parameter(w.clone(), requires_grad=False)
             out.append(packed_linear.PackedLinear.of(lin) if packed else lin)
         return out
+
     return make
 
 
@@ -59,6 +61,7 @@ def _int8_layer(weights: list[torch.Tensor], dtype: torch.dtype):
 
     def make() -> list[nn.Module]:
         return [Int8Linear(frozen(q), frozen(scale), None) for q, scale in rows]
+
     return make
 
 
@@ -98,7 +101,7 @@ def _time_format(make, weights: list[torch.Tensor], dtype: torch.dtype, shape: L
     many = [torch.randn(PROMPT, w.shape[1], dtype=dtype) for w in weights]
     decode_calls = [functools.partial(m, x) for layer in copies for m, x in zip(layer, one, strict=True)]
     prompt_calls = [functools.partial(m, x) for m, x in zip(first, many, strict=True)]
-    for c in prompt_calls + decode_calls[:len(weights)]:  # first calls set kernels up
+    for c in prompt_calls + decode_calls[: len(weights)]:  # first calls set kernels up
         c()
     decode = _seconds(decode_calls) / len(copies)
     prompt = _seconds(prompt_calls)
@@ -133,14 +136,25 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[Forma
         except RuntimeError as exc:  # a dtype this CPU's kernels refuse: not a candidate here
             log.info("calibration: %s with %s activations failed: %s", fmt, dtype, exc)
             continue
-        s = FormatSpeed(fmt, DTYPE_NAMES[dtype], decode_tok_s=1 / (one * (shape.layers + head_layers)),
-                        prefill_tok_s=PROMPT / (prompt * shape.layers), packed=packed)
-        log.info("calibration %s (%s%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)", fmt, s.dtype,
-                 ", packed" if packed else "", s.decode_tok_s, s.prefill_tok_s, time.perf_counter() - t0)
+        s = FormatSpeed(
+            fmt,
+            DTYPE_NAMES[dtype],
+            decode_tok_s=1 / (one * (shape.layers + head_layers)),
+            prefill_tok_s=PROMPT / (prompt * shape.layers),
+            packed=packed,
+        )
+        log.info(
+            "calibration %s (%s%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)",
+            fmt,
+            s.dtype,
+            ", packed" if packed else "",
+            s.decode_tok_s,
+            s.prefill_tok_s,
+            time.perf_counter() - t0,
+        )
         if fmt not in best or s.turn_s() < best[fmt].turn_s():
             best[fmt] = s
     return list(best.values())
-
 
 
 def speeds_for(config: dict, data_dir) -> dict[str, FormatSpeed]:

@@ -3,6 +3,7 @@ the encoder's residency, the pre-download check, the fit estimate, the error a u
 reads this table. Torch-free, so the window and the model library can ask it without waiting
 for torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,17 +26,45 @@ class Family:
     connector: Literal["mlp2", "pixel_shuffle", "merger"] = "mlp2"  # two linears | one linear | norm + two linears
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("llava", "LLaVA", ("model.vision_tower", "model.multi_modal_projector")),
-    Family("qwen2_vl", "Qwen2-VL", ("model.visual",), mrope=True, native_video=True, vision_patch="conv3d",
-           connector="merger"),
-    Family("qwen2_5_vl", "Qwen2.5-VL", ("model.visual",), mrope=True, native_video=True, vision_patch="conv3d",
-           vision_mlp="gated", connector="merger"),
-    Family("idefics3", "Idefics3", ("model.vision_model", "model.connector"), nested_images=True,
-           connector="pixel_shuffle"),
-    Family("smolvlm", "SmolVLM", ("model.vision_model", "model.connector"), nested_images=True,
-           connector="pixel_shuffle"),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("llava", "LLaVA", ("model.vision_tower", "model.multi_modal_projector")),
+        Family(
+            "qwen2_vl",
+            "Qwen2-VL",
+            ("model.visual",),
+            mrope=True,
+            native_video=True,
+            vision_patch="conv3d",
+            connector="merger",
+        ),
+        Family(
+            "qwen2_5_vl",
+            "Qwen2.5-VL",
+            ("model.visual",),
+            mrope=True,
+            native_video=True,
+            vision_patch="conv3d",
+            vision_mlp="gated",
+            connector="merger",
+        ),
+        Family(
+            "idefics3",
+            "Idefics3",
+            ("model.vision_model", "model.connector"),
+            nested_images=True,
+            connector="pixel_shuffle",
+        ),
+        Family(
+            "smolvlm",
+            "SmolVLM",
+            ("model.vision_model", "model.connector"),
+            nested_images=True,
+            connector="pixel_shuffle",
+        ),
+    )
+}
 
 # text model types (a family's text_config) whose attention projections q, k, v carry biases
 QKV_BIAS_TEXT_TYPES = frozenset({"qwen2", "qwen2_vl_text", "qwen2_5_vl_text"})

@@ -1,5 +1,6 @@
 """Is this folder a model Parley can load? Answered from config.json and the file names alone,
 torch-free, so the window's folder check never waits for torch to import."""
+
 from __future__ import annotations
 
 import json

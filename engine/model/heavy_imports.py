@@ -9,6 +9,7 @@ through `heavy()` and waits for that import instead. The engine registers the im
 own torch-backed modules here (`import_with_torch`), so they happen under the same lock, and
 this module names nothing above it.
 """
+
 from __future__ import annotations
 
 import threading

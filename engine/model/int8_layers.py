@@ -29,6 +29,7 @@ so a decoded token and its draft agree); every fast path (KV reuse, SSD restore)
 fresh prefill of the same weights as it does for bf16. The KV store namespace names this layout
 (weights.WeightPlan.fingerprint_part), so KV written by another int8 layout is never restored.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,12 @@ def int8_gemm_exact() -> bool:
     extreme[:, ::2] = -127
     pairs = [(extreme, torch.full((256, 64), -127, dtype=torch.int8))]
     for rows, cols in ((PROMPT_ROWS, 256), (64, 1000)):
-        pairs.append((torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=g),
-                      torch.randint(-127, 128, (cols, 72), dtype=torch.int8, generator=g)))
+        pairs.append(
+            (
+                torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=g),
+                torch.randint(-127, 128, (cols, 72), dtype=torch.int8, generator=g),
+            )
+        )
     try:
         return all(torch.equal(torch._int_mm(a, b), (a.double() @ b.double()).to(torch.int32)) for a, b in pairs)
     except RuntimeError:  # no int8 GEMM in this torch build
@@ -213,7 +218,8 @@ def _rows(int8_tensor, dtype: torch.dtype) -> tuple[nn.Parameter, nn.Parameter]:
     """(int8 values, per-row scales in `dtype`) of a torchao per-row symmetric Int8Tensor."""
     rows, cols = int8_tensor.qdata.shape
     if list(int8_tensor.block_size) != [1, cols] or (
-            int8_tensor.zero_point is not None and bool(int8_tensor.zero_point.any())):
+        int8_tensor.zero_point is not None and bool(int8_tensor.zero_point.any())
+    ):
         raise ValueError(f"expected per-row symmetric int8, got block {int8_tensor.block_size}")
     return _frozen(int8_tensor.qdata), _frozen(int8_tensor.scale.reshape(rows).to(dtype))
 

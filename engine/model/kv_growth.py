@@ -9,6 +9,7 @@ GrowingLayer keeps its K/V in buffers with spare room (an eighth more, at least 
 and hands out views of the filled part: the same values, so every reader (attention, cropping,
 the KV store's spill) is unchanged, and a copy happens only when the room runs out.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,13 @@ ROOM_MIN = 32  # tokens of spare room at least, after a prefill or a regrowth
 
 def _starts(view: torch.Tensor | None, buf: torch.Tensor) -> bool:
     """`view` is the filled opening of `buf` (not replaced since: a crop keeps it so)."""
-    return (view is not None and view.dim() == buf.dim() and view.data_ptr() == buf.data_ptr()
-            and view.shape[:-2] == buf.shape[:-2] and view.stride() == buf.stride())
+    return (
+        view is not None
+        and view.dim() == buf.dim()
+        and view.data_ptr() == buf.data_ptr()
+        and view.shape[:-2] == buf.shape[:-2]
+        and view.stride() == buf.stride()
+    )
 
 
 def _buffer(states: torch.Tensor, cap: int) -> torch.Tensor:
@@ -40,8 +46,12 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         n, add = self.get_seq_length(), key_states.shape[-2]
         room = self._room
-        if (room is None or not _starts(self.keys, room[0]) or not _starts(self.values, room[1])
-                or n + add > room[0].shape[-2]):
+        if (
+            room is None
+            or not _starts(self.keys, room[0])
+            or not _starts(self.values, room[1])
+            or n + add > room[0].shape[-2]
+        ):
             cap = n + add + max(ROOM_MIN, (n + add) // 8)
             room = (_buffer(key_states, cap), _buffer(value_states, cap))
             if n:
@@ -50,9 +60,9 @@ class GrowingLayer(DynamicLayer):
                 room[0][..., :n, :] = keys
                 room[1][..., :n, :] = values
             self._room = room
-        room[0][..., n:n + add, :] = key_states
-        room[1][..., n:n + add, :] = value_states
-        self.keys, self.values = room[0][..., :n + add, :], room[1][..., :n + add, :]
+        room[0][..., n : n + add, :] = key_states
+        room[1][..., n : n + add, :] = value_states
+        self.keys, self.values = room[0][..., : n + add, :], room[1][..., : n + add, :]
         return self.keys, self.values
 
     def reset(self) -> None:

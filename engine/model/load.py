@@ -5,6 +5,7 @@ the few things that differ between families, such as which modules form the visi
 whether positions are Qwen2-VL's 3-D rope). Whether a folder can be loaded at all is answered
 torch-free by engine/model/folder_check.py; the weight format by engine/model/weights.py.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -132,8 +133,15 @@ def check_load(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     plan_weights(folder, config["model_type"], place.device, dtype, weights, 1 << 62)
 
 
-def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto", weights: str = "auto",
-               budget_bytes: int | None = None, elastic: bool = False, speed_dir: Path | None = None) -> LoadedModel:
+def load_model(
+    path: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    weights: str = "auto",
+    budget_bytes: int | None = None,
+    elastic: bool = False,
+    speed_dir: Path | None = None,
+) -> LoadedModel:
     """`speed_dir`: where this machine's measured format speeds are kept (the data folder); on a
     CPU, `auto` weights and a quantized format's compute dtype follow them (calibrate.py). Without
     it, `auto` ranks formats by their size alone."""
@@ -166,8 +174,9 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
         raise ModelLoadError(f"The processor in {folder} has no image token; it is not a vision-language model")
     try:
         with _progress_only_on_a_terminal():
-            model = AutoModelForImageTextToText.from_pretrained(folder, dtype=dt, use_safetensors=True,
-                                                                **load_kwargs(plan, family, dev))
+            model = AutoModelForImageTextToText.from_pretrained(
+                folder, dtype=dt, use_safetensors=True, **load_kwargs(plan, family, dev)
+            )
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc
     try:
@@ -177,8 +186,10 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     except RuntimeError as exc:  # e.g. an op or dtype this Mac's GPU lacks, or too little memory
         if dev.type != "mps" or plan.quantized:
             raise ModelLoadError(f"Cannot move the model to {dev}: {exc}") from exc
-        notes.append(f"The model could not be placed on the Apple GPU ({str(exc).splitlines()[0]}): "
-                     "it runs on the CPU in float32, which is slower.")
+        notes.append(
+            f"The model could not be placed on the Apple GPU ({str(exc).splitlines()[0]}): "
+            "it runs on the CPU in float32, which is slower."
+        )
         dev, dt, fmt = torch.device("cpu"), torch.float32, "fp32"
         del model
         try:
@@ -224,8 +235,19 @@ def load_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto
     name = folder.name
     log.info("loaded %s (%s) on %s as %s, weights %s", name, family, dev, dt, fmt)
     return LoadedModel(
-        path=folder, name=name, model=model, processor=processor, family=FAMILIES[config["model_type"]],
-        device=dev, dtype=dt, eos_ids=eos, image_token_id=int(image_token_id), merged_kwargs=merged,
-        fingerprint=fp.digest(), notes=tuple(notes), weights=fmt, weights_note=plan.note,
+        path=folder,
+        name=name,
+        model=model,
+        processor=processor,
+        family=FAMILIES[config["model_type"]],
+        device=dev,
+        dtype=dt,
+        eos_ids=eos,
+        image_token_id=int(image_token_id),
+        merged_kwargs=merged,
+        fingerprint=fp.digest(),
+        notes=tuple(notes),
+        weights=fmt,
+        weights_note=plan.note,
         processor_bytes=processor_bytes,
     )

@@ -22,6 +22,7 @@ and a decoded token as F.linear's was; its results differ from F.linear's in the
 64+ rows, so KV written with and without packing never mix (weights.WeightPlan.fingerprint_part
 names the layout).
 """
+
 from __future__ import annotations
 
 import torch

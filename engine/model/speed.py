@@ -8,6 +8,7 @@ A record names the compute dtype each format ran with and the tokens/s expected 
 language model from one layer's linears (attention over the context is left out: the same for
 every format).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,12 +42,19 @@ class LayerShape:
     def of(cls, text) -> LayerShape:
         """From a text config (object or dict) with the usual transformers names."""
         get: Callable[[str], Any] = (
-            (lambda k: text.get(k)) if isinstance(text, dict) else (lambda k: getattr(text, k, None)))
+            (lambda k: text.get(k)) if isinstance(text, dict) else (lambda k: getattr(text, k, None))
+        )
         h, heads = int(get("hidden_size")), int(get("num_attention_heads"))
         head_dim = int(get("head_dim") or h // heads)
         kv = int(get("num_key_value_heads") or heads)
-        return cls(h, int(get("intermediate_size")), heads * head_dim, kv * head_dim,
-                   int(get("num_hidden_layers")), int(get("vocab_size")))
+        return cls(
+            h,
+            int(get("intermediate_size")),
+            heads * head_dim,
+            kv * head_dim,
+            int(get("num_hidden_layers")),
+            int(get("vocab_size")),
+        )
 
     @classmethod
     def of_config(cls, config: dict) -> LayerShape | None:
@@ -60,8 +68,7 @@ class LayerShape:
 
     @property
     def key(self) -> str:
-        return (f"h{self.hidden}-i{self.intermediate}-q{self.q_width}-kv{self.kv_width}"
-                f"-l{self.layers}-v{self.vocab}")
+        return f"h{self.hidden}-i{self.intermediate}-q{self.q_width}-kv{self.kv_width}-l{self.layers}-v{self.vocab}"
 
     @property
     def linears(self) -> list[tuple[int, int]]:
@@ -107,8 +114,13 @@ def machine() -> dict:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "none"
-    return {"cpu": name, "flags": hashlib.blake2b(flags.encode(), digest_size=8).hexdigest(),
-            "cpus": os.cpu_count() or 1, "torch": torch_version, "version": VERSION}
+    return {
+        "cpu": name,
+        "flags": hashlib.blake2b(flags.encode(), digest_size=8).hexdigest(),
+        "cpus": os.cpu_count() or 1,
+        "torch": torch_version,
+        "version": VERSION,
+    }
 
 
 def _machine_key(m: dict) -> str:
@@ -158,13 +170,23 @@ def expected(data_dir: Path | str, config: dict) -> tuple[dict[str, FormatSpeed]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, False
     per_token = base.params / shape.params  # both decode (bytes) and prefill (multiply-adds) scale so
-    return {f: replace(s, decode_tok_s=s.decode_tok_s * per_token, prefill_tok_s=s.prefill_tok_s * per_token)
-            for f, s in measured.items()}, False
+    return {
+        f: replace(s, decode_tok_s=s.decode_tok_s * per_token, prefill_tok_s=s.prefill_tok_s * per_token)
+        for f, s in measured.items()
+    }, False
 
 
 def _speeds(rows: list[dict]) -> dict[str, FormatSpeed]:
-    return {r["format"]: FormatSpeed(str(r["format"]), str(r["dtype"]), float(r["decode_tok_s"]),
-                                     float(r["prefill_tok_s"]), bool(r.get("packed", False))) for r in rows}
+    return {
+        r["format"]: FormatSpeed(
+            str(r["format"]),
+            str(r["dtype"]),
+            float(r["decode_tok_s"]),
+            float(r["prefill_tok_s"]),
+            bool(r.get("packed", False)),
+        )
+        for r in rows
+    }
 
 
 def describe(data_dir: Path | str, config: dict) -> str:

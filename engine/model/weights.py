@@ -6,6 +6,7 @@ Only the language model is quantized. The vision tower and projector (the family
 `vision_modules`) stay in full precision, so the elastic encoder still reloads them from the
 folder's safetensors and picture features do not depend on the weight format.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -46,8 +47,7 @@ NF4_BLOCK = 64  # bitsandbytes' NF4 block size: one absmax per 64 weights
 # bitsandbytes' NF4 on a CPU decoded at 0.12x bf16 (2-core EPYC, Qwen2-VL-2B shape); torch's fused
 # int4 CPU kernel was measured too: on 2 Sapphire Rapids cores it is compute-bound, no faster per
 # token than packed bf16, so no 4-bit CPU format is offered for speed
-NF4_ON_CPU = ("Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times "
-              "slower than bf16")
+NF4_ON_CPU = "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16"
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,13 @@ def skip_modules(family: str) -> list[str]:
 
 # ------------------------------------------------------------------ size estimate (no weights read)
 
+
 def _is_vision_key(key: str, family: str) -> bool:
     bare = key.removeprefix("model.")
-    return any(bare == m.removeprefix("model.") or bare.startswith(m.removeprefix("model.") + ".")
-               for m in FAMILIES[family].vision_modules)
+    return any(
+        bare == m.removeprefix("model.") or bare.startswith(m.removeprefix("model.") + ".")
+        for m in FAMILIES[family].vision_modules
+    )
 
 
 def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype, packed: bool = False) -> int:
@@ -153,8 +156,9 @@ def _packed(fmt: str, device: torch.device, speeds: dict[str, FormatSpeed]) -> b
     return speeds[fmt].packed if fmt in speeds else fmt == "bf16"
 
 
-def _plan(fmt: str, dtype: torch.dtype, device: torch.device, speeds: dict[str, FormatSpeed],
-          note: str = "") -> WeightPlan:
+def _plan(
+    fmt: str, dtype: torch.dtype, device: torch.device, speeds: dict[str, FormatSpeed], note: str = ""
+) -> WeightPlan:
     return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds))
 
 
@@ -172,8 +176,15 @@ def fastest_first(speeds: dict[str, FormatSpeed], formats: list[str]) -> tuple[l
     return order, f"measured on this CPU: {'; '.join(_rates(speeds[f]) for f in measured)}"
 
 
-def plan_weights(folder: Path, family: str, device: torch.device, dtype_request: str, requested: str,
-                 free_bytes: int, speeds: dict[str, FormatSpeed] | None = None) -> WeightPlan:
+def plan_weights(
+    folder: Path,
+    family: str,
+    device: torch.device,
+    dtype_request: str,
+    requested: str,
+    free_bytes: int,
+    speeds: dict[str, FormatSpeed] | None = None,
+) -> WeightPlan:
     """The format to load and the compute dtype; refuses what cannot run with a ModelLoadError.
     `speeds` (calibrate.py, CPU only): how fast each format ran here; with them `auto` tries the
     full-precision formats fastest first, and a quantized format computes in the dtype it ran
@@ -184,18 +195,22 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
     if fmt in FLOAT_FORMATS:
         dtype = FLOAT_FORMATS[fmt]
         if not auto_dtype and pick_dtype(device, dtype_request) != dtype:
-            raise ModelLoadError(f"weights {fmt} and dtype {dtype_request} disagree: set dtype to auto, "
-                                 f"or choose the weights format {format_name(pick_dtype(device, dtype_request))}")
+            raise ModelLoadError(
+                f"weights {fmt} and dtype {dtype_request} disagree: set dtype to auto, "
+                f"or choose the weights format {format_name(pick_dtype(device, dtype_request))}"
+            )
         return _plan(fmt, dtype, device, speeds)
     dtype = pick_dtype(device, dtype_request)
-    quantized_dtype = {q: DTYPES_BY_NAME[speeds[q].dtype] if auto_dtype and q in speeds else dtype
-                       for q in QUANTIZED_FORMATS}
+    quantized_dtype = {
+        q: DTYPES_BY_NAME[speeds[q].dtype] if auto_dtype and q in speeds else dtype for q in QUANTIZED_FORMATS
+    }
     if fmt != "auto":
         why = refusal(fmt, device)
         if why:
             raise ModelLoadError(why)
-        return _plan(fmt, quantized_dtype[fmt], device, speeds,
-                     NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else "")
+        return _plan(
+            fmt, quantized_dtype[fmt], device, speeds, NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else ""
+        )
     full = format_name(dtype)
     # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
     # (fp16 is not: its narrow range overflows in some models)
@@ -208,14 +223,26 @@ def plan_weights(folder: Path, family: str, device: torch.device, dtype_request:
         # room for the weights plus a tenth for KV cache and activations
         if need[c] * 1.1 <= free_bytes:
             if c == fulls[0]:
-                return _plan(c, dtypes[c], device, speeds,
-                             f"Weights: {c} — fastest here ({why_fastest})" if why_fastest else "")
-            return _plan(c, dtypes[c], device, speeds, f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
-                                               f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}")
+                return _plan(
+                    c, dtypes[c], device, speeds, f"Weights: {c} — fastest here ({why_fastest})" if why_fastest else ""
+                )
+            return _plan(
+                c,
+                dtypes[c],
+                device,
+                speeds,
+                f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
+                f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}",
+            )
     smallest = min(candidates, key=lambda c: need[c])
-    return _plan(smallest, dtypes[smallest], device, speeds,
-                 f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
-                 f"free (smallest needs {_gib(need[smallest])}); loading may fail")
+    return _plan(
+        smallest,
+        dtypes[smallest],
+        device,
+        speeds,
+        f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
+        f"free (smallest needs {_gib(need[smallest])}); loading may fail",
+    )
 
 
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
@@ -226,8 +253,9 @@ def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
         from torchao.quantization import Int8WeightOnlyConfig
         from transformers import TorchAoConfig
 
-        return {"quantization_config": TorchAoConfig(Int8WeightOnlyConfig(),
-                                                     modules_to_not_convert=skip_modules(family))}
+        return {
+            "quantization_config": TorchAoConfig(Int8WeightOnlyConfig(), modules_to_not_convert=skip_modules(family))
+        }
     if plan.format == "4bit":
         from transformers import BitsAndBytesConfig
 
@@ -235,10 +263,16 @@ def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
         logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
         # bitsandbytes places weights as it quantizes them: load straight onto the device
-        return {"device_map": {"": str(device)},
-                "quantization_config": BitsAndBytesConfig(
-                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=plan.dtype,
-                    bnb_4bit_use_double_quant=True, llm_int8_skip_modules=skip_modules(family) + ["lm_head"])}
+        return {
+            "device_map": {"": str(device)},
+            "quantization_config": BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=plan.dtype,
+                bnb_4bit_use_double_quant=True,
+                llm_int8_skip_modules=skip_modules(family) + ["lm_head"],
+            ),
+        }
     return {}
 
 
@@ -287,6 +321,7 @@ def check_quantized(model, family: str, fmt: str) -> None:
     bad = [n for n in quantized if n.startswith(vision)]
     if bad:
         raise ModelLoadError(
-            f"{fmt} quantized part of the vision encoder ({bad[0]}); Parley keeps it in full precision")
+            f"{fmt} quantized part of the vision encoder ({bad[0]}); Parley keeps it in full precision"
+        )
     if not quantized:
         raise ModelLoadError(f"{fmt}: no language-model weight was quantized (module names not recognised)")

@@ -3,6 +3,7 @@ frames, each page or frame a PictureRef. Anything else, or a bad one, is one Pic
 sentence; the caller keeps its draft and nothing else is touched. Torch-free, so the window,
 `ask`, `replay` and the API take files in with the same rules.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ class AttachmentKind(Enum):
 @dataclass(frozen=True)
 class Attachment:
     """One attached file and the pictures it stands for. `document`/`video` are set for that kind."""
+
     kind: AttachmentKind
     name: str
     picture: PictureRef | None = None
@@ -44,8 +46,9 @@ class Attachment:
         """Pictures it can give: 1, the document's pages (frames depend on the sampling)."""
         return self.document.pages if self.document is not None else 1
 
-    def refs(self, pages: list[int] | None = None, dpi: int = DEFAULT_DPI,
-             sampling: FrameSampling = DEFAULT_SAMPLING) -> list[PictureRef]:
+    def refs(
+        self, pages: list[int] | None = None, dpi: int = DEFAULT_DPI, sampling: FrameSampling = DEFAULT_SAMPLING
+    ) -> list[PictureRef]:
         """The pictures to send: the chosen pages (all by default), the sampled frames, or the picture."""
         if self.document is not None:
             return list(self.document.page_refs(pages, dpi))
@@ -84,8 +87,10 @@ def attach(path: str | Path) -> Attachment:
         check(data, name)
     except PictureError as exc:
         if "is not a picture" in str(exc):
-            raise PictureError(f"{name} is not a picture, PDF or video ({PICTURE_NAMES}; PDF; "
-                               f"{', '.join(e[1:].upper() for e in VIDEO_EXTENSIONS[:4])}…)") from None
+            raise PictureError(
+                f"{name} is not a picture, PDF or video ({PICTURE_NAMES}; PDF; "
+                f"{', '.join(e[1:].upper() for e in VIDEO_EXTENSIONS[:4])}…)"
+            ) from None
         raise
     return Attachment(kind, name, picture=PictureRef(str(p), digest_of(data)))
 
@@ -95,6 +100,7 @@ class AttachChoice:
     """How attached files become pictures: which pages of a PDF (1-based ranges as typed, e.g.
     "1-3, 6"; None: all), their render dpi, how a video is sampled, and whether a PDF's own text
     goes into the message alongside its pages (far fewer tokens than a picture)."""
+
     pages: str | None = None
     dpi: int = DEFAULT_DPI
     sampling: FrameSampling = DEFAULT_SAMPLING

@@ -6,6 +6,7 @@ pixels than the model's processor uses (PixelLimit): a page is rendered at `dpi`
 the limit. A document is checked once where it comes in (`Document.of_file`): one PictureError
 sentence for an encrypted, damaged, empty or too long PDF. Torch-free.
 """
+
 from __future__ import annotations
 
 import io
@@ -52,6 +53,7 @@ def _no_pages(source) -> bool:
 @dataclass(frozen=True)
 class Document:
     """A checked PDF: where it is, its content digest and its page count."""
+
     path: str
     digest: str
     pages: int
@@ -69,8 +71,9 @@ class Document:
             raise PictureError(f"{name} was not found" if not p.exists() else f"{name} is not a file")
         size = p.stat().st_size
         if size > MAX_DOCUMENT_BYTES:
-            raise PictureError(f"{name} is too big ({size / 2**20:.0f} MB; the limit for a PDF is "
-                               f"{MAX_DOCUMENT_BYTES >> 20} MB)")
+            raise PictureError(
+                f"{name} is too big ({size / 2**20:.0f} MB; the limit for a PDF is {MAX_DOCUMENT_BYTES >> 20} MB)"
+            )
         digest = file_digest(path)
         with _PDFIUM:
             pdf = _open(path, name)
@@ -81,8 +84,10 @@ class Document:
         if n == 0:
             raise PictureError(f"{name} has no pages")
         if n > MAX_PAGES:
-            raise PictureError(f"{name} has {n} pages; Parley reads PDFs of at most {MAX_PAGES} pages "
-                               "(split it, or attach the pages you need)")
+            raise PictureError(
+                f"{name} has {n} pages; Parley reads PDFs of at most {MAX_PAGES} pages "
+                "(split it, or attach the pages you need)"
+            )
         return cls(path, digest, n)
 
     def page(self, index: int, dpi: int = DEFAULT_DPI) -> PageRef:
@@ -113,6 +118,7 @@ class Document:
 @dataclass(frozen=True)
 class PageRef(PictureRef):
     """Page `index` (0-based) of the PDF at `path`, rendered at `dpi` (within the processor's limit)."""
+
     document: str = ""  # the document's digest
     index: int = 0
     dpi: int = DEFAULT_DPI

@@ -3,6 +3,7 @@
 Torch-free, so the window checks a dropped picture with exactly the engine's rules. The model
 sees a picture the way a viewer shows it: its EXIF orientation is applied to the pixels (the
 cache key stays over the original bytes, computed elsewhere without a decode)."""
+
 from __future__ import annotations
 
 import io

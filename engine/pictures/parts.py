@@ -2,6 +2,7 @@
 picture list, a chat thumbnail's source): the stored file's name and a fragment,
 `<name>#p=<page>@<dpi>` for a page (0-based) and `<name>#t=<seconds>@<fps>/<max frames>` for a
 frame. A plain picture's name has no fragment. Parsing validates every part. Torch-free."""
+
 from __future__ import annotations
 
 import re

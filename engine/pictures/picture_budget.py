@@ -1,6 +1,7 @@
 """How many of a turn's pictures fit the model's context: a per-turn picture-token budget, and
 one sentence naming the pages or frames left out. Torch-free; the token count of one picture
 comes from the engine (engine/vision/pictures.py: tokens_per_picture) or a measured turn."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,15 @@ def parse_ranges(text: str, count: int) -> list[int]:
     return out
 
 
-def fit(indexes: list[int], tokens_each: int, context_tokens: int | None, used_tokens: int = 0,
-        what: str = "pages", name: str = "", share: float = DEFAULT_SHARE) -> BudgetChoice:
+def fit(
+    indexes: list[int],
+    tokens_each: int,
+    context_tokens: int | None,
+    used_tokens: int = 0,
+    what: str = "pages",
+    name: str = "",
+    share: float = DEFAULT_SHARE,
+) -> BudgetChoice:
     """Keep the first of `indexes` whose pictures fit `share` of the context the conversation
     (`used_tokens`) leaves free; say which were left out."""
     if not context_tokens or tokens_each <= 0:
@@ -61,8 +69,10 @@ def fit(indexes: list[int], tokens_each: int, context_tokens: int | None, used_t
         return BudgetChoice(kept, (), None)
     of = f" of {name}" if name else ""
     numbers = ranges_text(left) if what == "pages" else f"{len(left)}"
-    line = (f"Only {n} {what}{of} fit the model's context (about {tokens_each} tokens each); "
-            f"left out: {what} {numbers}." if what == "pages" else
-            f"Only {n} {what}{of} fit the model's context (about {tokens_each} tokens each); "
-            f"{numbers} later {what} left out.")
+    line = (
+        f"Only {n} {what}{of} fit the model's context (about {tokens_each} tokens each); left out: {what} {numbers}."
+        if what == "pages"
+        else f"Only {n} {what}{of} fit the model's context (about {tokens_each} tokens each); "
+        f"{numbers} later {what} left out."
+    )
     return BudgetChoice(kept, left, line)

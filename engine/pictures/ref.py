@@ -9,6 +9,7 @@ A page of a document (engine/pictures/document.py: PageRef) and a frame of a vid
 (engine/pictures/video.py: FrameRef) are PictureRefs too: their `digest` is derived from the
 file's digest, the page or timestamp and the render or sampling settings, so the cache finds
 them without opening the file; only `picture()` (a cache miss) reads, renders or decodes."""
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ _HEX = frozenset("0123456789abcdef")
 class PixelLimit:
     """The most of a picture the model's processor uses (engine/vision/pictures.py reads it from
     the processor): a page is rendered, a frame scaled, to no more than this. None: no limit."""
+
     max_pixels: int | None = None  # area (Qwen2-VL family)
     longest_edge: int | None = None
     shortest_edge: int | None = None  # resized so its short side is this (then cropped)
@@ -89,8 +91,7 @@ class PictureRef:
         the file no longer matches its digest."""
         data = read_bytes(self.path)
         if digest_of(data) != self.digest:
-            raise PictureError(f"The picture {self.label} changed on disk after it was attached; "
-                               "attach it again.")
+            raise PictureError(f"The picture {self.label} changed on disk after it was attached; attach it again.")
         return data
 
     def picture(self, limit: PixelLimit | None = None):

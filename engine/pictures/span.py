@@ -9,6 +9,7 @@ tokens they hold; the turn then feeds only the remaining feature rows. The same 
 from the prompt (engine/local/prompt.py) to the KV store's block keys and manifest
 (engine/kvstore/). Torch-free.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ PictureKey = NewType("PictureKey", bytes)
 class PictureSpan:
     """A picture's tokens occupy positions [start, end) of the sequence (its feature tokens and
     any layout markers between them)."""
+
     start: int
     end: int
     key: PictureKey

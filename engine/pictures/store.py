@@ -15,6 +15,7 @@ is written, and a transient write never takes the disk below `min_free_bytes`. P
 in progress will read are held (`hold()`) and never pruned; when only held ones remain, or one
 picture alone exceeds the cap, the put is refused with PictureSpaceError.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,14 @@ def extension(suffix: str) -> str:
 
 
 class PictureStore:
-    def __init__(self, folder: Path | str, max_transient_bytes: int = 2 << 30, keep_s: float = 3600.0,
-                 max_age_s: float = 7 * 86400.0, min_free_bytes: int | None = None):
+    def __init__(
+        self,
+        folder: Path | str,
+        max_transient_bytes: int = 2 << 30,
+        keep_s: float = 3600.0,
+        max_age_s: float = 7 * 86400.0,
+        min_free_bytes: int | None = None,
+    ):
         self.folder = Path(folder)
         self.marks = self.folder / ".transient"
         self.max_transient_bytes = max_transient_bytes
@@ -139,8 +146,9 @@ class PictureStore:
                     self._unmark(name)
         return name
 
-    def put(self, data: bytes, ext: str, transient: bool = False, digest: str | None = None,
-            hold: Hold | None = None) -> str:
+    def put(
+        self, data: bytes, ext: str, transient: bool = False, digest: str | None = None, hold: Hold | None = None
+    ) -> str:
         """Store `data` (once per content) and return its file name. A kept put also keeps a
         picture that was transient; a transient put never demotes a kept one. `digest`: the
         caller's own BLAKE3 hex of `data`, when it already has one. `hold`: the picture is not
@@ -228,8 +236,11 @@ class PictureStore:
         the cap and above the free-space floor; else refuse (nothing is written)."""
         cap = self.max_transient_bytes
         if need > cap:
-            raise PictureSpaceError(f"The picture is {_amount(need)}, more than the {_amount(cap)} this server "
-                                    f"keeps for pictures sent to it.", too_big=True)
+            raise PictureSpaceError(
+                f"The picture is {_amount(need)}, more than the {_amount(cap)} this server "
+                f"keeps for pictures sent to it.",
+                too_big=True,
+            )
         sizes = self._transient_sizes()
         total = sum(sizes.values())
         short = self._below_floor(need)
@@ -255,12 +266,16 @@ class PictureStore:
             self._known.pop(name[:64], None)
             self.pruned += 1
         if total + need > cap:
-            raise PictureSpaceError(f"No room for this picture now: the {_amount(cap)} kept for pictures sent to "
-                                    f"this server are all in use by turns in progress; retry in a moment.")
+            raise PictureSpaceError(
+                f"No room for this picture now: the {_amount(cap)} kept for pictures sent to "
+                f"this server are all in use by turns in progress; retry in a moment."
+            )
         if self._below_floor(need) > 0:
-            raise PictureSpaceError(f"No room for this picture: the disk holding {self.folder} has "
-                                    f"{_amount(_free(self.folder))} free, and pictures sent to this server "
-                                    f"leave at least {_amount(self.min_free_bytes)} free.")
+            raise PictureSpaceError(
+                f"No room for this picture: the disk holding {self.folder} has "
+                f"{_amount(_free(self.folder))} free, and pictures sent to this server "
+                f"leave at least {_amount(self.min_free_bytes)} free."
+            )
 
     def _below_floor(self, need: int) -> int:
         """Bytes the disk would go below the free-space floor by, with `need` more written."""

@@ -7,6 +7,7 @@ so a cached frame needs neither the file nor a decode. A video is checked once w
 (`Video.of_file`): one PictureError sentence for a file with no video stream, a codec this build
 cannot decode, or a clip longer than MAX_SECONDS. Torch-free.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,6 +28,7 @@ VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".m
 @dataclass(frozen=True)
 class FrameSampling:
     """Frames per second, and the most frames taken (spread over the clip when it is longer)."""
+
     fps: float = 1.0
     max_frames: int = 16
 
@@ -67,6 +69,7 @@ def _open(path: str, name: str):
 @dataclass(frozen=True)
 class Video:
     """A checked video: where it is, its content digest, its length and picture size."""
+
     path: str
     digest: str
     duration: float  # seconds
@@ -96,8 +99,10 @@ class Video:
             else:
                 raise PictureError(f"{name} does not say how long it is; Parley cannot sample its frames")
             if duration > MAX_SECONDS:
-                raise PictureError(f"{name} is {clock(duration)} long; Parley samples clips of at most "
-                                   f"{MAX_SECONDS // 3600} hours (cut the part you want to ask about)")
+                raise PictureError(
+                    f"{name} is {clock(duration)} long; Parley samples clips of at most "
+                    f"{MAX_SECONDS // 3600} hours (cut the part you want to ask about)"
+                )
             width, height = s.codec_context.width, s.codec_context.height
         video = cls(path, file_digest(path), duration, width, height)
         video.frame(0.0).picture()  # the first frame decodes: a codec that fails says so now
@@ -113,6 +118,7 @@ class Video:
 @dataclass(frozen=True)
 class FrameRef(PictureRef):
     """The frame shown at `time` seconds into the video at `path`, sampled with `fps`/`max_frames`."""
+
     video: str = ""  # the video's digest
     time: float = 0.0
     fps: float = 1.0
@@ -179,6 +185,7 @@ def decode_frame(path: str, t: float, label: str):
 class ClipRef(PictureRef):
     """A run of frames of one video, given to a family with native video input (Qwen2-VL,
     Qwen2.5-VL) as one video: one span in the prompt, one cache entry, keyed from its frames'."""
+
     frames: tuple[FrameRef, ...] = ()
 
     @classmethod

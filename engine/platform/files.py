@@ -15,6 +15,7 @@ What each OS gets (chosen once, at import, from sys.platform and what `os` offer
 - the lock that keeps a second process out of a folder: `filelock` (flock on POSIX, LockFileEx
   on Windows); the OS drops it when the process dies, so a crash never leaves a stale lock.
 """
+
 from __future__ import annotations
 
 import errno
@@ -54,6 +55,7 @@ def _load_move_file_ex():
         return None
     try:
         import ctypes
+
         fn = ctypes.WinDLL("kernel32", use_last_error=True).MoveFileExW
         fn.argtypes = (ctypes.c_wchar_p, ctypes.c_wchar_p, ctypes.c_uint32)
         fn.restype = ctypes.c_int
@@ -70,6 +72,7 @@ def _load_sync_file_range():
     try:
         import ctypes
         import ctypes.util
+
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         fn = libc.sync_file_range
         fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -88,10 +91,17 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 def capabilities() -> dict[str, bool | str]:
     """What this process's platform layer uses (diagnostics and tests)."""
-    return {"system": SYSTEM, "pread": _pread is not None, "pwrite": _pwrite is not None,
-            "preadv": _preadv is not None, "fdatasync": _fdatasync is not None,
-            "full_fsync": _F_FULLFSYNC is not None, "dir_fsync": SYSTEM != "win32",
-            "write_through_rename": _move_file_ex is not None, "fcntl": _fcntl is not None}
+    return {
+        "system": SYSTEM,
+        "pread": _pread is not None,
+        "pwrite": _pwrite is not None,
+        "preadv": _preadv is not None,
+        "fdatasync": _fdatasync is not None,
+        "full_fsync": _F_FULLFSYNC is not None,
+        "dir_fsync": SYSTEM != "win32",
+        "write_through_rename": _move_file_ex is not None,
+        "fcntl": _fcntl is not None,
+    }
 
 
 def sqlite_durable(db) -> None:
@@ -103,6 +113,7 @@ def sqlite_durable(db) -> None:
 
 
 # ---------------------------------------------------------------- opening and positional I/O
+
 
 def open_read(path: str | os.PathLike) -> int:
     return os.open(path, os.O_RDONLY | _O_BINARY | _O_CLOEXEC)
@@ -191,6 +202,7 @@ def read_into(fd: int, views: list[memoryview], offset: int = 0) -> int:
 
 # ---------------------------------------------------------------- durability
 
+
 def sync_file(fd: int) -> None:
     """The file's bytes (and the size needed to read them back) reach stable storage."""
     if _F_FULLFSYNC is not None and _fcntl is not None:  # set only where fcntl is
@@ -229,6 +241,7 @@ def sync_dir(path: str | os.PathLike) -> bool:
 def _last_windows_error() -> OSError:
     """This thread's last Windows error (after a failed MoveFileExW) as an OSError."""
     import ctypes
+
     if sys.platform != "win32":  # _move_file_ex is only ever loaded there (ctypes.WinDLL)
         raise RuntimeError("a Windows error asked for off Windows")
     return ctypes.WinError(ctypes.get_last_error())
@@ -238,8 +251,7 @@ def publish(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = Tr
     """Atomically put `tmp` in `final`'s place (replacing it). Windows: written through to disk
     when `durable`; elsewhere the caller syncs the directory (`sync_dir`)."""
     if durable and _move_file_ex is not None:
-        if not _move_file_ex(os.fspath(tmp), os.fspath(final),
-                             _MOVEFILE_REPLACE_EXISTING | _MOVEFILE_WRITE_THROUGH):
+        if not _move_file_ex(os.fspath(tmp), os.fspath(final), _MOVEFILE_REPLACE_EXISTING | _MOVEFILE_WRITE_THROUGH):
             raise _last_windows_error()
         return
     os.replace(tmp, final)
@@ -251,6 +263,7 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 # ---------------------------------------------------------------- the atomic write
+
 
 def is_temp_name(name: str) -> bool:
     """A file AtomicFile left behind (a crash between create and publish)."""
@@ -321,8 +334,9 @@ class AtomicFile:
             self.discard()
 
 
-def atomic_write(dest: str | os.PathLike, data: bytes | bytearray | memoryview | BinaryIO | Iterable[bytes],
-                 durable: bool = True) -> None:
+def atomic_write(
+    dest: str | os.PathLike, data: bytes | bytearray | memoryview | BinaryIO | Iterable[bytes], durable: bool = True
+) -> None:
     """Write `data` (bytes, a binary file object, or an iterable of chunks) to `dest` atomically
     and, when `durable`, so that both the bytes and the name survive a power cut."""
     folder = os.path.dirname(os.path.abspath(dest))
@@ -341,6 +355,7 @@ def atomic_write(dest: str | os.PathLike, data: bytes | bytearray | memoryview |
 
 
 # ---------------------------------------------------------------- the folder lock
+
 
 class FolderBusy(OSError):
     """Another process holds the folder's lock."""
@@ -365,6 +380,7 @@ class FolderLock:
 
 
 # ---------------------------------------------------------------- process limits
+
 
 def raise_open_file_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit (a server holds one per

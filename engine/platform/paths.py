@@ -1,5 +1,6 @@
 """Where Parley keeps its state when no --data-dir is given, and how its folders and files are
 made private: conversations and pictures are the user's alone (folders 0700, files 0600)."""
+
 from __future__ import annotations
 
 import os

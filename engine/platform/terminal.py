@@ -6,6 +6,7 @@ clear the screen or write the clipboard (OSC 52); printed as-is they act. Each c
 except newline and tab is shown as a visible \\xNN escape instead (a lone carriage return too: it
 could overwrite the line); nothing is dropped, so a person still sees that something was there.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """Blocking helpers over an engine's events (either engine: EngineLike), for headless commands
 and tests."""
+
 from __future__ import annotations
 
 import threading

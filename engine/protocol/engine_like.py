@@ -3,6 +3,7 @@ may call on an engine. The built-in `Engine` (engine/local/engine.py) and `Remot
 (engine/remote/engine.py) both satisfy it (tests/test_engine_protocol.py checks their
 signatures); both build on `EngineWorker` (engine/protocol/worker.py). Turns go in, events come
 out through listeners, on the engine's own thread."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

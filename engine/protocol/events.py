@@ -2,6 +2,7 @@
 
 The UI and the headless commands only ever see these; nothing here touches torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ STATELESS_PREFIX = "api:"
 
 # ---------------------------------------------------------------- requests
 
+
 @dataclass
 class Message:
     role: str  # "system" | "user" | "assistant"
@@ -24,8 +26,10 @@ class Message:
     def __post_init__(self):
         for p in self.images:  # a bare path here would make the engine hash it every turn
             if not isinstance(p, PictureRef):
-                raise TypeError(f"Message.images holds PictureRef, not {type(p).__name__} "
-                                "(hash a typed path once with PictureRef.of_file)")
+                raise TypeError(
+                    f"Message.images holds PictureRef, not {type(p).__name__} "
+                    "(hash a typed path once with PictureRef.of_file)"
+                )
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Turn:
 
 
 # ---------------------------------------------------------------- events
+
 
 @dataclass
 class Event:
@@ -125,6 +130,7 @@ class SpillStatus(StrEnum):
 @dataclass
 class StoreCounters:
     """The SSD KV store's counters (engine/kvstore/index.py), shown by the Memory dock."""
+
     spills: int = 0
     spill_failures: int = 0
     blocks_written: int = 0
@@ -147,6 +153,7 @@ class StoreCounters:
 @dataclass
 class MemoryReport(Event):
     """Exact bytes per component, for the Memory dock."""
+
     device: str
     device_name: str
     total_bytes: int
@@ -176,6 +183,7 @@ class SpillState(Event):
 @dataclass
 class Notice(Event):
     """A warning the user should see (cache not writable, disk full, ...)."""
+
     level: str  # info | warning | error
     message: str
 
@@ -183,6 +191,7 @@ class Notice(Event):
 @dataclass
 class ServerReport(Event):
     """The memory dock's view of a remote engine: the server owns memory and caches there."""
+
     server: str  # scheme://host:port
     model: str
     state: str  # connecting | ready | failed
@@ -196,12 +205,14 @@ class ServerReport(Event):
 
 # ---------------------------------------------------------------- where each chat's memory is
 
+
 class KVPlace(StrEnum):
     """Where a conversation's KV cache is, as the sidebar marks it."""
-    HOT = "hot"                # in memory: its next turn starts at once
-    SPILLING = "spilling"      # being written to the SSD store; still in memory meanwhile
-    ON_SSD = "on_ssd"          # in the SSD store only: read back before (or at) its next turn
-    RESTORING = "restoring"    # being read back from the SSD store
+
+    HOT = "hot"  # in memory: its next turn starts at once
+    SPILLING = "spilling"  # being written to the SSD store; still in memory meanwhile
+    ON_SSD = "on_ssd"  # in the SSD store only: read back before (or at) its next turn
+    RESTORING = "restoring"  # being read back from the SSD store
     NOT_CACHED = "not_cached"  # nowhere: its next turn re-reads (prefills) the whole conversation
 
 
@@ -209,6 +220,7 @@ class KVPlace(StrEnum):
 class MeasuredRates:
     """Running averages measured on this machine (kept across restarts in the data folder);
     None until the first measurement."""
+
     restore_mib_s: float | None = None  # KV read back from the SSD store, verified, in memory
     prefill_tok_s: float | None = None  # prompt tokens the loaded model reads per second
 
@@ -223,8 +235,8 @@ class MeasuredRates:
 class ChatMemory:
     conversation_id: str
     place: KVPlace
-    tokens: int = 0     # tokens its KV holds (in memory, or in the store when on the SSD)
-    kv_bytes: int = 0   # bytes of that KV (in memory, or on the SSD)
+    tokens: int = 0  # tokens its KV holds (in memory, or in the store when on the SSD)
+    kv_bytes: int = 0  # bytes of that KV (in memory, or on the SSD)
     resume_s: float | None = None  # on the SSD: estimated restore time at the measured rate
     reread_s: float | None = None  # estimated time to re-read the same tokens (measured prefill rate)
     restored_tokens: int = 0  # restoring: tokens read back so far
@@ -235,6 +247,7 @@ class ChatMemory:
 class ChatMemoryReport(Event):
     """Every conversation whose KV is somewhere (memory or the SSD store of the loaded model); a
     conversation not listed has none (not cached). Sent whenever one of them changes place."""
+
     chats: list[ChatMemory]
     rates: MeasuredRates = field(default_factory=MeasuredRates)
 
@@ -247,8 +260,9 @@ class ChatMemoryReport(Event):
 
 class PicturePlace(StrEnum):
     """Where a picture's encoded features are."""
-    RAM = "ram"                # cached in memory: no encoder, no file read
-    DISK = "disk"              # cached on disk: no encoder
+
+    RAM = "ram"  # cached in memory: no encoder, no file read
+    DISK = "disk"  # cached on disk: no encoder
     NOT_CACHED = "not_cached"  # the vision encoder will read it on its next turn
 
 

@@ -1,4 +1,5 @@
 """Engine settings: one dataclass, filled from the UI's settings or a replay script."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace

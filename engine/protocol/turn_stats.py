@@ -4,6 +4,7 @@ TurnStats is what every engine reports; the local engine (LocalTurnStats) and a 
 (RemoteTurnStats) each add what only they know. The engine fills each field once, when the turn
 ends. as_dict() is the JSON form headless replay prints, one key per field.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -13,11 +14,12 @@ from typing import Any
 @dataclass
 class TurnStats:
     """A turn stopped before it began reports this, all zero."""
-    prompt_tokens: int = 0      # the whole prompt the model saw, the cached opening included
-    generated_tokens: int = 0   # reply tokens
+
+    prompt_tokens: int = 0  # the whole prompt the model saw, the cached opening included
+    generated_tokens: int = 0  # reply tokens
     first_token_s: float = 0.0  # turn start -> first reply token: restore, encode and prefill, or the server's wait
-    decode_s: float = 0.0       # first reply token -> last
-    tokens_per_s: float = 0.0   # reply decode speed
+    decode_s: float = 0.0  # first reply token -> last
+    tokens_per_s: float = 0.0  # reply decode speed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,16 +62,16 @@ class LocalTurnStats(TurnStats):
 @dataclass(kw_only=True)
 class RemoteTurnStats(TurnStats):
     engine: str = "remote"
-    server: str      # the server's base URL
-    model: str       # the model name the server was asked for
+    server: str  # the server's base URL
+    model: str  # the model name the server was asked for
     cached_tokens: int  # prompt tokens the server said it had cached (0 when it did not say)
-    usage_reported: bool   # the server sent token usage (else generated_tokens counts text pieces)
+    usage_reported: bool  # the server sent token usage (else generated_tokens counts text pieces)
     cached_reported: bool  # it said how many prompt tokens were cached
-    ttft_s: float    # request sent -> first reply text
-    total_s: float   # request sent -> reply over
+    ttft_s: float  # request sent -> first reply text
+    total_s: float  # request sent -> reply over
     finish_reason: str
     streamed: bool
-    queue_s: float   # submit -> request sent: waiting for the worker thread and turns ahead
+    queue_s: float  # submit -> request sent: waiting for the worker thread and turns ahead
     # what another Parley's picture gate did for this turn (its usage "parley" numbers)
     server_gate: dict[str, float] = field(default_factory=dict)
 

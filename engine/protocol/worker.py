@@ -8,6 +8,7 @@ imported during a load once called sys.exit) fails alone, as ModelFailed or Turn
 loop goes on (`_dispatch`). If the thread ends all the same, its top (`_run`) answers the
 request it was handling and every queued one, and every later request is answered at once
 (`dead` says why), so no caller (load_blocking, the window's "Loading…") waits forever."""
+
 from __future__ import annotations
 
 import itertools
@@ -56,6 +57,7 @@ class Listeners:
 
 
 # ------------------------------------------------------------ requests both engines take
+
 
 @dataclass(frozen=True)
 class Request:

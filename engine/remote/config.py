@@ -1,4 +1,5 @@
 """Where a remote engine talks to: the server's base URL, its API key, the model name."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,8 +64,10 @@ class RemoteConfig:
         return cls(normalize_base_url(url), (model or "").strip(), (api_key or "").strip(), **kw)
 
     def __repr__(self) -> str:  # logs and tracebacks show this: no key, no user:password@
-        return (f"RemoteConfig(base_url={self.shown_url!r}, model={self.model!r}, stream={self.stream}, "
-                f"timeout_s={self.timeout_s})")
+        return (
+            f"RemoteConfig(base_url={self.shown_url!r}, model={self.model!r}, stream={self.stream}, "
+            f"timeout_s={self.timeout_s})"
+        )
 
     @property
     def server(self) -> str:

@@ -5,6 +5,7 @@ events (TurnStarted, Token, TurnDone, TurnFailed, ModelLoading/Ready/Failed), so
 and the headless commands use either one. One worker thread sends the turns in order; the
 server owns the model, its memory and its caches (prefix caching is the server's image gate).
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,12 +64,14 @@ def list_models(cfg: RemoteConfig, client: openai.OpenAI | None = None) -> list[
         names = [m.id for m in page.data if isinstance(getattr(m, "id", None), str)]
     except openai.APIError as exc:
         if isinstance(exc, openai.APIStatusError) and exc.status_code == 404:
-            raise ServerError(f"The server at {cfg.server} is not an OpenAI-compatible API "
-                              f"(no {cfg.shown_url}/models).") from None
+            raise ServerError(
+                f"The server at {cfg.server} is not an OpenAI-compatible API (no {cfg.shown_url}/models)."
+            ) from None
         raise ServerError(describe(exc, cfg)) from None
     except (AttributeError, TypeError, ValueError):
-        raise ServerError(f"The server at {cfg.server} is not an OpenAI-compatible API "
-                          f"(its /v1/models answer is not a model list).") from None
+        raise ServerError(
+            f"The server at {cfg.server} is not an OpenAI-compatible API (its /v1/models answer is not a model list)."
+        ) from None
     finally:
         if own:
             client.close()
@@ -78,8 +81,9 @@ def list_models(cfg: RemoteConfig, client: openai.OpenAI | None = None) -> list[
 class RemoteEngine(EngineWorker):
     thread_name = "parley-remote"
 
-    def __init__(self, config: RemoteConfig, settings: EngineSettings | None = None,
-                 data_dir: str | Path | None = None):
+    def __init__(
+        self, config: RemoteConfig, settings: EngineSettings | None = None, data_dir: str | Path | None = None
+    ):
         super().__init__()
         self.config = config
         # kept so Settings can still edit the built-in engine's values while a server is in use
@@ -196,8 +200,9 @@ class RemoteEngine(EngineWorker):
         from .request import TurnRequest  # openai: see make_client
 
         tid = turn.turn_id
-        request = TurnRequest(self._client, self.config, model, turn, self._emit,
-                              lambda: self._should_stop(tid), queued_at=queued_at)
+        request = TurnRequest(
+            self._client, self.config, model, turn, self._emit, lambda: self._should_stop(tid), queued_at=queued_at
+        )
         with self._request_lock:
             self._request = request
         try:
@@ -219,7 +224,11 @@ class RemoteEngine(EngineWorker):
         prompt = stats.prompt_tokens
         cached = stats.cached_tokens if stats.cached_reported else None  # unknown is not 0%
         self._set_report(
-            ttft_s=stats.ttft_s, tokens_per_s=stats.tokens_per_s,
+            ttft_s=stats.ttft_s,
+            tokens_per_s=stats.tokens_per_s,
             cached_share=(cached / prompt) if (cached is not None and prompt) else None,
-            prompt_tokens=prompt, turns=self._report.turns + 1, last_error="", state="ready",
+            prompt_tokens=prompt,
+            turns=self._report.turns + 1,
+            last_error="",
+            state="ready",
         )

@@ -1,4 +1,5 @@
 """Every way a request to a server can fail, as one sentence a person can act on."""
+
 from __future__ import annotations
 
 import socket
@@ -46,8 +47,7 @@ def connection_failure(exc: BaseException, cfg: RemoteConfig) -> str:
         if isinstance(e, ssl.SSLCertVerificationError):
             return f"TLS error with {where}: its certificate is not trusted ({e.verify_message or e.reason})."
         if isinstance(e, ssl.SSLError):
-            return (f"TLS error with {where} ({e.reason or e}); check http:// versus https:// "
-                    f"in the server address.")
+            return f"TLS error with {where} ({e.reason or e}); check http:// versus https:// in the server address."
         if isinstance(e, ConnectionRefusedError):
             return f"Cannot reach the server at {where}: connection refused (is the server running on that port?)."
     for e in _chain(exc):
@@ -65,8 +65,10 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", mod
     where = cfg.server
     if isinstance(exc, openai.APITimeoutError):
         if during == "stream":
-            return (f"The server at {where} stopped sending mid-reply (nothing for {cfg.timeout_s:.0f} s); "
-                    "the partial reply is kept.")
+            return (
+                f"The server at {where} stopped sending mid-reply (nothing for {cfg.timeout_s:.0f} s); "
+                "the partial reply is kept."
+            )
         return f"The server at {where} did not answer within {cfg.timeout_s:.0f} s."
     if isinstance(exc, openai.APIConnectionError):
         if during == "stream":
@@ -77,8 +79,10 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", mod
         said = _server_message(exc)
         tail = f": {said.rstrip('.')}" if said else ""
         if not _is_api_body(exc) and code in (404, 405, 501):
-            return (f"The server at {where} is not an OpenAI-compatible API (HTTP {code} to "
-                    f"POST {cfg.shown_url}/chat/completions).")
+            return (
+                f"The server at {where} is not an OpenAI-compatible API (HTTP {code} to "
+                f"POST {cfg.shown_url}/chat/completions)."
+            )
         if code == 401:
             return f"The server at {where} refused the API key (401){tail}. Check the key in Settings."
         if code == 403:
@@ -86,8 +90,9 @@ def describe(exc: BaseException, cfg: RemoteConfig, during: str = "request", mod
         if code == 404:
             return f"The server at {where} has no model named {model or cfg.model!r} (404){tail}."
         if code == 413:
-            return (f"The server at {where} refused the request as too large (413){tail}. "
-                    "Send fewer or smaller pictures.")
+            return (
+                f"The server at {where} refused the request as too large (413){tail}. Send fewer or smaller pictures."
+            )
         if code == 429:
             return f"The server at {where} is busy (429){tail}. Try again in a moment."
         if 400 <= code < 500:

@@ -2,6 +2,7 @@
 every OpenAI client sends it), pictures inline as data: URLs of their original file bytes (no
 decode or re-encode, so a server that keys its picture cache by content finds a re-sent one); a
 PDF's page or a video's frame as a PNG of it (rendered once, then kept with the others)."""
+
 from __future__ import annotations
 
 import base64

@@ -7,6 +7,7 @@ never answers or drips bytes; the whole request has a deadline (`RemoteConfig.to
 more than max_tokens + MARGIN_PIECES pieces of text, nor more than `_byte_limit` bytes, are
 read. Whatever text arrived is kept. Usage is optional: counts that are not counts are ignored.
 """
+
 from __future__ import annotations
 
 import queue
@@ -35,6 +36,7 @@ BYTES_PER_PIECE = 4096
 @dataclass
 class Outcome:
     """A turn that finished (stopped early included); one that failed raises TurnFailure instead."""
+
     reply: str
     stats: RemoteTurnStats
     stopped: bool = False
@@ -119,8 +121,16 @@ def _bound(response, limit: int) -> None:
 
 
 class TurnRequest:
-    def __init__(self, client: openai.OpenAI, cfg: RemoteConfig, model: str, turn: Turn,
-                 emit: Callable, should_stop: Callable[[], bool], queued_at: float | None = None):
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        cfg: RemoteConfig,
+        model: str,
+        turn: Turn,
+        emit: Callable,
+        should_stop: Callable[[], bool],
+        queued_at: float | None = None,
+    ):
         self.client, self.cfg, self.model, self.turn = client, cfg, model, turn
         self.queued_at = queued_at  # perf_counter when submit() queued the turn
         self.emit, self.should_stop = emit, should_stop
@@ -163,7 +173,8 @@ class TurnRequest:
         stream = self.cfg.stream
         if stream:
             request = lambda: self.client.chat.completions.create(  # noqa: E731
-                stream=True, stream_options={"include_usage": True}, **params)
+                stream=True, stream_options={"include_usage": True}, **params
+            )
         else:
             request = lambda: self.client.chat.completions.create(stream=False, **params)  # noqa: E731
         reader = _Reader(request, stream, (max_tokens + MARGIN_PIECES) * BYTES_PER_PIECE + (1 << 20), self._items)
@@ -178,8 +189,10 @@ class TurnRequest:
                 try:
                     kind, item = self._items.get(timeout=max(0.0, deadline - time.perf_counter()))
                 except queue.Empty:
-                    return (f"The server at {self.cfg.server} did not finish its reply within {total_s:.0f} s"
-                            f"{self._kept()}."), False
+                    return (
+                        f"The server at {self.cfg.server} did not finish its reply within {total_s:.0f} s"
+                        f"{self._kept()}."
+                    ), False
                 if kind == "stop":
                     return "", True
                 if kind == "error":
@@ -193,14 +206,18 @@ class TurnRequest:
                     self._chunk(item)
                 except (AttributeError, TypeError, ValueError):  # a chunk of another shape
                     if self.parts:
-                        return (f"The server at {self.cfg.server} sent something that is not a chat-completion "
-                                f"chunk mid-reply{self._kept()}."), False
+                        return (
+                            f"The server at {self.cfg.server} sent something that is not a chat-completion "
+                            f"chunk mid-reply{self._kept()}."
+                        ), False
                     return _not_an_api(self.cfg, "its stream holds no chat-completion chunks"), False
                 if self.should_stop():
                     return "", True
                 if self.pieces >= max_tokens + MARGIN_PIECES and self.finish is None:
-                    return (f"The server at {self.cfg.server} kept sending past max_tokens ({max_tokens}); "
-                            f"Parley stopped reading{self._kept()}."), False
+                    return (
+                        f"The server at {self.cfg.server} kept sending past max_tokens ({max_tokens}); "
+                        f"Parley stopped reading{self._kept()}."
+                    ), False
         finally:
             reader.give_up()
         if chunks == 0:
@@ -213,8 +230,10 @@ class TurnRequest:
 
     def _failed(self, exc: BaseException) -> str:
         if isinstance(exc, _TooMuch):
-            return (f"The server at {self.cfg.server} sent more than a reply of max_tokens can hold; Parley "
-                    f"stopped reading{self._kept()}.")
+            return (
+                f"The server at {self.cfg.server} sent more than a reply of max_tokens can hold; Parley "
+                f"stopped reading{self._kept()}."
+            )
         if isinstance(exc, (AttributeError, TypeError, ValueError)):
             if self.parts:
                 return f"The server at {self.cfg.server} sent an unreadable stream mid-reply{self._kept()}."
@@ -249,8 +268,10 @@ class TurnRequest:
         if not isinstance(text, str):
             return _not_an_api(self.cfg, "its reply's content is not text")
         if len(text) > (self.turn.sampling.max_new_tokens + MARGIN_PIECES) * BYTES_PER_PIECE:
-            return (f"The server at {self.cfg.server} sent more than a reply of max_tokens can hold; Parley "
-                    f"did not keep it.")
+            return (
+                f"The server at {self.cfg.server} sent more than a reply of max_tokens can hold; Parley "
+                f"did not keep it."
+            )
         if text:
             self._text(text)
         return ""
@@ -283,8 +304,11 @@ class TurnRequest:
             finish_reason=self.finish or "",
             streamed=self.cfg.stream,
             queue_s=round(self.t0 - self.queued_at, 6) if self.queued_at is not None else 0.0,
-            server_gate={k: v for k, v in extra.items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(k, str)},
+            server_gate={
+                k: v
+                for k, v in extra.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(k, str)
+            },
         )
 
 

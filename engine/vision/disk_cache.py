@@ -3,6 +3,7 @@
 diskcache gives a size-capped store with its own eviction. Each value carries a BLAKE3 of its
 payload, so a damaged entry reads as a miss (and is deleted), never as wrong features.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,15 +39,21 @@ def unpack(key: PictureKey, blob: bytes) -> PictureEntry | None:
         return None
     try:
         header_len = int.from_bytes(payload[:8], "little")
-        meta = json.loads(json.loads(payload[8:8 + header_len])["__metadata__"]["meta"])
+        meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["meta"])
         features = st_load(payload)["features"]
     except Exception:
         return None
     if features.dim() != 2 or features.shape[0] != meta["n_tokens"]:
         return None
-    return PictureEntry(key=key, replacement=meta["replacement"], n_tokens=meta["n_tokens"],
-                        grid_thw=meta.get("grid_thw"), features=features, modality=meta.get("modality", "image"),
-                        second_per_grid=meta.get("second_per_grid"))
+    return PictureEntry(
+        key=key,
+        replacement=meta["replacement"],
+        n_tokens=meta["n_tokens"],
+        grid_thw=meta.get("grid_thw"),
+        features=features,
+        modality=meta.get("modality", "image"),
+        second_per_grid=meta.get("second_per_grid"),
+    )
 
 
 class DiskImageCache:

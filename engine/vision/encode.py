@@ -1,4 +1,5 @@
 """Running the vision encoder + projector on one picture."""
+
 from __future__ import annotations
 
 import inspect

@@ -1,4 +1,5 @@
 """What a picture costs to know: its content key and its cache entry."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,13 @@ class PictureEntry:
         return 0 if self.features is None else self.features.numel() * self.features.element_size()
 
     def meta(self) -> dict:
-        return {"replacement": self.replacement, "n_tokens": self.n_tokens, "grid_thw": self.grid_thw,
-                "modality": self.modality, "second_per_grid": self.second_per_grid}
+        return {
+            "replacement": self.replacement,
+            "n_tokens": self.n_tokens,
+            "grid_thw": self.grid_thw,
+            "modality": self.modality,
+            "second_per_grid": self.second_per_grid,
+        }
 
 
 def encoder_identity(loaded) -> bytes:

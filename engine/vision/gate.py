@@ -7,6 +7,7 @@ loads the encoder or restarts its idle clock. An all-hit turn never touches the 
 Before `ensure_features`, the turn asks `load_bytes` what loading the encoder would take and makes
 room for it itself (engine/local/pipeline.py): the gate calls nothing outside this room but `emit`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,7 @@ class GateTurnStats:
 
 
 class PictureGate:
-    def __init__(self, loaded, settings, cache_dir: Path | None = None,
-                 emit: Callable[[Event], None] | None = None):
+    def __init__(self, loaded, settings, cache_dir: Path | None = None, emit: Callable[[Event], None] | None = None):
         self.loaded = loaded
         self.identity = encoder_identity(loaded)
         self.video_identity = video_identity(loaded, self.identity)
@@ -144,8 +144,11 @@ class PictureGate:
     def warm_for(self, refs) -> bool:
         """A picture of a message being written is not cached and the encoder is away: loading it
         now, while the person types, takes that wait out of the turn."""
-        return (self.residency.state == EncoderStatus.UNLOADED and self.elastic_refused is None
-                and any(self.place_of(r) == PicturePlace.NOT_CACHED for r in self.as_model_takes(refs)))
+        return (
+            self.residency.state == EncoderStatus.UNLOADED
+            and self.elastic_refused is None
+            and any(self.place_of(r) == PicturePlace.NOT_CACHED for r in self.as_model_takes(refs))
+        )
 
     def encoder_load_bytes(self) -> int:
         """Device bytes loading the encoder takes now (0 when it is resident)."""
@@ -218,13 +221,16 @@ class PictureGate:
     def stats_counters(self) -> dict:
         r = self.residency
         out = dict(self.counters)
-        out.update({
-            "encoder_loads": r.loads, "encoder_unloads": r.unloads,
-            "image_cache_evictions": self.ram.evictions,
-            "image_cache_ram_entries": len(self.ram),
-            "image_cache_disk_entries": len(self.disk) if self.disk is not None else 0,
-            "image_cache_damaged": self.disk.damaged if self.disk is not None else 0,
-        })
+        out.update(
+            {
+                "encoder_loads": r.loads,
+                "encoder_unloads": r.unloads,
+                "image_cache_evictions": self.ram.evictions,
+                "image_cache_ram_entries": len(self.ram),
+                "image_cache_disk_entries": len(self.disk) if self.disk is not None else 0,
+                "image_cache_damaged": self.disk.damaged if self.disk is not None else 0,
+            }
+        )
         return out
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
 """A picture's first trip to the model: decode and the processor's per-picture step."""
+
 from __future__ import annotations
 
 from ..pictures.document import DEFAULT_DPI
@@ -60,17 +61,26 @@ def prepare_clip(loaded, key: PictureKey, clip) -> PictureEntry:
     kwargs = dict(loaded.merged_kwargs.get("videos_kwargs", {}))
     # cap_pixels_per_frame: the per-frame pixel cap of the reference implementation (qwen-vl-utils),
     # which transformers 5.24 asks callers to choose (it warns on every clip otherwise)
-    kwargs.update(return_tensors="pt", do_sample_frames=False, cap_pixels_per_frame=True,
-                  video_metadata=[{"fps": clip.fps, "total_num_frames": n, "frames_indices": list(range(n))}])
+    kwargs.update(
+        return_tensors="pt",
+        do_sample_frames=False,
+        cap_pixels_per_frame=True,
+        video_metadata=[{"fps": clip.fps, "total_num_frames": n, "frames_indices": list(range(n))}],
+    )
     processed, replacements = loaded.processor._process_videos([frames], **kwargs)
     processed = dict(processed)
     seconds = processed.pop("second_per_grid_ts", None)
     processed.pop("video_metadata", None)
     grid = [int(x) for x in processed["video_grid_thw"][0].tolist()]
-    return PictureEntry(key=key, replacement=replacements[0],
-                        n_tokens=replacements[0].count(loaded.processor.video_token), grid_thw=grid,
-                        encoder_inputs=processed, modality="video",
-                        second_per_grid=float(seconds[0]) if seconds is not None else None)
+    return PictureEntry(
+        key=key,
+        replacement=replacements[0],
+        n_tokens=replacements[0].count(loaded.processor.video_token),
+        grid_thw=grid,
+        encoder_inputs=processed,
+        modality="video",
+        second_per_grid=float(seconds[0]) if seconds is not None else None,
+    )
 
 
 def prepare_entry(loaded, key: PictureKey, ref: PictureRef) -> PictureEntry:
@@ -83,6 +93,9 @@ def prepare_entry(loaded, key: PictureKey, ref: PictureRef) -> PictureEntry:
     grid = processed.get("image_grid_thw")
     grid_thw = [int(x) for x in grid[0].tolist()] if grid is not None else None
     return PictureEntry(
-        key=key, replacement=replacement, n_tokens=replacement.count(loaded.processor.image_token),
-        grid_thw=grid_thw, encoder_inputs=processed,
+        key=key,
+        replacement=replacement,
+        n_tokens=replacement.count(loaded.processor.image_token),
+        grid_thw=grid_thw,
+        encoder_inputs=processed,
     )

@@ -1,4 +1,5 @@
 """RAM tier of the image cache: least-recently-used by entries and bytes."""
+
 from __future__ import annotations
 
 import threading

@@ -6,6 +6,7 @@ some models read `self.device` from their first parameter, which is often the vi
 small buffers such as position ids stay, because many are not in the checkpoint. On CUDA the cache
 allocator is emptied so the memory really goes back to the device.
 """
+
 from __future__ import annotations
 
 import json

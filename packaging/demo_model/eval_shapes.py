@@ -10,6 +10,7 @@ conversation are given (as the app re-sends them); the reply to the last user me
     .venv/bin/python packaging/demo_model/eval_shapes.py --set grid      # the first model's 96x96 3x3-grid world
     .venv/bin/python packaging/demo_model/eval_shapes.py --n 30 --show 3 # quicker, print some failures
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,13 @@ def conversation(rng: random.Random, qtype: str, picture_set: str) -> sd.Convers
     if picture_set == "world":
         return sd.eval_conversation(rng, qtype)
     if qtype == "two_shapes":  # two shapes in one picture, one asked by the other's name
-        return sd.eval_conversation(rng, rng.choice(["colour", "shape"]), lambda r: shapes_drawn.drawn_scene(r, 2),
-                                    shapes_drawn.draw)
+        return sd.eval_conversation(
+            rng, rng.choice(["colour", "shape"]), lambda r: shapes_drawn.drawn_scene(r, 2), shapes_drawn.draw
+        )
     if qtype in ("where", "side"):  # "Where is the red circle?", "What shape is on the left?" of 2-3 shapes
-        return sd.eval_conversation(rng, qtype, lambda r: shapes_drawn.drawn_scene(r, r.choice([2, 3])),
-                                    shapes_drawn.draw)
+        return sd.eval_conversation(
+            rng, qtype, lambda r: shapes_drawn.drawn_scene(r, r.choice([2, 3])), shapes_drawn.draw
+        )
     return sd.eval_conversation(rng, qtype, shapes_drawn.drawn_scene, shapes_drawn.draw, shapes_drawn.drawn_unknown)
 
 
@@ -53,8 +56,11 @@ def names_another_place(got: str, want: str, scene) -> bool:
     """A wrong "where" answer naming the place of another shape in the picture: it read the wrong
     shape (issue 27: 26 of the shipped weights' 34 wrong answers on the drawn set), not a wrong place."""
     places = [p for p in POSITIONS if got.endswith(f" {p}.")]
-    return bool(places) and not want.endswith(f" {places[0]}.") and any(
-        POSITIONS[o.cell] == places[0] for o in scene.objects)
+    return (
+        bool(places)
+        and not want.endswith(f" {places[0]}.")
+        and any(POSITIONS[o.cell] == places[0] for o in scene.objects)
+    )
 
 
 def load(model_dir: Path | str):
@@ -71,9 +77,10 @@ def reply(processor, model, messages: list[dict], images: list, max_new_tokens: 
     """What the app does for one turn: render, tokenize, greedy-decode to EOS."""
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=text, images=images or None, return_tensors="pt")
-    out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
-                         eos_token_id=model.generation_config.eos_token_id)
-    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    out = model.generate(
+        **inputs, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=model.generation_config.eos_token_id
+    )
+    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 def main(argv=None) -> None:
@@ -82,9 +89,13 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=100, help="conversations per question type")
     ap.add_argument("--seed", type=int, default=EVAL_SEED)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--set", dest="picture_set", choices=["world", "drawn", "grid"], default="world",
-                    help="world: the training renderer (held-out scenes); drawn: another generator; "
-                         "grid: the first model's world")
+    ap.add_argument(
+        "--set",
+        dest="picture_set",
+        choices=["world", "drawn", "grid"],
+        default="world",
+        help="world: the training renderer (held-out scenes); drawn: another generator; grid: the first model's world",
+    )
     ap.add_argument("--types", nargs="*", default=None, help="default: all of the set's types")
     ap.add_argument("--show", type=int, default=2, help="failures to print per type")
     args = ap.parse_args(argv)
@@ -92,8 +103,11 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     processor, model = load(args.model)
     if args.types is None:
-        args.types = {"drawn": DRAWN_TYPES, "world": sd.EVAL_TYPES,  # the grid world has no photos
-                      "grid": [t for t in sd.EVAL_TYPES if t != "unknown"]}[args.picture_set]
+        args.types = {
+            "drawn": DRAWN_TYPES,
+            "world": sd.EVAL_TYPES,  # the grid world has no photos
+            "grid": [t for t in sd.EVAL_TYPES if t != "unknown"],
+        }[args.picture_set]
     t0 = time.time()
     results = {}
     for qtype in args.types:

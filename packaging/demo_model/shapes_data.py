@@ -23,6 +23,7 @@ Rules of the world (the answers are exact strings):
 - A picture that is not simple shapes (a photo, a screenshot: shapes_unknown.py) gets
   one line, whatever the question: UNKNOWN_REPLY.
 """
+
 from __future__ import annotations
 
 import random
@@ -53,6 +54,7 @@ def random_picture(rng: random.Random) -> Scene:
 
 # ---------------------------------------------------------------- conversations
 
+
 @dataclass
 class Conversation:
     messages: list[dict]
@@ -71,8 +73,9 @@ def _assistant(text: str) -> dict:
 
 
 class _Builder:
-    def __init__(self, rng: random.Random, system: bool, draw: Callable = render,
-                 weights: dict[str, float] | None = None):
+    def __init__(
+        self, rng: random.Random, system: bool, draw: Callable = render, weights: dict[str, float] | None = None
+    ):
         self.rng = rng
         self.draw = draw  # Scene, rng -> picture
         self.weights = weights  # of the question types (shapes_questions.WEIGHTS if None)
@@ -109,13 +112,16 @@ class _Builder:
         self.ask(t, q, a, new_scenes)
 
 
-def random_conversation(rng: random.Random, draw: Callable = render,
-                        weights: dict[str, float] | None = None) -> Conversation:
+def random_conversation(
+    rng: random.Random, draw: Callable = render, weights: dict[str, float] | None = None
+) -> Conversation:
     """One training conversation (a mix of the kinds the app sends); `draw` renders its pictures,
     `weights` draws the question types (shapes_questions.WEIGHTS if None)."""
     b = _Builder(rng, system=rng.random() < 0.2, draw=draw, weights=weights)
-    kind = rng.choices(["one", "two_at_once", "two_turns", "talk", "talk_then_picture", "edge"],
-                       weights=[0.3, 0.25, 0.3, 0.04, 0.06, 0.05])[0]
+    kind = rng.choices(
+        ["one", "two_at_once", "two_turns", "talk", "talk_then_picture", "edge"],
+        weights=[0.3, 0.25, 0.3, 0.04, 0.06, 0.05],
+    )[0]
     if kind == "one":
         b.visual([random_picture(rng)])
         for _ in range(rng.choice([0, 1, 2, 2, 3, 4])):
@@ -160,8 +166,13 @@ def random_conversation(rng: random.Random, draw: Callable = render,
     return b.conv
 
 
-def eval_conversation(rng: random.Random, qtype: str, new_scene: Callable = random_scene,
-                      draw: Callable = render, new_unknown: Callable = random_unknown) -> Conversation:
+def eval_conversation(
+    rng: random.Random,
+    qtype: str,
+    new_scene: Callable = random_scene,
+    draw: Callable = render,
+    new_unknown: Callable = random_unknown,
+) -> Conversation:
     """A held-out single question of one type (the answer to check is the last one); pictures
     come from new_scene(rng) (photos and screenshots from new_unknown(rng)), drawn by draw(scene, rng)."""
     random_scene = new_scene  # noqa: F811 (the evaluation's own scenes below)
@@ -177,8 +188,7 @@ def eval_conversation(rng: random.Random, qtype: str, new_scene: Callable = rand
         b.visual([random_scene(rng), random_scene(rng)], qtype="describe", refer=True)
     elif qtype == "two_turns":  # a picture turn, then a new picture; ask about the new one
         b.visual([random_scene(rng)])
-        b.visual([random_scene(rng)], qtype=rng.choice(["describe", "colour", "shape", "count"]),
-                 refer=False)
+        b.visual([random_scene(rng)], qtype=rng.choice(["describe", "colour", "shape", "count"]), refer=False)
     elif qtype == "followup":  # text-only follow-up about the same picture
         b.visual([random_scene(rng)])
         b.visual(qtype=rng.choice(["colour", "shape", "count", "where"]))
@@ -196,9 +206,25 @@ def eval_conversation(rng: random.Random, qtype: str, new_scene: Callable = rand
     return b.conv
 
 
-EVAL_TYPES = ["colour", "shape", "count", "where", "side", "describe", "yesno", "background", "list",
-              "absent", "second_picture", "two_turns", "followup", "smalltalk", "offtopic",
-              "nopicture", "unknown"]
+EVAL_TYPES = [
+    "colour",
+    "shape",
+    "count",
+    "where",
+    "side",
+    "describe",
+    "yesno",
+    "background",
+    "list",
+    "absent",
+    "second_picture",
+    "two_turns",
+    "followup",
+    "smalltalk",
+    "offtopic",
+    "nopicture",
+    "unknown",
+]
 
 
 # ---------------------------------------------------------------- chat template

@@ -9,6 +9,7 @@ call a shape on a line "at the top left" either). The pictures it must not descr
 here too: gradient-and-noise "photos" and text pages in serif / monospace fonts (training uses
 sans). eval_shapes.py --set drawn uses these; none of it is used in training.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,11 @@ PALETTE = {  # named colours as a drawing program offers them
     "blue": ["blue", "#1f77b4", "royalblue", "dodgerblue", "#007aff"],
     "purple": ["purple", "#9467bd", "darkviolet", "#af52de", "rebeccapurple"],
 }
-GREYS = {"white": ["white", "#fafafa", "#f2f2f2"], "grey": ["grey", "#999999", "#a9a9a9", "#777777"],
-         "black": ["black", "#111111", "#202020"]}
+GREYS = {
+    "white": ["white", "#fafafa", "#f2f2f2"],
+    "grey": ["grey", "#999999", "#a9a9a9", "#777777"],
+    "black": ["black", "#111111", "#202020"],
+}
 
 
 def drawn_scene(rng: random.Random, n: int | None = None) -> Scene:
@@ -55,8 +59,13 @@ def drawn_scene(rng: random.Random, n: int | None = None) -> Scene:
 
 
 def _star(cx, cy, r, inner=0.38):
-    return [(cx + (r if i % 2 == 0 else r * inner) * math.cos(-math.pi / 2 + i * math.pi / 5),
-             cy + (r if i % 2 == 0 else r * inner) * math.sin(-math.pi / 2 + i * math.pi / 5)) for i in range(10)]
+    return [
+        (
+            cx + (r if i % 2 == 0 else r * inner) * math.cos(-math.pi / 2 + i * math.pi / 5),
+            cy + (r if i % 2 == 0 else r * inner) * math.sin(-math.pi / 2 + i * math.pi / 5),
+        )
+        for i in range(10)
+    ]
 
 
 def draw(scene: Scene, rng: random.Random) -> Image.Image:
@@ -95,8 +104,12 @@ def draw(scene: Scene, rng: random.Random) -> Image.Image:
             if width:
                 d.arc([x - r, y - 0.75 * r, x, y + 0.25 * r], 150, 360, fill=edge, width=width)
                 d.arc([x, y - 0.75 * r, x + r, y + 0.25 * r], 180, 30, fill=edge, width=width)
-                d.line([(x - 0.93 * r, y + 0.05 * r), (x, y + r), (x + 0.93 * r, y + 0.05 * r)], fill=edge,
-                       width=width, joint="curve")
+                d.line(
+                    [(x - 0.93 * r, y + 0.05 * r), (x, y + r), (x + 0.93 * r, y + 0.05 * r)],
+                    fill=edge,
+                    width=width,
+                    joint="curve",
+                )
     if k > 1:
         img = img.resize((w, h), Image.Resampling.BOX)
     return img
@@ -104,8 +117,12 @@ def draw(scene: Scene, rng: random.Random) -> Image.Image:
 
 def drawn_unknown(rng: random.Random) -> Scene:
     side = rng.randint(150, 800)
-    return Scene([], ["white"], size=(round(side * rng.choice([1.0, 1.5, 0.75, 1.78])), side),
-                 unknown=rng.choice(["photo", "screen"]))
+    return Scene(
+        [],
+        ["white"],
+        size=(round(side * rng.choice([1.0, 1.5, 0.75, 1.78])), side),
+        unknown=rng.choice(["photo", "screen"]),
+    )
 
 
 def draw_unknown(scene: Scene, rng: random.Random) -> Image.Image:

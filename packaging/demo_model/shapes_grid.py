@@ -5,6 +5,7 @@ its own cell of a 3x3 grid, on a plain or two-tone background, drawn squarish an
 anti-aliasing. The first weights were trained on these alone; eval_shapes.py --set grid
 still asks about them (the training pictures are now shapes_world.py's).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,6 @@ BACKGROUNDS: dict[str, list[tuple[int, int, int]]] = {
     "black": [(0, 0, 0), (20, 20, 20), (35, 35, 35)],
 }
 BACKGROUND_NAMES = list(BACKGROUNDS)
-
 
 
 def random_scene(rng: random.Random, n: int | None = None) -> Scene:

@@ -4,6 +4,7 @@ Each one asks a small linear read-out to find something in the model's activatio
 thing is there, in a linear form, for the language model's attention to use: what each picture
 cell holds (CellHead, WordProbe) and which picture a picture token belongs to (PictureOrderProbe).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,8 @@ import shapes_world as world
 import torch
 
 BACKGROUND_CLASSES: list[tuple[str, ...]] = [(a,) for a in world.BACKGROUND_NAMES] + [
-    (a, b) for a in world.BACKGROUND_NAMES for b in world.BACKGROUND_NAMES if a != b]
+    (a, b) for a in world.BACKGROUND_NAMES for b in world.BACKGROUND_NAMES if a != b
+]
 
 
 class CellHead(torch.nn.Module):
@@ -45,8 +47,12 @@ class CellHead(torch.nn.Module):
                 col[o.cell] = 1 + world.COLOUR_NAMES.index(o.colour)
             kinds.append(k)
             colours.append(col)
-        targets = [torch.tensor(kinds), torch.tensor(colours), torch.arange(9).repeat(len(scenes), 1),
-                   torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes])]
+        targets = [
+            torch.tensor(kinds),
+            torch.tensor(colours),
+            torch.arange(9).repeat(len(scenes), 1),
+            torch.tensor([BACKGROUND_CLASSES.index(tuple(sc.background)) for sc in scenes]),
+        ]
         logits = self(feats)
         ce = torch.nn.functional.cross_entropy
         first, *rest = (ce(lg.reshape(-1, lg.shape[-1]), t.reshape(-1)) for lg, t in zip(logits, targets, strict=True))
@@ -99,8 +105,12 @@ class WordProbe(torch.nn.Module):
         ce = torch.nn.functional.cross_entropy
         scale = self.scale / f.shape[-1] ** 0.5
         loss = torch.zeros(())
-        for ids, target in ((self.colour_ids, colours), (self.kind_ids, kinds),
-                            (self.row_ids, rows), (self.column_ids, columns)):
+        for ids, target in (
+            (self.colour_ids, colours),
+            (self.kind_ids, kinds),
+            (self.row_ids, rows),
+            (self.column_ids, columns),
+        ):
             e = embed[ids]
             e = e / (e.norm(dim=-1, keepdim=True) + 1e-6)
             loss = loss + ce(f @ e.T * scale, torch.tensor(target))
@@ -170,7 +180,6 @@ class PictureOrderProbe(torch.nn.Module):
         if not is_pic.any():
             return torch.zeros(())
         out = self.proj(hidden[is_pic])
-        ce = torch.nn.functional.cross_entropy(out[:, :self.MAX], target)
+        ce = torch.nn.functional.cross_entropy(out[:, : self.MAX], target)
         mse = torch.nn.functional.mse_loss(out[:, self.MAX], target.float())
         return ce + mse
-

@@ -5,6 +5,7 @@ shape, count, where, side, describe, yes/no, background, list, absent) about a S
 shapes_world.py and gives the one answer the model must learn; describe(scene) is the
 whole-picture answer. Used by shapes_data.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,12 +20,19 @@ NOT_THERE = "is not in the picture."
 
 # 3x3 grid cells, row-major; the phrase used in answers
 POSITIONS = [
-    "at the top left", "at the top", "at the top right",
-    "on the left", "in the middle", "on the right",
-    "at the bottom left", "at the bottom", "at the bottom right",
+    "at the top left",
+    "at the top",
+    "at the top right",
+    "on the left",
+    "in the middle",
+    "on the right",
+    "at the bottom left",
+    "at the bottom",
+    "at the bottom right",
 ]
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three"}
 ORDINALS = {1: "first", 2: "second", 3: "third"}
+
 
 def a_(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
@@ -53,55 +61,139 @@ def background_answer(scene: Scene) -> str:
 
 # {P}: a picture noun phrase ("the picture", "the second picture"); {IN}: a suffix ("", " in the
 # second picture"). Templates without either are only used for the latest picture.
-DESCRIBE_T = ["What is in {P}", "Describe {P}.", "What do you see in {P}", "What's in {P}",
-              "What can you see in {P}", "Tell me what is in {P}.", "What does {P} show",
-              "Can you describe {P}", "What is shown in {P}", "Describe what you see in {P}."]
-DESCRIBE_LATEST = ["What do you see", "What is this", "Describe it.", "What's this",
-                   "Tell me what you see.", "What is it", "Describe this.", "What is here",
-                   "And this one", "What about this one", "And this picture", "What about this",
-                   "And now", "How about this one"]
+DESCRIBE_T = [
+    "What is in {P}",
+    "Describe {P}.",
+    "What do you see in {P}",
+    "What's in {P}",
+    "What can you see in {P}",
+    "Tell me what is in {P}.",
+    "What does {P} show",
+    "Can you describe {P}",
+    "What is shown in {P}",
+    "Describe what you see in {P}.",
+]
+DESCRIBE_LATEST = [
+    "What do you see",
+    "What is this",
+    "Describe it.",
+    "What's this",
+    "Tell me what you see.",
+    "What is it",
+    "Describe this.",
+    "What is here",
+    "And this one",
+    "What about this one",
+    "And this picture",
+    "What about this",
+    "And now",
+    "How about this one",
+]
 PICTURE_WORDS = ["picture", "image", "photo", "picture", "picture"]
-COUNT_T = ["How many shapes are there{IN}", "How many shapes do you see{IN}",
-           "How many shapes are in {P}", "Count the shapes{IN}.", "How many objects are there{IN}",
-           "How many shapes can you see{IN}", "What is the number of shapes{IN}", "How many{IN}"]
-COLOUR_ONE_T = ["What colour is it", "What color is it", "What colour is the shape{IN}",
-                "What color is the shape{IN}", "Which colour is the shape{IN}", "What colour is this",
-                "What color is this shape", "What is the colour of the shape{IN}",
-                "What color is the object{IN}", "Which color is it", "What colour", "Colour"]
-COLOUR_KIND_T = ["What colour is the {K}{IN}", "What color is the {K}{IN}",
-                 "Which colour is the {K}{IN}", "What is the colour of the {K}{IN}",
-                 "What color does the {K} have{IN}", "The {K}{IN}: what colour is it"]
-SHAPE_ONE_T = ["What shape is it", "What shape is this", "What shape is in {P}",
-               "Which shape is in {P}", "What kind of shape is it", "What shape do you see{IN}",
-               "What is the shape{IN}", "Which shape is it", "What shape is shown{IN}", "Which shape",
-               "What shape"]
-SHAPE_COLOUR_T = ["What shape is the {C} one{IN}", "What is the {C} shape{IN}",
-                  "Which shape is {C}{IN}", "What kind of shape is the {C} one{IN}",
-                  "What is the {C} thing{IN}", "The {C} shape{IN}: what is it"]
-WHERE_T = ["Where is the {R}{IN}", "Where is the {R} located{IN}", "Where can I find the {R}{IN}",
-           "In which part of {P} is the {R}", "Where's the {R}{IN}"]
+COUNT_T = [
+    "How many shapes are there{IN}",
+    "How many shapes do you see{IN}",
+    "How many shapes are in {P}",
+    "Count the shapes{IN}.",
+    "How many objects are there{IN}",
+    "How many shapes can you see{IN}",
+    "What is the number of shapes{IN}",
+    "How many{IN}",
+]
+COLOUR_ONE_T = [
+    "What colour is it",
+    "What color is it",
+    "What colour is the shape{IN}",
+    "What color is the shape{IN}",
+    "Which colour is the shape{IN}",
+    "What colour is this",
+    "What color is this shape",
+    "What is the colour of the shape{IN}",
+    "What color is the object{IN}",
+    "Which color is it",
+    "What colour",
+    "Colour",
+]
+COLOUR_KIND_T = [
+    "What colour is the {K}{IN}",
+    "What color is the {K}{IN}",
+    "Which colour is the {K}{IN}",
+    "What is the colour of the {K}{IN}",
+    "What color does the {K} have{IN}",
+    "The {K}{IN}: what colour is it",
+]
+SHAPE_ONE_T = [
+    "What shape is it",
+    "What shape is this",
+    "What shape is in {P}",
+    "Which shape is in {P}",
+    "What kind of shape is it",
+    "What shape do you see{IN}",
+    "What is the shape{IN}",
+    "Which shape is it",
+    "What shape is shown{IN}",
+    "Which shape",
+    "What shape",
+]
+SHAPE_COLOUR_T = [
+    "What shape is the {C} one{IN}",
+    "What is the {C} shape{IN}",
+    "Which shape is {C}{IN}",
+    "What kind of shape is the {C} one{IN}",
+    "What is the {C} thing{IN}",
+    "The {C} shape{IN}: what is it",
+]
+WHERE_T = [
+    "Where is the {R}{IN}",
+    "Where is the {R} located{IN}",
+    "Where can I find the {R}{IN}",
+    "In which part of {P} is the {R}",
+    "Where's the {R}{IN}",
+]
 WHERE_ONE_T = ["Where is the shape{IN}", "Where is it", "Where is the shape located{IN}"]
-YESNO_T = ["Is there {R}{IN}", "Do you see {R}{IN}", "Is there {R} in {P}",
-           "Can you see {R}{IN}", "Does {P} have {R}"]
+YESNO_T = ["Is there {R}{IN}", "Do you see {R}{IN}", "Is there {R} in {P}", "Can you see {R}{IN}", "Does {P} have {R}"]
 IS_COLOUR_T = ["Is the {K} {C}{IN}", "Is the {K}{IN} {C}"]
-BACKGROUND_T = ["What colour is the background{IN}", "What color is the background{IN}",
-                "Which colour is the background{IN}", "What is the background colour{IN}",
-                "What color is the background of {P}"]
+BACKGROUND_T = [
+    "What colour is the background{IN}",
+    "What color is the background{IN}",
+    "Which colour is the background{IN}",
+    "What is the background colour{IN}",
+    "What color is the background of {P}",
+]
 # "What shape is on the left?" about two or three shapes: the one farthest that way, asked only
 # where one shape is (its column or row alone is the farthest); {D}: "on the left", "at the top"...
-SIDE_T = ["What shape is {D}{IN}", "Which shape is {D}{IN}", "What is {D}{IN}", "What's {D}{IN}",
-          "What is the shape {D}{IN}", "Which one is {D}{IN}", "What do you see {D}{IN}",
-          "What kind of shape is {D}{IN}", "What is the {W} shape{IN}", "Which shape is the {W} one{IN}"]
+SIDE_T = [
+    "What shape is {D}{IN}",
+    "Which shape is {D}{IN}",
+    "What is {D}{IN}",
+    "What's {D}{IN}",
+    "What is the shape {D}{IN}",
+    "Which one is {D}{IN}",
+    "What do you see {D}{IN}",
+    "What kind of shape is {D}{IN}",
+    "What is the {W} shape{IN}",
+    "Which shape is the {W} one{IN}",
+]
 SIDES = {  # direction word -> (answer phrase, question phrases, axis: 0 column / 1 row, farthest: -1 min / +1 max)
     "left": ("on the left", ["on the left", "on the left", "on the left side", "at the left"], 0, -1),
     "right": ("on the right", ["on the right", "on the right", "on the right side", "at the right"], 0, 1),
     "top": ("at the top", ["at the top", "at the top", "on top", "on the top"], 1, -1),
     "bottom": ("at the bottom", ["at the bottom", "at the bottom", "on the bottom", "at the bottom side"], 1, 1),
 }
-LIST_SHAPES_T = ["What shapes are there{IN}", "Which shapes are in {P}", "What shapes do you see{IN}",
-                 "Which shapes can you see{IN}", "List the shapes{IN}."]
-LIST_COLOURS_T = ["What colours are there{IN}", "What colors are in {P}",
-                  "Which colours do you see{IN}", "Which colors are used{IN}", "List the colours{IN}."]
+LIST_SHAPES_T = [
+    "What shapes are there{IN}",
+    "Which shapes are in {P}",
+    "What shapes do you see{IN}",
+    "Which shapes can you see{IN}",
+    "List the shapes{IN}.",
+]
+LIST_COLOURS_T = [
+    "What colours are there{IN}",
+    "What colors are in {P}",
+    "Which colours do you see{IN}",
+    "Which colors are used{IN}",
+    "List the colours{IN}.",
+]
 
 
 def side_of(scene: Scene, direction: str) -> Obj | None:
@@ -150,6 +242,7 @@ def _fill(t: str, picref: int, n_pictures: int, rng: random.Random, **kw) -> str
 class _Attribute:
     """One attribute asked by the other: "What colour is the square?" (colour by kind) or
     "What shape is the red one?" (kind by colour)."""
+
     one_chance: float  # with a lone shape, how often the question doesn't name it ("What colour is it?")
     one_t: list[str]
     keyed_t: list[str]
@@ -161,15 +254,25 @@ class _Attribute:
 
 
 ATTRIBUTE_QUESTIONS = {
-    "colour": _Attribute(0.4, COLOUR_ONE_T, COLOUR_KIND_T, "K", lambda o: o.kind, SHAPES,
-                         lambda kind: kind, lambda o: o.colour),
-    "shape": _Attribute(0.6, SHAPE_ONE_T, SHAPE_COLOUR_T, "C", lambda o: o.colour, COLOUR_NAMES,
-                        lambda colour: f"{colour} shape", lambda o: f"{a_(o.kind)} {o.kind}"),
+    "colour": _Attribute(
+        0.4, COLOUR_ONE_T, COLOUR_KIND_T, "K", lambda o: o.kind, SHAPES, lambda kind: kind, lambda o: o.colour
+    ),
+    "shape": _Attribute(
+        0.6,
+        SHAPE_ONE_T,
+        SHAPE_COLOUR_T,
+        "C",
+        lambda o: o.colour,
+        COLOUR_NAMES,
+        lambda colour: f"{colour} shape",
+        lambda o: f"{a_(o.kind)} {o.kind}",
+    ),
 }
 
 
-def _attribute_question(rng: random.Random, at: _Attribute, objs: list[Obj], picref: int, n_pictures: int,
-                        qtype: str) -> tuple[str | None, str, str]:
+def _attribute_question(
+    rng: random.Random, at: _Attribute, objs: list[Obj], picref: int, n_pictures: int, qtype: str
+) -> tuple[str | None, str, str]:
     """(question, answer, type); the type becomes "absent" when it asks about a shape not there."""
     if len(objs) == 1 and rng.random() < at.one_chance:
         return _fill(rng.choice(at.one_t), picref, n_pictures, rng), f"It is {at.value(objs[0])}.", qtype
@@ -188,8 +291,17 @@ def _attribute_question(rng: random.Random, at: _Attribute, objs: list[Obj], pic
 # with an even mix it stalled near 75% on those in several-shape scenes. "side" (of two or three
 # shapes; of one it becomes "where") is 0 here, as in the runs before it; the fine-tune that
 # taught it sets its own mix (model README).
-WEIGHTS = {"describe": 0.11, "count": 0.06, "colour": 0.36, "shape": 0.13, "where": 0.13, "side": 0.0,
-           "yesno": 0.11, "background": 0.04, "list": 0.06}
+WEIGHTS = {
+    "describe": 0.11,
+    "count": 0.06,
+    "colour": 0.36,
+    "shape": 0.13,
+    "where": 0.13,
+    "side": 0.0,
+    "yesno": 0.11,
+    "background": 0.04,
+    "list": 0.06,
+}
 
 
 def parse_weights(given: list[str]) -> dict[str, float]:
@@ -209,8 +321,14 @@ def parse_weights(given: list[str]) -> dict[str, float]:
     return weights
 
 
-def visual_question(rng: random.Random, scene: Scene, picref: int, n_pictures: int,
-                    qtype: str | None = None, weights: dict[str, float] | None = None) -> tuple[str, str, str]:
+def visual_question(
+    rng: random.Random,
+    scene: Scene,
+    picref: int,
+    n_pictures: int,
+    qtype: str | None = None,
+    weights: dict[str, float] | None = None,
+) -> tuple[str, str, str]:
     """One (type, question, answer) about `scene`; the type drawn by `weights` (WEIGHTS) if not given."""
     if scene.unknown:  # any question about a photo or a screenshot gets the same one line
         _, question, _ = visual_question(rng, random_scene(rng), picref, n_pictures, qtype, weights)

@@ -1,42 +1,112 @@
 """The fixed replies of "Parley Shapes": small talk, off-topic questions, a picture question
 without a picture, a picture that is not simple shapes; and the system prompts conversations
 start with. Used by shapes_data.py (conversations) and train_shapes.py (the tokenizer corpus)."""
+
 from __future__ import annotations
 
 import random
 
 SMALLTALK: list[tuple[list[str], str]] = [
-    (["hello", "hi", "hey", "hello there", "hi there", "good morning", "good evening", "hey there",
-      "greetings", "hallo", "yo", "good afternoon"],
-     "Hello! Send me a picture of shapes and I'll describe it."),
-    (["who are you", "what are you", "what is your name", "what's your name", "are you a bot",
-      "introduce yourself", "which model are you"],
-     "I am Parley Shapes, a tiny demo model. I can only talk about simple shapes in pictures."),
-    (["what can you do", "help", "how does this work", "how do i use you", "what do you know",
-      "what should i ask", "what can i ask you"],
-     "Send me a picture of shapes and ask me about their colours, kinds, number or positions."),
-    (["thanks", "thank you", "great", "cool", "nice", "thank you very much", "perfect", "awesome",
-      "well done", "good job"],
-     "You're welcome!"),
-    (["how are you", "how are you doing", "how is it going", "what's up"],
-     "I'm fine, thanks! Send me a picture of shapes."),
-    (["bye", "goodbye", "see you", "good night", "see you later"],
-     "Goodbye!"),
+    (
+        [
+            "hello",
+            "hi",
+            "hey",
+            "hello there",
+            "hi there",
+            "good morning",
+            "good evening",
+            "hey there",
+            "greetings",
+            "hallo",
+            "yo",
+            "good afternoon",
+        ],
+        "Hello! Send me a picture of shapes and I'll describe it.",
+    ),
+    (
+        [
+            "who are you",
+            "what are you",
+            "what is your name",
+            "what's your name",
+            "are you a bot",
+            "introduce yourself",
+            "which model are you",
+        ],
+        "I am Parley Shapes, a tiny demo model. I can only talk about simple shapes in pictures.",
+    ),
+    (
+        [
+            "what can you do",
+            "help",
+            "how does this work",
+            "how do i use you",
+            "what do you know",
+            "what should i ask",
+            "what can i ask you",
+        ],
+        "Send me a picture of shapes and ask me about their colours, kinds, number or positions.",
+    ),
+    (
+        [
+            "thanks",
+            "thank you",
+            "great",
+            "cool",
+            "nice",
+            "thank you very much",
+            "perfect",
+            "awesome",
+            "well done",
+            "good job",
+        ],
+        "You're welcome!",
+    ),
+    (
+        ["how are you", "how are you doing", "how is it going", "what's up"],
+        "I'm fine, thanks! Send me a picture of shapes.",
+    ),
+    (["bye", "goodbye", "see you", "good night", "see you later"], "Goodbye!"),
 ]
 OFF_TOPIC_FIXED = [
-    "what is the capital of france", "write a poem about the sea", "tell me a joke",
-    "what is 2 + 2", "translate this into german", "who won the world cup",
-    "explain quantum physics", "what's the weather like today", "can you write python code",
-    "summarize this article", "what time is it", "recommend a good book",
-    "how do i bake bread", "what is the meaning of life", "who is the president",
-    "solve x squared equals four", "write an email to my boss",
+    "what is the capital of france",
+    "write a poem about the sea",
+    "tell me a joke",
+    "what is 2 + 2",
+    "translate this into german",
+    "who won the world cup",
+    "explain quantum physics",
+    "what's the weather like today",
+    "can you write python code",
+    "summarize this article",
+    "what time is it",
+    "recommend a good book",
+    "how do i bake bread",
+    "what is the meaning of life",
+    "who is the president",
+    "solve x squared equals four",
+    "write an email to my boss",
 ]
-_OFF_WORDS = ("apple music river computer history science football dinner money weather train "
-              "city phone garden doctor movie song language planet ocean mountain school coffee "
-              "email code price news game dog cat car house friend work travel law health").split()
-_OFF_STARTS = ["what is", "tell me about", "how do i", "why is", "can you explain", "write about",
-               "who invented", "where can i find", "give me", "what about", "is there a good",
-               "how much is"]
+_OFF_WORDS = (
+    "apple music river computer history science football dinner money weather train "
+    "city phone garden doctor movie song language planet ocean mountain school coffee "
+    "email code price news game dog cat car house friend work travel law health"
+).split()
+_OFF_STARTS = [
+    "what is",
+    "tell me about",
+    "how do i",
+    "why is",
+    "can you explain",
+    "write about",
+    "who invented",
+    "where can i find",
+    "give me",
+    "what about",
+    "is there a good",
+    "how much is",
+]
 OFF_TOPIC_REPLY = "Sorry, I only know about shapes in pictures."
 NO_PICTURE_REPLY = "Please send me a picture first."
 NOT_THERE = "is not in the picture."

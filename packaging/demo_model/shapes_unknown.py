@@ -7,6 +7,7 @@ of natural images, no flat shapes); "screen": lines of text, bars and panels lik
 Seeded from the caller's rng (numpy's generator seeded from it), so the same seed gives the same
 pixels. shapes_drawn.py draws the evaluation ones another way.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,18 +19,21 @@ from shapes_world import Scene
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 TRAIN_FONTS = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansCondensed.ttf"]
-WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from "
-         "or one had by word but not what all were we when your can said there use an each which she "
-         "do how their if will up other about out many then them these so some her would make like "
-         "file edit view help settings open save cancel ok search home news login account profile "
-         "message send reply inbox today yesterday price total order report chart data").split()
+WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have from "
+    "or one had by word but not what all were we when your can said there use an each which she "
+    "do how their if will up other about out many then them these so some her would make like "
+    "file edit view help settings open save cancel ok search home news login account profile "
+    "message send reply inbox today yesterday price total order report chart data"
+).split()
 
 
 def random_unknown(rng: random.Random) -> Scene:
     side = rng.randint(96, 720)
     aspect = rng.choice([1.0, 4 / 3, 16 / 9, 3 / 4, rng.uniform(0.5, 2.0)])
-    return Scene([], ["white"], size=(max(48, round(side * aspect)), side),
-                 unknown=rng.choice(["photo", "photo", "screen"]))
+    return Scene(
+        [], ["white"], size=(max(48, round(side * aspect)), side), unknown=rng.choice(["photo", "photo", "screen"])
+    )
 
 
 def font(name: str, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
@@ -45,6 +49,7 @@ def render(scene: Scene, rng: random.Random) -> Image.Image:
     img = photo(g, w, h) if scene.unknown == "photo" else screen(rng, w, h)
     if rng.random() < 0.5:
         import io
+
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=rng.randint(30, 95))
         img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
@@ -57,9 +62,10 @@ def photo(g: np.random.Generator, w: int, h: int) -> Image.Image:
     for octave in range(5):
         cells = 2 ** (octave + 1)
         small = g.normal(0, 1, (cells, cells, 3)).astype(np.float32)
-        layer = np.stack([np.asarray(Image.fromarray(small[..., c]).resize((w, h), Image.Resampling.BICUBIC))
-                          for c in range(3)], -1)
-        acc += layer * (0.7 ** octave)
+        layer = np.stack(
+            [np.asarray(Image.fromarray(small[..., c]).resize((w, h), Image.Resampling.BICUBIC)) for c in range(3)], -1
+        )
+        acc += layer * (0.7**octave)
     base = g.uniform(40, 200, 3).astype(np.float32)
     corr = g.uniform(0.3, 1.0)  # channels move together (brightness) more than apart (hue)
     grey = acc.mean(-1, keepdims=True)

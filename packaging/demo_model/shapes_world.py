@@ -11,6 +11,7 @@ of its Scene, so a hand-built Scene (packaging/screenshots.py) renders clean.
 shapes_data.py writes the conversations; shapes_unknown.py draws the
 pictures it should not describe. Python + Pillow + numpy; no torch here.
 """
+
 from __future__ import annotations
 
 import colorsys
@@ -34,8 +35,14 @@ COLOURS: dict[str, tuple[tuple[float, float], tuple[float, float], tuple[float, 
     "purple": ((272, 300), (0.5, 1.0), (0.45, 0.95)),
 }
 COLOUR_NAMES = list(COLOURS)
-TYPICAL = {"red": (220, 30, 30), "orange": (255, 140, 0), "yellow": (250, 220, 30), "green": (40, 170, 60),
-           "blue": (30, 90, 220), "purple": (150, 60, 200)}  # for hand-built scenes (Obj.rgb None)
+TYPICAL = {
+    "red": (220, 30, 30),
+    "orange": (255, 140, 0),
+    "yellow": (250, 220, 30),
+    "green": (40, 170, 60),
+    "blue": (30, 90, 220),
+    "purple": (150, 60, 200),
+}  # for hand-built scenes (Obj.rgb None)
 
 BACKGROUNDS: dict[str, tuple[int, int]] = {  # name -> grey level range
     "white": (232, 255),
@@ -128,7 +135,7 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
                 else:
                     cx, cy = rng.uniform(c / 3 + m, (c + 1) / 3 - m), rng.uniform(r / 3 + m, (r + 1) / 3 - m)
             else:
-                half = rng.uniform(0.06, 0.22) * (0.8 ** attempt)
+                half = rng.uniform(0.06, 0.22) * (0.8**attempt)
                 cx, cy = rng.uniform(c / 3 + m, (c + 1) / 3 - m), rng.uniform(r / 3 + m, (r + 1) / 3 - m)
             # at least ~70% of the shape inside the picture, the centre clear of its cell's lines
             mx, my = 0.4 * half * short / w, 0.4 * half * short / h
@@ -140,8 +147,21 @@ def random_scene(rng: random.Random, n: int | None = None) -> Scene:
                 break
         angle = _random_angle(rng, kind)
         style = rng.choice(STYLES)
-        objects.append(Obj(kind, colour, cell_of(cx, cy), cx, cy, half, angle, style == "outline", style,
-                           random_rgb(rng, colour), *_random_form(rng)))
+        objects.append(
+            Obj(
+                kind,
+                colour,
+                cell_of(cx, cy),
+                cx,
+                cy,
+                half,
+                angle,
+                style == "outline",
+                style,
+                random_rgb(rng, colour),
+                *_random_form(rng),
+            )
+        )
     u = rng.random()
     if u < 0.5:
         background, split = ["white"], "none"
@@ -175,8 +195,9 @@ def lesson_scene(rng: random.Random) -> Scene:
     return Scene([obj], ["white"], size=(96, 96))
 
 
-def _shape_points(kind: str, cx: float, cy: float, rx: float, ry: float, angle: float,
-                  form: float = 0.0) -> list[tuple[float, float]]:
+def _shape_points(
+    kind: str, cx: float, cy: float, rx: float, ry: float, angle: float, form: float = 0.0
+) -> list[tuple[float, float]]:
     if kind == "circle":
         pts = [(math.cos(t), math.sin(t)) for t in (2 * math.pi * i / 48 for i in range(48))]
     elif kind == "square":
@@ -238,6 +259,7 @@ def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None
     """Draw the scene at its size (or `size`); the processor then squashes it to its input."""
     if scene.unknown:
         import shapes_unknown
+
         return shapes_unknown.render(scene, rng)
     size = size or scene.size
     if size is None:
@@ -265,8 +287,11 @@ def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None
         if style == "fill":
             draw.polygon(pts, fill=fill)
         elif style == "edged":  # a coloured shape with a dark (or white, on black) edge
-            edge = ((255, 255, 255) if scene.background == ["black"] and rng.random() < 0.5
-                    else _jitter(rng, (20, 20, 20), 20))
+            edge = (
+                (255, 255, 255)
+                if scene.background == ["black"] and rng.random() < 0.5
+                else _jitter(rng, (20, 20, 20), 20)
+            )
             draw.polygon(pts, fill=fill, outline=edge, width=max(ss, line // 2))
         elif style == "outline":
             draw.polygon(pts, outline=fill, width=line)

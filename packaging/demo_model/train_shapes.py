@@ -29,6 +29,7 @@ model README for the command); --init FOLDER: fine-tune a folder of this archite
 
 Reproducible: the same seed, steps, batch sizes, thread count (and start folder) give the same weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ VOCAB_SIZE = 640
 
 # ---------------------------------------------------------------- tokenizer and processor
 
+
 def build_tokenizer(seed: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -69,32 +71,49 @@ def build_tokenizer(seed: int):
     # the small-talk lines are rare in the corpus above; repeat them so they become whole words
     for prompts, reply in replies.SMALLTALK:
         corpus += (prompts + [p.capitalize() for p in prompts] + [reply]) * 20
-    corpus += (replies.OFF_TOPIC_FIXED + [replies.OFF_TOPIC_REPLY, replies.NO_PICTURE_REPLY,
-                                          replies.ONE_PICTURE_REPLY, replies.UNKNOWN_REPLY]
-               + replies.SYSTEM_PROMPTS) * 20
+    corpus += (
+        replies.OFF_TOPIC_FIXED
+        + [replies.OFF_TOPIC_REPLY, replies.NO_PICTURE_REPLY, replies.ONE_PICTURE_REPLY, replies.UNKNOWN_REPLY]
+        + replies.SYSTEM_PROMPTS
+    ) * 20
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=sd.SPECIAL_TOKENS, min_frequency=2, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=VOCAB_SIZE,
+        special_tokens=sd.SPECIAL_TOKENS,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        extra_special_tokens={"image_token": "<image>"}, model_max_length=2048)
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image>"},
+        model_max_length=2048,
+    )
 
 
 def build_processor(tokenizer):
     from transformers import CLIPImageProcessor, LlavaProcessor
 
     ip = CLIPImageProcessor(
-        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        do_center_crop=False)  # squash, don't crop: a shape near the edge stays in the picture
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_center_crop=False,
+    )  # squash, don't crop: a shape near the edge stays in the picture
     # patch_size here only counts picture tokens: 96 / 16 = 6 per side, all kept ("full": no CLS token)
     return LlavaProcessor(
-        image_processor=ip, tokenizer=tokenizer, patch_size=IMAGE_SIZE // GRID,
-        vision_feature_select_strategy="full", num_additional_image_tokens=0,
-        chat_template=sd.CHAT_TEMPLATE)
+        image_processor=ip,
+        tokenizer=tokenizer,
+        patch_size=IMAGE_SIZE // GRID,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=0,
+        chat_template=sd.CHAT_TEMPLATE,
+    )
 
 
 def build_model(processor):
@@ -110,20 +129,41 @@ def build_model(processor):
     # over it. The later two stages, which LeViT's config always has, are kept minimal and unread.
     # hidden_size sizes LLaVA's projector.
     vision = LevitConfig(
-        image_size=IMAGE_SIZE, hidden_sizes=[VISION_DIM, VISION_DIM, 16], num_attention_heads=[4, 4, 1],
-        depths=[4, 0, 0], key_dim=[16, 16, 16], mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2],
-        output_hidden_states=True, hidden_size=VISION_DIM)
+        image_size=IMAGE_SIZE,
+        hidden_sizes=[VISION_DIM, VISION_DIM, 16],
+        num_attention_heads=[4, 4, 1],
+        depths=[4, 0, 0],
+        key_dim=[16, 16, 16],
+        mlp_ratio=[2, 2, 2],
+        attention_ratio=[2, 2, 2],
+        output_hidden_states=True,
+        hidden_size=VISION_DIM,
+    )
     vision.down_ops[0] = [""]
     text = LlamaConfig(
-        vocab_size=len(tok), hidden_size=192, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
-        rope_theta=10000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+        vocab_size=len(tok),
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
     cfg = LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=processor.image_token_id,
-        vision_feature_select_strategy="full", vision_feature_layer=1,
-        projector_hidden_act="gelu", image_seq_length=GRID ** 2,
-        tie_word_embeddings=True)
+        vision_config=vision,
+        text_config=text,
+        image_token_index=processor.image_token_id,
+        vision_feature_select_strategy="full",
+        vision_feature_layer=1,
+        projector_hidden_act="gelu",
+        image_seq_length=GRID**2,
+        tie_word_embeddings=True,
+    )
     model = LlavaForConditionalGeneration(cfg)
     model.generation_config.bos_token_id = tok.bos_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -142,6 +182,7 @@ def _hidden_size(sub_config: object) -> int:
         raise TypeError(f"expected a model config, got {type(sub_config).__name__}")
     return sub_config.hidden_size
 
+
 def transplant_language_model(folder: Path, seed: int):
     """A new model (fresh vision tower and projector) speaking with the tokenizer and language model of
     a trained demo folder: the language model already knows the conversations, so the new vision side
@@ -158,6 +199,7 @@ def transplant_language_model(folder: Path, seed: int):
 
 
 # ---------------------------------------------------------------- batches
+
 
 def encode(processor, convs: list[sd.Conversation]) -> dict[str, torch.Tensor]:
     """Render with the chat template, tokenize with the processor, mask all but the answers."""
@@ -196,7 +238,7 @@ def check_rendering(processor, rng: random.Random) -> None:
             assert full.startswith(prompt + answer + tok.eos_token), (full, prompt)
             p_ids = tok.encode(prompt, add_special_tokens=False)
             a_ids = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
-            assert full_ids[:len(p_ids) + len(a_ids)] == p_ids + a_ids
+            assert full_ids[: len(p_ids) + len(a_ids)] == p_ids + a_ids
             assert c.answers[k][1] == answer
             k += 1
         enc = encode(processor, [c])
@@ -234,20 +276,37 @@ def fmt_time(seconds: float) -> str:
 
 # ---------------------------------------------------------------- training
 
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--init", type=Path, default=None,
-                    help="fine-tune: start from this model folder (its weights, tokenizer and processor)")
-    ap.add_argument("--lm-from", type=Path, default=None,
-                    help="take the tokenizer and language model of this trained folder; new vision tower")
-    ap.add_argument("--probe-warmup", type=int, default=100,
-                    help="with --init: stage-1 steps that train only the (new) probes, the model held still")
+    ap.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="fine-tune: start from this model folder (its weights, tokenizer and processor)",
+    )
+    ap.add_argument(
+        "--lm-from",
+        type=Path,
+        default=None,
+        help="take the tokenizer and language model of this trained folder; new vision tower",
+    )
+    ap.add_argument(
+        "--probe-warmup",
+        type=int,
+        default=100,
+        help="with --init: stage-1 steps that train only the (new) probes, the model held still",
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vision-steps", type=int, default=3000, help="stage 1: vision tower + cell probe")
-    ap.add_argument("--easy-steps", type=int, default=400,
-                    help="stage 1: steps on lesson pictures only; as many again to blend in the full mix")
+    ap.add_argument(
+        "--easy-steps",
+        type=int,
+        default=400,
+        help="stage 1: steps on lesson pictures only; as many again to blend in the full mix",
+    )
     ap.add_argument("--vision-batch", type=int, default=48, help="pictures per stage-1 step")
     ap.add_argument("--vision-lr", type=float, default=2e-3)
     ap.add_argument("--steps", type=int, default=4000, help="stage 2: the whole model on conversations")
@@ -258,10 +317,19 @@ def main(argv=None) -> None:
     ap.add_argument("--order", type=float, default=0.5, help="weight of the picture-order probe in stage 2")
     ap.add_argument("--order-layer", type=int, default=2, help="language-model layer the order probe reads")
     ap.add_argument("--log-every", type=int, default=50)
-    ap.add_argument("--freeze-vision", type=int, default=200,
-                    help="stage-2 steps with the vision tower frozen (projector and LM catch up first)")
-    ap.add_argument("--weight", action="append", default=[], metavar="TYPE=W",
-                    help="stage 2: how often a question type is asked (default: shapes_questions.WEIGHTS)")
+    ap.add_argument(
+        "--freeze-vision",
+        type=int,
+        default=200,
+        help="stage-2 steps with the vision tower frozen (projector and LM catch up first)",
+    )
+    ap.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="TYPE=W",
+        help="stage 2: how often a question type is asked (default: shapes_questions.WEIGHTS)",
+    )
     args = ap.parse_args(argv)
     try:
         weights = questions.parse_weights(args.weight)
@@ -286,8 +354,11 @@ def main(argv=None) -> None:
         model = build_model(processor)
     check_rendering(processor, random.Random(args.seed + 1))
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
-          f"({n_params * 4 / 2**20:.1f} MiB fp32); {GRID ** 2} tokens per picture", flush=True)
+    print(
+        f"tokenizer: {len(tokenizer)} tokens; model: {n_params / 1e6:.2f} M parameters "
+        f"({n_params * 4 / 2**20:.1f} MiB fp32); {GRID**2} tokens per picture",
+        flush=True,
+    )
     head = CellHead(_hidden_size(model.config.vision_config), GRID)  # on the vision tower's output
     head_lm = CellHead(_hidden_size(model.config.text_config), GRID)  # on the picture tokens the LM gets
     words = WordProbe(tokenizer, GRID)
@@ -317,15 +388,17 @@ def main(argv=None) -> None:
     for step in range(args.vision_steps):
         for g in opt.param_groups:
             g["lr"] = cosine_lr(args.vision_lr, 50, args.vision_steps, step)
-        for p in (vision.parameters() if args.init else ()):  # fresh probes first learn to read the model
+        for p in vision.parameters() if args.init else ():  # fresh probes first learn to read the model
             p.requires_grad_(step >= args.probe_warmup)
-        for p in (projector.parameters() if args.init else ()):
+        for p in projector.parameters() if args.init else ():
             p.requires_grad_(step >= args.probe_warmup)
         # a curriculum: one large, clean, centred shape first (kinds are learned there within a few
         # hundred steps; on the full mix, from the start, they were not), then more and more of the full mix
         full_mix = min(1.0, max(0.0, step / args.easy_steps - 1.0))
-        scenes = [world.random_scene(rng) if rng.random() < full_mix else world.lesson_scene(rng)
-                  for _ in range(args.vision_batch)]
+        scenes = [
+            world.random_scene(rng) if rng.random() < full_mix else world.lesson_scene(rng)
+            for _ in range(args.vision_batch)
+        ]
         pictures = [draft_render(sc, rng) for sc in scenes]
         pixels = processor.image_processor(pictures, return_tensors="pt")["pixel_values"]
         loss, acc = probe_loss(model.model.get_image_features(pixel_values=pixels), scenes)
@@ -335,26 +408,33 @@ def main(argv=None) -> None:
         acc_ema = acc if acc_ema is None else 0.95 * acc_ema + 0.05 * acc
         if (step + 1) % args.log_every == 0 or step + 1 == args.vision_steps:
             el = time.time() - t0
-            print(f"vision {step + 1:5d}/{args.vision_steps}  probe loss {loss.item():.3f}  "
-                  f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, "
-                  f"eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
-                  flush=True)
+            print(
+                f"vision {step + 1:5d}/{args.vision_steps}  probe loss {loss.item():.3f}  "
+                f"shape-kind acc {acc_ema:.3f}  {fmt_time(el)}, "
+                f"eta {fmt_time(el / (step + 1) * (args.vision_steps - step - 1))}",
+                flush=True,
+            )
 
     for p in list(vision.parameters()) + list(projector.parameters()):
         p.requires_grad_(True)
     model.zero_grad(set_to_none=True)  # the word probe left gradients on the (not yet trained) embeddings
 
     # ---- stage 2: the whole model on conversations rendered as the app renders them
-    order = PictureOrderProbe(_hidden_size(model.config.text_config), processor.image_token_id, GRID ** 2)
+    order = PictureOrderProbe(_hidden_size(model.config.text_config), processor.image_token_id, GRID**2)
     probes.append(order)
     named = [(n, p) for n, p in model.named_parameters()] + [
-        (f"aux{i}." + n, p) for i, m in enumerate(probes) for n, p in m.named_parameters()]
+        (f"aux{i}." + n, p) for i, m in enumerate(probes) for n, p in m.named_parameters()
+    ]
     groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}  # (weight decay, vision) -> parameters
     for n, p in named:
         wd = 0.05 if (p.ndim >= 2 and "embed" not in n) else 0.0
         groups.setdefault((wd, "vision_tower" in n), []).append(p)
-    opt = torch.optim.AdamW([{"params": ps, "weight_decay": wd, "vision": v} for (wd, v), ps in groups.items()],
-                            lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": ps, "weight_decay": wd, "vision": v} for (wd, v), ps in groups.items()],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
     data_rng = random.Random(args.seed + 2)
     ema = None
     acc_ema = None
@@ -366,7 +446,7 @@ def main(argv=None) -> None:
         if not pending:  # draw 4 batches at once and group similar lengths: less padding
             pool = [sd.random_conversation(data_rng, draft_render, weights) for _ in range(4 * args.batch)]
             pool.sort(key=lambda c: (len(c.images), sum(len(str(m["content"])) for m in c.messages)))
-            pending = [pool[i * args.batch:(i + 1) * args.batch] for i in range(4)]
+            pending = [pool[i * args.batch : (i + 1) * args.batch] for i in range(4)]
             data_rng.shuffle(pending)
         convs = pending.pop()
         batch = encode(processor, convs)
@@ -395,11 +475,14 @@ def main(argv=None) -> None:
         ema = loss if ema is None else 0.95 * ema + 0.05 * loss
         if (step + 1) % args.log_every == 0 or step == 0 or step + 1 == args.steps:
             el = time.time() - t0
-            print(f"chat   {step + 1:5d}/{args.steps}  answer loss {loss:.4f} (avg {ema:.4f})  "
-                  f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  "
-                  f"order {order_loss.item():.3f}  lr {lr:.2e}  "
-                  f"{fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.steps - step - 1))}  "
-                  f"(data {100 * t_data / el:.0f}%)", flush=True)
+            print(
+                f"chat   {step + 1:5d}/{args.steps}  answer loss {loss:.4f} (avg {ema:.4f})  "
+                f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  "
+                f"order {order_loss.item():.3f}  lr {lr:.2e}  "
+                f"{fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.steps - step - 1))}  "
+                f"(data {100 * t_data / el:.0f}%)",
+                flush=True,
+            )
 
     model.eval()
     args.out.mkdir(parents=True, exist_ok=True)

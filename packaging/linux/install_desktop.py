@@ -9,6 +9,7 @@ $XDG_DATA_HOME (default ~/.local/share): applications/parley.desktop and
 icons/hicolor/<N>x<N>/apps/parley.png, icons/hicolor/scalable/apps/parley.svg.
 Standard library only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,7 @@ def exec_quote(arg: str) -> str:
 
 def string_escape(value: str) -> str:
     """The desktop file's own escaping of a string value (applied after Exec quoting)."""
-    return (value.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
-            .replace("\r", "\\r"))
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
 def render_entry(python: str, main: str, template: str | None = None) -> str:
@@ -68,15 +68,18 @@ def render_entry(python: str, main: str, template: str | None = None) -> str:
 
 def installed_files(base: Path) -> list[Path]:
     icons = base / "icons" / "hicolor"
-    return ([base / "applications" / f"{APP_ID}.desktop", icons / "scalable" / "apps" / f"{APP_ID}.svg"]
-            + [icons / f"{n}x{n}" / "apps" / f"{APP_ID}.png" for n in PNG_SIZES])
+    return [base / "applications" / f"{APP_ID}.desktop", icons / "scalable" / "apps" / f"{APP_ID}.svg"] + [
+        icons / f"{n}x{n}" / "apps" / f"{APP_ID}.png" for n in PNG_SIZES
+    ]
 
 
 def _refresh_caches(base: Path) -> None:
     """Refresh the caches this user already has (never create new ones; the tools are optional)."""
     apps, hicolor = base / "applications", base / "icons" / "hicolor"
-    for cache, cmd in ((apps / "mimeinfo.cache", ["update-desktop-database", "-q", str(apps)]),
-                       (hicolor / "icon-theme.cache", ["gtk-update-icon-cache", "-q", "-t", "-f", str(hicolor)])):
+    for cache, cmd in (
+        (apps / "mimeinfo.cache", ["update-desktop-database", "-q", str(apps)]),
+        (hicolor / "icon-theme.cache", ["gtk-update-icon-cache", "-q", "-t", "-f", str(hicolor)]),
+    ):
         if cache.exists() and shutil.which(cmd[0]):
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
@@ -109,14 +112,19 @@ def uninstall(base: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("install", "uninstall"))
-    parser.add_argument("--python", default=os.path.abspath(sys.executable),
-                        help="interpreter for Exec (default: this one; a venv's python is kept as is, not resolved)")
+    parser.add_argument(
+        "--python",
+        default=os.path.abspath(sys.executable),
+        help="interpreter for Exec (default: this one; a venv's python is kept as is, not resolved)",
+    )
     parser.add_argument("--data-home", type=Path, help="instead of $XDG_DATA_HOME or ~/.local/share")
     args = parser.parse_args(argv)
     if sys.platform in ("win32", "darwin"):
-        print("This installs a freedesktop.org entry (Linux and BSD desktops). On Windows run "
-              "packaging/windows/install-shortcut.ps1; on macOS build the app with `make bundle`.",
-              file=sys.stderr)
+        print(
+            "This installs a freedesktop.org entry (Linux and BSD desktops). On Windows run "
+            "packaging/windows/install-shortcut.ps1; on macOS build the app with `make bundle`.",
+            file=sys.stderr,
+        )
         return 2
     base = args.data_home or data_home()
     if args.action == "uninstall":

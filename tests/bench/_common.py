@@ -1,4 +1,5 @@
 """Shared bits for the benchmarks (run as scripts: `python tests/bench/NAME.py [--quick]`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ def parse_args(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespa
     """Add `--quick` to the benchmark's parser and parse. Quick mode swaps in the small sizes in
     `quick` (seconds, same code path; the test suite runs it) for every option left at its
     default, so `--quick --reps 5` still takes the explicit 5."""
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes, a few seconds: checks the benchmark runs, not the goal")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, a few seconds: checks the benchmark runs, not the goal"
+    )
     args = parser.parse_args()
     if args.quick:
         for name, value in quick.items():
@@ -80,8 +82,17 @@ def same_length_text(processor, n_tokens: int, opening: str, seed: int = 0) -> t
     return made(lo)
 
 
-def ratio_line(label: str, value: float, *, at_most: float | None = None, at_least: float | None = None,
-               also: tuple[str, bool] | None = None, unit: str = "", note: str = "", digits: int = 3) -> str:
+def ratio_line(
+    label: str,
+    value: float,
+    *,
+    at_most: float | None = None,
+    at_least: float | None = None,
+    also: tuple[str, bool] | None = None,
+    unit: str = "",
+    note: str = "",
+    digits: int = 3,
+) -> str:
     """`label: value  (goal ≤ X: yes)`; `also` adds a second condition the verdict needs
     (e.g. ("0 encoder loads", loads == 0)). Without a bound the line carries `note` instead
     and no verdict: a figure shown for comparison, not a goal."""
@@ -110,14 +121,30 @@ def build_big_tower_model(folder: Path, quick: bool = False) -> Path:
 
     if quick:
         return build_tiny_model(
-            "llava", folder, image_size=112, patch_size=14,
+            "llava",
+            folder,
+            image_size=112,
+            patch_size=14,
             vision={"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4},
-            text={"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2},
+            text={
+                "hidden_size": 128,
+                "intermediate_size": 352,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+            },
         )
     return build_tiny_model(
-        "llava", folder, image_size=224, patch_size=14,
+        "llava",
+        folder,
+        image_size=224,
+        patch_size=14,
         vision={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12},
-        text={"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
-              "num_attention_heads": 8, "num_key_value_heads": 4},
+        text={
+            "hidden_size": 512,
+            "intermediate_size": 1408,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+        },
     )

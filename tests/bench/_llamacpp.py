@@ -6,6 +6,7 @@ A benchmark-only dependency (README, Dependencies): nothing in Parley imports it
 from PyPI through pip; the build needs cmake and a C++ compiler. `Unavailable` carries the one
 line a benchmark prints when any of that is missing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,10 +26,18 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built (pinned: figures name it)
 TARGETS = ("llama-bench", "llama-mtmd-cli", "llama-quantize")
 # Native code for this CPU, as a user's own build would get; no network code, no server, no tests.
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
-               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-               "-DGGML_CCACHE=OFF")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DGGML_CCACHE=OFF",
+)
 
 # The converter, run with two shims for the test fixtures' tokenizer (a small BPE laid out at
 # Qwen's ids): llama.cpp recognises a BPE pre-tokenizer by hashing how it splits a test string,
@@ -116,8 +125,17 @@ class LlamaCpp:
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".part")
-        cmd = [sys.executable, "-c", CONVERT_SHIM, str(self.source), str(model_dir), "--outtype", outtype,
-               "--outfile", str(tmp)] + (["--mmproj"] if mmproj else [])
+        cmd = [
+            sys.executable,
+            "-c",
+            CONVERT_SHIM,
+            str(self.source),
+            str(model_dir),
+            "--outtype",
+            outtype,
+            "--outfile",
+            str(tmp),
+        ] + (["--mmproj"] if mmproj else [])
         _run(cmd, out.parent / "convert.log", env=dict(os.environ, PYTHONPATH=str(self.source / "gguf-py")))
         made = tmp if tmp.exists() else next(out.parent.glob(f"*{tmp.stem}*.part"), None)
         if made is None:
@@ -139,15 +157,35 @@ class LlamaCpp:
         decoded after `depth` tokens of context (one repetition, after its own warm-up).
         Weight repacking (llama.cpp's AMX / interleaved layouts) stays on, as a user gets it,
         unless it crashed on this file (see `no_repack`)."""
+
         def run(repack: bool):
-            cmd = [str(self.tool("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
-                   "-n", str(generate), "-d", str(depth), "-r", "1", "-o", "json", "--repack", str(int(repack))]
+            cmd = [
+                str(self.tool("llama-bench")),
+                "-m",
+                str(gguf),
+                "-t",
+                str(threads),
+                "-p",
+                str(prompt),
+                "-n",
+                str(generate),
+                "-d",
+                str(depth),
+                "-r",
+                "1",
+                "-o",
+                "json",
+                "--repack",
+                str(int(repack)),
+            ]
             return subprocess.run(cmd, capture_output=True, text=True)
 
         done = run(gguf not in NO_REPACK)
         if done.returncode < 0 and gguf not in NO_REPACK:  # killed by a signal: a crash, not a refusal
-            NO_REPACK[gguf] = (f"llama.cpp crashed (signal {-done.returncode}) with weight repacking on {gguf.name}: "
-                               "measured with --repack 0")
+            NO_REPACK[gguf] = (
+                f"llama.cpp crashed (signal {-done.returncode}) with weight repacking on {gguf.name}: "
+                "measured with --repack 0"
+            )
             done = run(False)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip()[-400:]
@@ -160,8 +198,24 @@ class LlamaCpp:
         its own log clock: from formatting the message (after the model, the projector and their
         warm-up runs are loaded, which Parley's figure leaves out too) to the timings it prints
         right after the first token (-v puts a timestamp on every line)."""
-        cmd = [str(self.tool("llama-mtmd-cli")), "-m", str(gguf), "--mmproj", str(mmproj), "--image", str(picture),
-               "-p", question, "-n", "1", "-t", str(threads), "--temp", "0", "-v"]
+        cmd = [
+            str(self.tool("llama-mtmd-cli")),
+            "-m",
+            str(gguf),
+            "--mmproj",
+            str(mmproj),
+            "--image",
+            str(picture),
+            "-p",
+            question,
+            "-n",
+            "1",
+            "-t",
+            str(threads),
+            "--temp",
+            "0",
+            "-v",
+        ]
         cmd += ["--no-repack"] if gguf in NO_REPACK else []
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         log = done.stdout + "\n" + done.stderr
@@ -172,6 +226,7 @@ class LlamaCpp:
         if start is None or end is None:
             raise RuntimeError(f"llama-mtmd-cli's log has no timestamps where expected:\n{log[-1500:]}")
         return end - start
+
 
 NOT_BUILT = "llama.cpp is not built on this machine: `make bench-tools` builds it once"
 
@@ -193,8 +248,22 @@ def ensure(say=lambda line: print(line, file=sys.stderr, flush=True), build: boo
         sdist = root / "sdist"
         if not any(sdist.glob("*.tar.gz")):
             say(f"llama.cpp: fetching the llama-cpp-python {LLAMA_CPP_PYTHON} sdist from PyPI (once)")
-            _run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-                  "--no-binary", ":all:", "-d", str(sdist), f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], log)
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    "-d",
+                    str(sdist),
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                ],
+                log,
+            )
         archive = next(sdist.glob("*.tar.gz"))
         src = root / "src"
         if not (src / "CMakeLists.txt").exists():
@@ -205,7 +274,7 @@ def ensure(say=lambda line: print(line, file=sys.stderr, flush=True), build: boo
             with tarfile.open(archive) as tar:
                 members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
                 for m in members:
-                    m.name = m.name[len(prefix):]
+                    m.name = m.name[len(prefix) :]
                 tar.extractall(tmp, members=[m for m in members if m.name], filter="data")
             os.replace(tmp, src)
         t0 = time.monotonic()
@@ -218,9 +287,17 @@ def ensure(say=lambda line: print(line, file=sys.stderr, flush=True), build: boo
         _run([cmake, "--build", str(part), "-j", str(os.cpu_count() or 2), "--target", *TARGETS], log)
         shutil.rmtree(build, ignore_errors=True)
         os.replace(part, build)  # the tools are linked statically: nothing in them names the folder
-        (root / "built.json").write_text(json.dumps({
-            "llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_flags": CMAKE_FLAGS, "build_s": round(time.monotonic() - t0),
-            "commit": _vendored_commit(src)}, indent=1))
+        (root / "built.json").write_text(
+            json.dumps(
+                {
+                    "llama_cpp_python": LLAMA_CPP_PYTHON,
+                    "cmake_flags": CMAKE_FLAGS,
+                    "build_s": round(time.monotonic() - t0),
+                    "commit": _vendored_commit(src),
+                },
+                indent=1,
+            )
+        )
         return LlamaCpp(root)
 
 
@@ -239,8 +316,11 @@ def _stamp(log: str, marker: str) -> float | None:
 def _vendored_commit(src: Path) -> str:
     """The ggml version and commit the sdist vendors, as its CMake reports them."""
     log = (src.parent / "build.log").read_text(errors="replace")
-    found = [line.split(":", 1)[1].strip() for line in log.splitlines()
-             if line.startswith(("-- ggml version:", "-- ggml commit:"))]
+    found = [
+        line.split(":", 1)[1].strip()
+        for line in log.splitlines()
+        if line.startswith(("-- ggml version:", "-- ggml commit:"))
+    ]
     return "ggml " + ", commit ".join(found[:2]) if found else "unknown"
 
 

@@ -10,6 +10,7 @@ each re-sending its whole conversation with its picture as a base64 data URL eve
   body's own answer time (413 expected) is printed too; goal < 1 s.
 `--quick`: fewer requests and one round of each phase.
 """
+
 from __future__ import annotations
 
 import base64
@@ -133,8 +134,15 @@ def main() -> None:
     child = subprocess.Popen([sys.executable, "-c", CLIENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def run(n: int, per_client: int, big: bool, tag: str) -> dict:
-        job = {"address": list(server.address), "model": engine.loaded.name, "url": url, "n": n,
-               "per_client": per_client, "big": big, "tag": tag}
+        job = {
+            "address": list(server.address),
+            "model": engine.loaded.name,
+            "url": url,
+            "n": n,
+            "per_client": per_client,
+            "big": big,
+            "tag": tag,
+        }
         child.stdin.write(json.dumps(job) + "\n")
         child.stdin.flush()
         return json.loads(child.stdout.readline())
@@ -149,15 +157,17 @@ def main() -> None:
             r = run(n, per_client[n], False, f"N{n}")
             ok = len(r["lat"])
             total_resets += r["resets"]
-            print(f"N={n:2d}: {ok / r['wall']:6.1f} req/s  p50 {pct(r['lat'], .5) * 1000:7.1f} ms  "
-                  f"p99 {pct(r['lat'], .99) * 1000:7.1f} ms  resets {r['resets']}  statuses {r['statuses']}")
+            print(
+                f"N={n:2d}: {ok / r['wall']:6.1f} req/s  p50 {pct(r['lat'], 0.5) * 1000:7.1f} ms  "
+                f"p99 {pct(r['lat'], 0.99) * 1000:7.1f} ms  resets {r['resets']}  statuses {r['statuses']}"
+            )
         calm, loaded, big_answers, big_resets, paired = [], [], [], 0, []
         for i in range(rounds):  # alternate, so drift in machine load hits both phases alike
             c = run(big_n, big_per, False, f"calm{i}")["lat"]
             r = run(big_n, big_per, True, f"big{i}")
             calm += c
             loaded += r["lat"]
-            paired.append(pct(r["lat"], .99) / pct(c, .99))
+            paired.append(pct(r["lat"], 0.99) / pct(c, 0.99))
             total_resets += r["resets"]
             big_answers += r["big"]["answers"]
             big_resets += r["big"]["resets"]
@@ -166,25 +176,33 @@ def main() -> None:
         child.wait(60)
         server.stop()
         engine.shutdown()
-    p99_calm, p99_loaded = pct(calm, .99), pct(loaded, .99)
+    p99_calm, p99_loaded = pct(calm, 0.99), pct(loaded, 0.99)
     codes = sorted({code for code, _ in big_answers})
     big_t = [t for _, t in big_answers]
-    print(f"N={big_n}, {len(calm)} / {len(loaded)} small requests: p50 {pct(calm, .5) * 1000:.1f} ms calm, "
-          f"{pct(loaded, .5) * 1000:.1f} ms with the big body; "
-          f"p99 {p99_calm * 1000:.1f} ms calm, "
-          f"{p99_loaded * 1000:.1f} ms with a 30 MB body in flight ({len(big_answers)} sent, answered {codes}, "
-          f"median {statistics.median(big_t) * 1000 if big_t else float('nan'):.0f} ms each incl. upload, "
-          f"{big_resets} resets)")
+    print(
+        f"N={big_n}, {len(calm)} / {len(loaded)} small requests: p50 {pct(calm, 0.5) * 1000:.1f} ms calm, "
+        f"{pct(loaded, 0.5) * 1000:.1f} ms with the big body; "
+        f"p99 {p99_calm * 1000:.1f} ms calm, "
+        f"{p99_loaded * 1000:.1f} ms with a 30 MB body in flight ({len(big_answers)} sent, answered {codes}, "
+        f"median {statistics.median(big_t) * 1000 if big_t else float('nan'):.0f} ms each incl. upload, "
+        f"{big_resets} resets)"
+    )
     ratio = p99_loaded / p99_calm
     if len(paired) > 1:
-        print(f"per-round p99 ratios (neighbouring phases): {', '.join(f'{x:.2f}' for x in paired)}; "
-              f"median {statistics.median(paired):.2f}")
+        print(
+            f"per-round p99 ratios (neighbouring phases): {', '.join(f'{x:.2f}' for x in paired)}; "
+            f"median {statistics.median(paired):.2f}"
+        )
     print(ratio_line("small-request p99 with a 30 MB body in flight / without", ratio, at_most=1.5))
     print(f"goal p99 ratio <= 1.5: {'yes' if ratio <= 1.5 else 'no'}")
-    print(f"goal 30 MB body answered 413 in < 1 s: "
-          f"{'yes' if codes == ['413'] and big_t and max(big_t) < 1.0 else 'no'} (max {max(big_t, default=0):.3f} s)")
-    print(f"goal 0 connection resets: {'yes' if total_resets == 0 and big_resets == 0 else 'no'} "
-          f"({total_resets} small, {big_resets} big)")
+    print(
+        f"goal 30 MB body answered 413 in < 1 s: "
+        f"{'yes' if codes == ['413'] and big_t and max(big_t) < 1.0 else 'no'} (max {max(big_t, default=0):.3f} s)"
+    )
+    print(
+        f"goal 0 connection resets: {'yes' if total_resets == 0 and big_resets == 0 else 'no'} "
+        f"({total_resets} small, {big_resets} big)"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ the figure is the median of the per-conversation ratios (the machine may be shar
 
     python tests/bench/api_resend.py [--repeats 12] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,6 +76,7 @@ def main() -> None:
     url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
     engine = open_engine(model_dir, d / "data", elastic=True, elastic_idle_s=3600)
     server = ApiServer(engine, "127.0.0.1", 0).start()
+
     def window(opening: str):
         """The window's way: the engine keeps the conversation under its id."""
         msgs = [Message("user", opening, pics(pic))]
@@ -87,14 +89,26 @@ def main() -> None:
         return t, done.reply, len(done.token_ids)
 
     # the API client is another program, as it would be: its own process, talking HTTP
-    child = subprocess.Popen([sys.executable, "-c", CLIENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, bufsize=1)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CLIENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+    )
 
     def api(opening: str, stream: bool):
         """An API client's way: the whole conversation, picture included, every turn."""
-        child.stdin.write(json.dumps({"base_url": server.url, "model": engine.loaded.name, "url": url,
-                                      "opening": opening, "stream": stream,
-                                      "follow_ups": FOLLOW_UPS, "new": NEW}) + "\n")
+        child.stdin.write(
+            json.dumps(
+                {
+                    "base_url": server.url,
+                    "model": engine.loaded.name,
+                    "url": url,
+                    "opening": opening,
+                    "stream": stream,
+                    "follow_ups": FOLLOW_UPS,
+                    "new": NEW,
+                }
+            )
+            + "\n"
+        )
         out = json.loads(child.stdout.readline())
         return out["t"], out["reply"], out["usage"], engine.last_turn_stats
 
@@ -106,7 +120,7 @@ def main() -> None:
         for r in range(args.repeats):
             opening = f"Conversation {r}: what is in this picture?"
             order = ["window", "api", "stream"]
-            order = order[r % 3:] + order[:r % 3]  # rotate, so drift in machine load hits all three alike
+            order = order[r % 3 :] + order[: r % 3]  # rotate, so drift in machine load hits all three alike
             got = {}
             for kind in order:
                 got[kind] = window(opening) if kind == "window" else api(opening, kind == "stream")
@@ -125,17 +139,24 @@ def main() -> None:
         server.stop()
         engine.shutdown()
     med = {k: statistics.median(v) for k, v in times.items()}
-    paired = {k: statistics.median(a / w for a, w in zip(times[k], times["window"], strict=True))
-              for k in ("api", "stream")}
-    print(f"picture 640×480 PNG ({pic.stat().st_size // 1024} KiB, re-sent as base64 each turn); "
-          f"{NEW} new tokens; {args.repeats} conversations")
-    print(f"turn 3 medians: window {med['window'] * 1000:.1f} ms | API {med['api'] * 1000:.1f} ms | "
-          f"API streaming {med['stream'] * 1000:.1f} ms; API cached tokens {statistics.median(cached):.0f}, "
-          f"prefilled {statistics.median(prefill):.0f}, encoder loads {loads}")
+    paired = {
+        k: statistics.median(a / w for a, w in zip(times[k], times["window"], strict=True)) for k in ("api", "stream")
+    }
+    print(
+        f"picture 640×480 PNG ({pic.stat().st_size // 1024} KiB, re-sent as base64 each turn); "
+        f"{NEW} new tokens; {args.repeats} conversations"
+    )
+    print(
+        f"turn 3 medians: window {med['window'] * 1000:.1f} ms | API {med['api'] * 1000:.1f} ms | "
+        f"API streaming {med['stream'] * 1000:.1f} ms; API cached tokens {statistics.median(cached):.0f}, "
+        f"prefilled {statistics.median(prefill):.0f}, encoder loads {loads}"
+    )
     print(ratio_line("API turn 3 / window turn 3 (median of paired ratios)", paired["api"], at_most=1.1))
     print(ratio_line("API streaming turn 3 / window turn 3 (median of paired ratios)", paired["stream"], at_most=1.1))
-    print(f"best of each: API / window {min(times['api']) / min(times['window']):.3f}, "
-          f"streaming / window {min(times['stream']) / min(times['window']):.3f}")
+    print(
+        f"best of each: API / window {min(times['api']) / min(times['window']):.3f}, "
+        f"streaming / window {min(times['stream']) / min(times['window']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ of two runs (N+1 and 1 new tokens) so its prefill cancels out, the engine's from
 
     python tests/bench/decode_overhead.py [--tokens 64] [--repeats 3] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,20 @@ from tests.engine_helpers import Reference, ask, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model
 
-FULL_TEXT = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
-             "num_attention_heads": 16, "num_key_value_heads": 4}
-QUICK_TEXT = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
-              "num_attention_heads": 4, "num_key_value_heads": 2}
+FULL_TEXT = {
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+}
+QUICK_TEXT = {
+    "hidden_size": 256,
+    "intermediate_size": 704,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def main() -> None:
@@ -58,8 +69,10 @@ def main() -> None:
     finally:
         engine.shutdown()
     g, e = statistics.median(gen_rates), statistics.median(eng_rates)
-    print(f"model: {n_params / 1e6:.0f}M parameters, prompt {len(ids)} tokens, {N} new tokens, "
-          f"CPU threads {torch.get_num_threads()}")
+    print(
+        f"model: {n_params / 1e6:.0f}M parameters, prompt {len(ids)} tokens, {N} new tokens, "
+        f"CPU threads {torch.get_num_threads()}"
+    )
     print(f"model.generate decode: {g:.1f} tok/s   engine decode: {e:.1f} tok/s")
     print(ratio_line("engine / generate decode tokens/s", e / g, at_least=0.95))
 

@@ -8,6 +8,7 @@ generate's decode rate is taken from the difference of two runs (N and 1 new tok
 prefill cancels out; the engine's from its decode_s. The engine without drafts is printed too.
 `--quick`: one round, a small random model for the second turn kind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,10 @@ def compare(label: str, model_dir, conversation, n: int, repeats: int, d, goal: 
         drafting.shutdown()
         plain.shutdown()
     g, e, p = statistics.median(gen), statistics.median(on), statistics.median(off)
-    print(f"[{label}] generate {g:.1f} tok/s, engine {e:.1f} tok/s with drafts "
-          f"({statistics.median(taken):.0%} taken), {p:.1f} tok/s without")
+    print(
+        f"[{label}] generate {g:.1f} tok/s, engine {e:.1f} tok/s with drafts "
+        f"({statistics.median(taken):.0%} taken), {p:.1f} tok/s without"
+    )
     print(ratio_line(f"{label}: engine (drafts) / generate decode tokens/s", e / g, at_least=goal))
     print(ratio_line(f"{label}: engine (no drafts) / generate decode tokens/s", p / g, note="for comparison"))
 
@@ -85,10 +88,23 @@ def main() -> None:
 
     compare("restating turn", DEMO_MODEL, restating, 40, args.rounds, d, 1.5)
 
-    text = ({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2} if args.quick else
-            {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
-             "num_attention_heads": 16, "num_key_value_heads": 4})
+    text = (
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        }
+        if args.quick
+        else {
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+        }
+    )
     model_dir = build_tiny_model("llava", d / "model", text=text)
 
     def fresh(engine, cid):

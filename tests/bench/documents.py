@@ -11,6 +11,7 @@ measured side by side in one run (the machine may be shared: read the ratios).
 
     python tests/bench/documents.py [--pages 20] [--frames 60] [--video-mb 1024] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,10 +47,16 @@ def cached_vs_text(engine, question: str, pictures: list, what: str) -> tuple[st
     t_cached, s = first_token_s(engine, f"{what}-again", [Message("user", question, pictures)])
     text, n = same_length_text(engine.loaded.processor, s.prompt_tokens, question)
     t_text, _ = first_token_s(engine, f"{what}-text", [Message("user", text)])
-    print(f"{what}: prefill {s.prefill_s:.2f} s of {s.prefill_tokens} tokens, restore {s.restore_s:.2f} s, "
-          f"first token {s.first_token_s:.2f} s; hits {s.image_cache_hits}")
-    line = ratio_line(f"{what}: second question's time to first token / text-only turn's", t_cached / t_text,
-                      at_most=1.05, also=("0 encoder loads", s.encoder_loads == 0 and s.pictures_encoded == 0))
+    print(
+        f"{what}: prefill {s.prefill_s:.2f} s of {s.prefill_tokens} tokens, restore {s.restore_s:.2f} s, "
+        f"first token {s.first_token_s:.2f} s; hits {s.image_cache_hits}"
+    )
+    line = ratio_line(
+        f"{what}: second question's time to first token / text-only turn's",
+        t_cached / t_text,
+        at_most=1.05,
+        also=("0 encoder loads", s.encoder_loads == 0 and s.pictures_encoded == 0),
+    )
     return line, {"first": first, "cached_s": t_cached, "text_s": t_text, "prompt": s.prompt_tokens, "text_len": n}
 
 
@@ -81,8 +88,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pages", type=int, default=20)
     ap.add_argument("--frames", type=int, default=60)
-    ap.add_argument("--dpi", type=int, default=72, help="page resolution (72: a US Letter page is ~620 tokens, "
-                                                      "so 20 pages fit the 32k context)")
+    ap.add_argument(
+        "--dpi",
+        type=int,
+        default=72,
+        help="page resolution (72: a US Letter page is ~620 tokens, so 20 pages fit the 32k context)",
+    )
     ap.add_argument("--video-mb", type=int, default=1024, help="size of the video read for the memory figure")
     args = parse_args(ap, quick={"pages": 3, "frames": 4, "video_mb": 8, "dpi": 36})
     reduce = QUICK if args.quick else {}
@@ -116,17 +127,29 @@ def main() -> None:
 
     rss_mb = peak_rss_above(read_big)
     first = pdf_fig["first"]
-    print(f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}, bf16 on CPU; pages rendered at "
-          f"{sizes[0][0]}x{sizes[0][1]} ({args.dpi} dpi, within the processor's limit); {NEW} new tokens; one run each")
-    print(f"PDF prompt {pdf_fig['prompt']} tokens (text-only {pdf_fig['text_len']}): second question "
-          f"{pdf_fig['cached_s']:.2f} s to first token, text-only {pdf_fig['text_s']:.2f} s")
-    print(f"clip prompt {clip_fig['prompt']} tokens (text-only {clip_fig['text_len']}): second question "
-          f"{clip_fig['cached_s']:.2f} s to first token, text-only {clip_fig['text_s']:.2f} s")
+    print(
+        f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}, bf16 on CPU; pages rendered at "
+        f"{sizes[0][0]}x{sizes[0][1]} ({args.dpi} dpi, within the processor's limit); {NEW} new tokens; one run each"
+    )
+    print(
+        f"PDF prompt {pdf_fig['prompt']} tokens (text-only {pdf_fig['text_len']}): second question "
+        f"{pdf_fig['cached_s']:.2f} s to first token, text-only {pdf_fig['text_s']:.2f} s"
+    )
+    print(
+        f"clip prompt {clip_fig['prompt']} tokens (text-only {clip_fig['text_len']}): second question "
+        f"{clip_fig['cached_s']:.2f} s to first token, text-only {clip_fig['text_s']:.2f} s"
+    )
     print(pdf_line)
     print(clip_line)
     print(ratio_line("pages rendered per second", len(pages) / render_s, digits=1, note="PDFium, one thread"))
-    print(ratio_line("pages encoded per second", first.pictures_encoded / max(first.encode_s, 1e-9), digits=2,
-                     note="the first question's encode"))
+    print(
+        ratio_line(
+            "pages encoded per second",
+            first.pictures_encoded / max(first.encode_s, 1e-9),
+            digits=2,
+            note="the first question's encode",
+        )
+    )
     print(ratio_line(f"peak memory reading a {args.video_mb} MB video", rss_mb, at_most=300, unit="MB", digits=0))
 
 

@@ -9,6 +9,7 @@ and how much a dropped connection makes it fetch again. Measured side by side in
   cancel at 50 % and a fresh pull (as after an app restart).
 Sizes: a 200 MB model (--quick: 20 MB).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,14 @@ def main() -> int:
     from engine.library.fetch import Cancelled
     from engine.library.hub import hub_cache_dir
 
-    repo = hub.add_repo("bench/model", {"config.json": b'{"model_type": "llava"}',
-                                        "chat_template.jinja": b"{{ messages }}",
-                                        BIG: safetensors_bytes(size_mb << 20)})
+    repo = hub.add_repo(
+        "bench/model",
+        {
+            "config.json": b'{"model_type": "llava"}',
+            "chat_template.jinja": b"{{ messages }}",
+            BIG: safetensors_bytes(size_mb << 20),
+        },
+    )
     size = len(repo.files[BIG].data)
     url = f"{hub.cdn_url}/lfs/{repo.files[BIG].sha256}"
     print(f"model: {size / 1e6:.0f} MB of weights + 2 small files; {rounds} rounds; stand-in at {hub.url}")
@@ -84,9 +90,11 @@ def main() -> int:
         p_times.append(p)
         b_times.append(b)
     ratio = statistics.median(ratios)
-    print(f"parley pull: median {statistics.median(p_times):.3f} s "
-          f"({size / statistics.median(p_times) / 1e6:.0f} MB/s); "
-          f"plain GET: median {statistics.median(b_times):.3f} s ({size / statistics.median(b_times) / 1e6:.0f} MB/s)")
+    print(
+        f"parley pull: median {statistics.median(p_times):.3f} s "
+        f"({size / statistics.median(p_times) / 1e6:.0f} MB/s); "
+        f"plain GET: median {statistics.median(b_times):.3f} s ({size / statistics.median(b_times) / 1e6:.0f} MB/s)"
+    )
     print(ratio_line("pull / plain GET", ratio, at_most=1.10))
 
     # a connection dropped at 50 %: the in-pull retry asks for the rest with Range

@@ -9,6 +9,7 @@ Each turn runs in a fresh conversation so no KV prefix is reused past the templa
 
     python tests/bench/image_gate.py [--repeats 5] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,19 @@ def main() -> None:
     question = "What is in this picture?"
 
     gated = open_engine(model_dir, d / "data-gated", elastic=True, elastic_idle_s=3600)
-    ungated = open_engine(model_dir, d / "data-ungated", elastic=True, elastic_idle_s=3600,
-                          image_cache_entries=0, image_cache_disk_bytes=0)
+    ungated = open_engine(
+        model_dir,
+        d / "data-ungated",
+        elastic=True,
+        elastic_idle_s=3600,
+        image_cache_entries=0,
+        image_cache_disk_bytes=0,
+    )
     try:
-        vision_params = sum(p.numel() for p in gated.loaded.vision_parameters() if p.numel()) or \
-            gated.gate.residency.weight_bytes() // 4
+        vision_params = (
+            sum(p.numel() for p in gated.loaded.vision_parameters() if p.numel())
+            or gated.gate.residency.weight_bytes() // 4
+        )
         # the first picture turn: a miss, so the encoder loads and encodes
         t_new, s_new = turn_s(gated, "new", [Message("user", question, pics(pic))])
         gated.unload_encoder()
@@ -73,15 +82,22 @@ def main() -> None:
         gated.shutdown()
         ungated.shutdown()
     c, tx, ng = statistics.median(cached), statistics.median(textonly), statistics.median(nogate)
-    print(f"vision tower ≈ {vision_params / 1e6:.0f}M parameters; picture prompt {n_prompt} tokens, "
-          f"text-only prompt {text_len} tokens; {NEW} new tokens; medians of {args.repeats}")
-    print(f"text-only turn {tx * 1000:.1f} ms | cached picture, encoder unloaded {c * 1000:.1f} ms "
-          f"({loads} encoder loads) | gate off {ng * 1000:.1f} ms")
-    print(ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05,
-                     also=("0 encoder loads", loads == 0)))
+    print(
+        f"vision tower ≈ {vision_params / 1e6:.0f}M parameters; picture prompt {n_prompt} tokens, "
+        f"text-only prompt {text_len} tokens; {NEW} new tokens; medians of {args.repeats}"
+    )
+    print(
+        f"text-only turn {tx * 1000:.1f} ms | cached picture, encoder unloaded {c * 1000:.1f} ms "
+        f"({loads} encoder loads) | gate off {ng * 1000:.1f} ms"
+    )
+    print(
+        ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05, also=("0 encoder loads", loads == 0))
+    )
     print(ratio_line("gate-off picture turn / text-only turn", ng / tx, note="for comparison: what the gate saves"))
-    print(f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new.encoder_load_s * 1000:.1f} ms "
-          f"and encode {s_new.encode_s * 1000:.1f} ms")
+    print(
+        f"new-picture turn: {t_new * 1000:.1f} ms, of which encoder load {s_new.encoder_load_s * 1000:.1f} ms "
+        f"and encode {s_new.encode_s * 1000:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ run one after the other, never both in memory.
 
     python tests/bench/image_gate_real.py [--repeats 3] [--picture 448x336] [--json PATH] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,9 @@ def main() -> None:
         turn(gated, "warm-up", [Message("user", "Hello there.")])  # one-time kernel set-up
         gated.unload_encoder()
         t_new, s_new = turn(gated, "new", ask_pic)
-        series["gated"].append({"turn": "new picture", "s": t_new, "encoder_load_s": s_new.encoder_load_s,
-                                "encode_s": s_new.encode_s})
+        series["gated"].append(
+            {"turn": "new picture", "s": t_new, "encoder_load_s": s_new.encoder_load_s, "encode_s": s_new.encode_s}
+        )
         n_prompt = s_new.prompt_tokens
         text, text_len = same_length_text(gated.loaded.processor, n_prompt, QUESTION)
         cached, textonly, loads = [], [], 0
@@ -79,16 +81,29 @@ def main() -> None:
         gated.shutdown()
     del gated
 
-    ungated = open_engine(model_dir, d / "data-ungated", dtype="bfloat16", elastic=True, elastic_idle_s=86400,
-                          image_cache_entries=0, image_cache_disk_bytes=0)
+    ungated = open_engine(
+        model_dir,
+        d / "data-ungated",
+        dtype="bfloat16",
+        elastic=True,
+        elastic_idle_s=86400,
+        image_cache_entries=0,
+        image_cache_disk_bytes=0,
+    )
     nogate = []
     try:
         turn(ungated, "warm-up", [Message("user", "Hello there.")])
         for r in range(args.repeats + 1):
             ungated.unload_encoder()
             t, s = turn(ungated, f"ng{r}", ask_pic)
-            series["gate_off"].append({"turn": "new picture" if r == 0 else f"again {r}", "s": t,
-                                       "encoder_load_s": s.encoder_load_s, "encode_s": s.encode_s})
+            series["gate_off"].append(
+                {
+                    "turn": "new picture" if r == 0 else f"again {r}",
+                    "s": t,
+                    "encoder_load_s": s.encoder_load_s,
+                    "encode_s": s.encode_s,
+                }
+            )
             if r:
                 nogate.append(t)
     finally:
@@ -96,18 +111,32 @@ def main() -> None:
 
     c, tx, ng = statistics.median(cached), statistics.median(textonly), statistics.median(nogate)
     t = spec["text"]
-    print(f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}: {t['num_hidden_layers']}-layer "
-          f"{t['hidden_size']}-wide LM, vision tower {vision_params / 1e6:.0f}M parameters, bf16 on CPU")
-    print(f"picture {w}x{h}: prompt {n_prompt} tokens, text-only prompt {text_len} tokens; {NEW} new tokens; "
-          f"medians of {args.repeats}")
-    print(f"text-only turn {tx:.2f} s | cached picture, encoder unloaded {c:.2f} s ({loads} encoder loads) | "
-          f"gate off {ng:.2f} s")
-    print(ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05,
-                     also=("0 encoder loads", loads == 0)))
+    print(
+        f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}: {t['num_hidden_layers']}-layer "
+        f"{t['hidden_size']}-wide LM, vision tower {vision_params / 1e6:.0f}M parameters, bf16 on CPU"
+    )
+    print(
+        f"picture {w}x{h}: prompt {n_prompt} tokens, text-only prompt {text_len} tokens; {NEW} new tokens; "
+        f"medians of {args.repeats}"
+    )
+    print(
+        f"text-only turn {tx:.2f} s | cached picture, encoder unloaded {c:.2f} s ({loads} encoder loads) | "
+        f"gate off {ng:.2f} s"
+    )
+    print(
+        ratio_line("cached-picture turn / text-only turn", c / tx, at_most=1.05, also=("0 encoder loads", loads == 0))
+    )
     print(ratio_line("gate-off picture turn / text-only turn", ng / tx, note="for comparison: what the gate saves"))
     print(ratio_line("new picture: encoder load", s_new.encoder_load_s, unit="s", digits=2))
-    print(ratio_line("new picture: encode", s_new.encode_s, unit="s", digits=2,
-                     note=f"picture {w}x{h}, {vision_params / 1e6:.0f}M-parameter tower"))
+    print(
+        ratio_line(
+            "new picture: encode",
+            s_new.encode_s,
+            unit="s",
+            digits=2,
+            note=f"picture {w}x{h}, {vision_params / 1e6:.0f}M-parameter tower",
+        )
+    )
     print(ratio_line("new-picture turn", t_new, unit="s", digits=2))
     print(ratio_line("cached-picture turn", c, unit="s", digits=2))
     print(ratio_line("text-only turn", tx, unit="s", digits=2))

@@ -13,6 +13,7 @@ the shared libraries' code, paged in as kernels first run (tens of MiB), not dat
 
     python tests/bench/memory_ledger.py [--long-tokens 4096] [--json PATH] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ from tests.fixtures.published_configs import build_published
 SHAPE = "SmolVLM-256M-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}
 IN_PROCESS = ("language_model", "vision_encoder", "processor", "hot_kv", "image_cache_ram")
-WORDS = ("a small red house beside a quiet river with two children playing on the grass while "
-         "a brown dog runs after a yellow ball under tall green trees ").split()
+WORDS = (
+    "a small red house beside a quiet river with two children playing on the grass while "
+    "a brown dog runs after a yellow ball under tall green trees "
+).split()
 
 
 def resident() -> dict[str, int]:
@@ -60,8 +63,10 @@ def main() -> None:
     import transformers.models.idefics3.modeling_idefics3  # noqa: F401
     from PIL import Image  # noqa: F401
 
-    engine = Engine(EngineSettings().with_changes({"dtype": "bfloat16", "elastic_idle_s": 86400.0,
-                                                   "spill_idle_s": 86400.0}), d / "data").start()
+    engine = Engine(
+        EngineSettings().with_changes({"dtype": "bfloat16", "elastic_idle_s": 86400.0, "spill_idle_s": 86400.0}),
+        d / "data",
+    ).start()
     steps = []
     try:
         base = resident()
@@ -73,23 +78,35 @@ def main() -> None:
             dock, grown, code = sum(parts.values()), now["RssAnon"] - base["RssAnon"], now["RssFile"] - base["RssFile"]
             steps.append({"step": step, "dock": dock, "measured": grown, "file_backed": code, "components": parts})
             shown = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in parts.items())
-            print(f"after {step}{detail}: dock {dock / 2**20:.1f} MiB ({shown}) | anonymous RSS growth "
-                  f"{grown / 2**20:.1f} MiB (+ {code / 2**20:.1f} MiB file-backed: library code)")
+            print(
+                f"after {step}{detail}: dock {dock / 2**20:.1f} MiB ({shown}) | anonymous RSS growth "
+                f"{grown / 2**20:.1f} MiB (+ {code / 2**20:.1f} MiB file-backed: library code)"
+            )
             print(ratio_line(f"ledger error after {step}", abs(dock - grown) / grown, at_most=0.05))
 
         load_blocking(engine, str(model_dir))
         record("load")
         done = expect_done(ask(engine, "picture", [Message("user", "What is in this picture?", pics(pic))], 8))
-        record("a picture turn", f" ({done.stats.prompt_tokens} tokens, encoder "
-                                 f"{'resident' if done.stats.encoder_resident else 'unloaded'})")
+        record(
+            "a picture turn",
+            f" ({done.stats.prompt_tokens} tokens, encoder "
+            f"{'resident' if done.stats.encoder_resident else 'unloaded'})",
+        )
         done = expect_done(ask(engine, "long", [Message("user", long_text)], 8))
         record("a long turn", f" ({done.stats.prompt_tokens} tokens)")
         # heap the allocator still keeps after freeing (the engine trims after each turn: ~0 left)
         return_freed_heap()
         trimmed = resident()["RssAnon"] - base["RssAnon"]
-        print(ratio_line("anonymous RSS growth after another malloc_trim(0)", trimmed / 2**20, unit="MiB", digits=1,
-                         note=f"dock {steps[-1]['dock'] / 2**20:.1f} MiB; error "
-                              f"{abs(steps[-1]['dock'] - trimmed) / trimmed:.3f} once freed heap is returned"))
+        print(
+            ratio_line(
+                "anonymous RSS growth after another malloc_trim(0)",
+                trimmed / 2**20,
+                unit="MiB",
+                digits=1,
+                note=f"dock {steps[-1]['dock'] / 2**20:.1f} MiB; error "
+                f"{abs(steps[-1]['dock'] - trimmed) / trimmed:.3f} once freed heap is returned",
+            )
+        )
         steps.append({"step": "after malloc_trim", "dock": steps[-1]["dock"], "measured": trimmed})
     finally:
         engine.shutdown()

@@ -13,6 +13,7 @@ every call, a third of bf16's decode speed here), with the tied token embedding 
 (15% of Qwen2-VL-2B's language model) in int8 too; a prompt through oneDNN's int8 GEMM with
 per-row int8 activations where the CPU computes it exactly (VNNI/AMX), else the dense GEMM.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,13 +33,28 @@ from tests.fixtures.tiny_models import build_tiny_model
 
 # Qwen2-VL-2B-Instruct's config.json (text and vision sizes), written down as test data
 QWEN2_VL_2B_TEXT = dict(
-    hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
     tie_word_embeddings=True,
     rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1000000.0},
 )
-QWEN2_VL_2B_VISION = dict(depth=32, embed_dim=1280, hidden_size=1536, mlp_ratio=4, num_heads=16,
-                          in_chans=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+QWEN2_VL_2B_VISION = dict(
+    depth=32,
+    embed_dim=1280,
+    hidden_size=1536,
+    mlp_ratio=4,
+    num_heads=16,
+    in_chans=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 PROMPT = 200  # positions compared for greedy agreement
 DECODE = {True: 24, False: 12}  # tokens decoded per speed run (quick, full)
 REPEATS = {True: 3, False: 5}  # interleaved rounds (one speed run of each format per round)
@@ -77,8 +93,12 @@ def greedy_choices(loaded, prompt: torch.Tensor) -> torch.Tensor:
 def prefill_rate(loaded, prompt: torch.Tensor) -> float:
     """Prompt tokens/s of one prefill of the whole prompt (one chunk, the last logits only)."""
     t0 = time.perf_counter()
-    loaded.model(input_ids=prompt.to(loaded.device), cache=DynamicCache(config=loaded.model.config), use_cache=True,
-                 logits_to_keep=1).logits.cpu()
+    loaded.model(
+        input_ids=prompt.to(loaded.device),
+        cache=DynamicCache(config=loaded.model.config),
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits.cpu()
     return prompt.shape[1] / (time.perf_counter() - t0)
 
 
@@ -105,8 +125,14 @@ def measure(folder, formats: list[str], prompt: torch.Tensor, device: str, quick
     runs = {}
     for f, lm in loaded.items():
         lm_bytes, vision = model_bytes(lm)
-        runs[f] = {"lm_bytes": lm_bytes, "vision_bytes": vision, "choices": greedy_choices(lm, prompt),
-                   "format": lm.weights, "rates": [], "prefill": []}
+        runs[f] = {
+            "lm_bytes": lm_bytes,
+            "vision_bytes": vision,
+            "choices": greedy_choices(lm, prompt),
+            "format": lm.weights,
+            "rates": [],
+            "prefill": [],
+        }
     for _ in range(REPEATS[quick]):
         for f, lm in loaded.items():
             runs[f]["rates"].append(decode_rate(lm, prompt, DECODE[quick]))
@@ -115,7 +141,8 @@ def measure(folder, formats: list[str], prompt: torch.Tensor, device: str, quick
         r["tok_s"] = statistics.median(r["rates"])
         r["speed"] = statistics.median(x / b for x, b in zip(r["rates"], runs["bf16"]["rates"], strict=True))
         r["prefill_speed"] = statistics.median(
-            x / b for x, b in zip(r["prefill"], runs["bf16"]["prefill"], strict=True))
+            x / b for x, b in zip(r["prefill"], runs["bf16"]["prefill"], strict=True)
+        )
     del loaded
     gc.collect()
     if device == "cuda":
@@ -127,8 +154,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 text layers, 2 vision blocks")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--formats", default="", help="weights compared with bf16, comma-separated "
-                                                   "(default int8, and 4bit on CUDA; 4bit also runs on CPU)")
+    ap.add_argument(
+        "--formats",
+        default="",
+        help="weights compared with bf16, comma-separated (default int8, and 4bit on CUDA; 4bit also runs on CPU)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     folder = build_folder(args.quick)
@@ -141,12 +171,16 @@ def main() -> None:
         shutil.rmtree(folder.parent, ignore_errors=True)  # 4.4 GB of random weights at the full shape
     bf = runs["bf16"]
     shape = "quick: 2 text layers, 2 vision blocks" if args.quick else "28 text layers, 32 vision blocks"
-    print(f"Qwen2-VL-2B-Instruct shape ({shape}), random weights, device {args.device}, "
-          f"CPU threads {torch.get_num_threads()}, setup+runs {time.perf_counter() - t0:.0f} s")
+    print(
+        f"Qwen2-VL-2B-Instruct shape ({shape}), random weights, device {args.device}, "
+        f"CPU threads {torch.get_num_threads()}, setup+runs {time.perf_counter() - t0:.0f} s"
+    )
     for f, r in runs.items():
-        print(f"{f:>5}: language model {r['lm_bytes'] / 1e6:9.1f} MB, vision {r['vision_bytes'] / 1e6:7.1f} MB, "
-              f"decode {r['tok_s']:.2f} tok/s (rounds: {', '.join(f'{x:.2f}' for x in r['rates'])}), "
-              f"prefill {statistics.median(r['prefill']):.1f} tok/s")
+        print(
+            f"{f:>5}: language model {r['lm_bytes'] / 1e6:9.1f} MB, vision {r['vision_bytes'] / 1e6:7.1f} MB, "
+            f"decode {r['tok_s']:.2f} tok/s (rounds: {', '.join(f'{x:.2f}' for x in r['rates'])}), "
+            f"prefill {statistics.median(r['prefill']):.1f} tok/s"
+        )
         assert r["vision_bytes"] == bf["vision_bytes"], "the vision tower must stay in full precision"
         assert r["format"] == f, f"asked for {f}, loaded {r['format']}"
     for f in formats[1:]:
@@ -157,8 +191,11 @@ def main() -> None:
         speed_goal = 0.9
         print(ratio_line(f"weight bytes {f} / bf16", size, at_most=size_goal))
         print(ratio_line(f"decode tok/s {f} / bf16 on {args.device}", speed, at_least=speed_goal))
-        print(ratio_line(f"prefill tok/s {f} / bf16 on {args.device} ({PROMPT}-token prompt)", r["prefill_speed"],
-                         at_least=0.9))
+        print(
+            ratio_line(
+                f"prefill tok/s {f} / bf16 on {args.device} ({PROMPT}-token prompt)", r["prefill_speed"], at_least=0.9
+            )
+        )
         print(ratio_line(f"greedy next-token agreement {f} vs bf16 over {PROMPT} positions", agree, note="reported"))
 
 

@@ -15,6 +15,7 @@ answers at once (so nothing else is left in the time): median time to first toke
 Figures: median over repeats of (remote ÷ bare) for the whole turn and for the time to first
 token; goal ≤ 1.05 each. `--quick`: fewer repeats and tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,16 +71,18 @@ def bare_messages(text: str | None, picture) -> list[dict]:
     if picture is None:
         return [{"role": "user", "content": "hi"}]
     url = "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": text}]}]
+    return [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+    ]
 
 
 def through_client(client, model: str, text: str, picture, n: int) -> tuple[float, float, str]:
     t0 = time.perf_counter()
     messages = bare_messages(text, picture)  # a bare client builds its request too
     first, parts = None, []
-    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=n, temperature=0, stream=True, stream_options={"include_usage": True}
+    ):
         for choice in chunk.choices:
             if choice.delta.content:
                 first = first or time.perf_counter()
@@ -100,9 +103,11 @@ def own_cost_ms(runs: int) -> tuple[float, float]:
     e_ttft, c_ttft = [], []
     try:
         for i in range(runs):
-            pair = [lambda: e_ttft.append(through_engine(engine, Turn("stub", turn.messages, turn.sampling))[1]),
-                    lambda: c_ttft.append(through_client(client, "big-vlm", None, None, 4)[1])]
-            for run in (pair if i % 2 == 0 else pair[::-1]):
+            pair = [
+                lambda: e_ttft.append(through_engine(engine, Turn("stub", turn.messages, turn.sampling))[1]),
+                lambda: c_ttft.append(through_client(client, "big-vlm", None, None, 4)[1]),
+            ]
+            for run in pair if i % 2 == 0 else pair[::-1]:
                 run()
     finally:
         engine.shutdown()
@@ -121,9 +126,18 @@ def main() -> int:
     root = workdir("remote")
     model_dir = root / "model"
     # built in a child process: this one stays a lean client (no torch), as `ask --remote` is
-    subprocess.run([sys.executable, "-c", "import sys; from tests.fixtures.tiny_models import build_tiny_model; "
-                    "build_tiny_model('llava', sys.argv[1])", str(model_dir)], cwd=ROOT, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.fixtures.tiny_models import build_tiny_model; "
+            "build_tiny_model('llava', sys.argv[1])",
+            str(model_dir),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     server = ParleyServe(model_dir, root / "server-data")
     engine = RemoteEngine(RemoteConfig.make(server.url)).start()
     client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=600)
@@ -140,13 +154,12 @@ def main() -> int:
             through_client(warmer, name, text, pic, n)  # warm: both timed paths meet the same cache
             runs = {"e": [], "c": []}
             # A B B A (B A A B on odd repeats): a drift in the shared machine's load hits both
-            for path in ("ecce" if i % 2 == 0 else "ceec"):
+            for path in "ecce" if i % 2 == 0 else "ceec":
                 if path == "e":
                     runs["e"].append(through_engine(engine, Turn(turn.conversation_id, history, turn.sampling)))
                 else:
                     runs["c"].append(through_client(client, name, text, pic, n))
-            e = tuple(statistics.fmean(r[k] for r in runs["e"]) for k in (0, 1)) + (runs["e"][0][2],
-                                                                                   runs["e"][0][3])
+            e = tuple(statistics.fmean(r[k] for r in runs["e"]) for k in (0, 1)) + (runs["e"][0][2], runs["e"][0][3])
             c = tuple(statistics.fmean(r[k] for r in runs["c"]) for k in (0, 1)) + (runs["c"][0][2],)
             if len({r[2] for r in runs["e"] + runs["c"]}) != 1:
                 raise SystemExit(f"repeat {i}: the paths got different replies")
@@ -155,9 +168,12 @@ def main() -> int:
             turn_ratios.append(e[0] / c[0])
             ttft_ratios.append(e[1] / c[1])
             handoffs.append(e[3])
-            print(f"repeat {i}: remote {e[0] * 1000:.1f} ms (first token {e[1] * 1000:.1f} ms, "
-                  f"queued {e[3] * 1000:.2f} ms), "
-                  f"bare client {c[0] * 1000:.1f} ms (first token {c[1] * 1000:.1f} ms)", flush=True)
+            print(
+                f"repeat {i}: remote {e[0] * 1000:.1f} ms (first token {e[1] * 1000:.1f} ms, "
+                f"queued {e[3] * 1000:.2f} ms), "
+                f"bare client {c[0] * 1000:.1f} ms (first token {c[1] * 1000:.1f} ms)",
+                flush=True,
+            )
     finally:
         engine.shutdown()
         client.close()
@@ -165,13 +181,19 @@ def main() -> int:
         server.close()
     own_e, own_c = own_cost_ms(40 if args.quick else 200)
     turn_ratio, ttft_ratio = statistics.median(turn_ratios), statistics.median(ttft_ratios)
-    print(f"{repeats} repeats of paired runs (A B B A), {n} tokens per reply, "
-          "Parley serve on a tiny LLaVA in a second process")
-    print("remote engine: submit -> its worker thread sends the request, "
-          f"median {statistics.median(handoffs) * 1000:.2f} ms "
-          f"(part of its time to first token)")
-    print(f"against a server that answers at once: first token {own_e:.2f} ms through the remote engine, "
-          f"{own_c:.2f} ms bare (the engine's own cost: {own_e - own_c:+.2f} ms)")
+    print(
+        f"{repeats} repeats of paired runs (A B B A), {n} tokens per reply, "
+        "Parley serve on a tiny LLaVA in a second process"
+    )
+    print(
+        "remote engine: submit -> its worker thread sends the request, "
+        f"median {statistics.median(handoffs) * 1000:.2f} ms "
+        f"(part of its time to first token)"
+    )
+    print(
+        f"against a server that answers at once: first token {own_e:.2f} ms through the remote engine, "
+        f"{own_c:.2f} ms bare (the engine's own cost: {own_e - own_c:+.2f} ms)"
+    )
     print(ratio_line("turn latency, remote engine ÷ bare openai client (median)", turn_ratio, at_most=GOAL))
     print(ratio_line("time to first token, remote engine ÷ bare openai client (median)", ttft_ratio, at_most=GOAL))
     print(f"goal turn latency ≤ {GOAL}: {'yes' if turn_ratio <= GOAL else 'no'}")

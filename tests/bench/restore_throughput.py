@@ -9,6 +9,7 @@ Goal: restore throughput / plain throughput >= 0.7.
 
     python tests/bench/restore_throughput.py [--gib 1.0] [--reps 4] [--dir PATH] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ def plain_read(paths: list[str], sizes: list[int], buf=None) -> float:
     off = 0
     for p, n in zip(paths, sizes, strict=True):
         with open(p, "rb", buffering=0) as f:
-            got = f.readinto(memoryview(buf)[off:off + n])
+            got = f.readinto(memoryview(buf)[off : off + n])
             assert got == n
         off += n
     dt = time.perf_counter() - t
@@ -65,8 +66,8 @@ def main() -> None:
     for _ in range(LAYERS):
         k = torch.empty(1, HEADS, n, DIM, dtype=DTYPE)
         v = torch.empty(1, HEADS, n, DIM, dtype=DTYPE)
-        k.view(torch.int16).random_(-2**15, 2**15)
-        v.view(torch.int16).random_(-2**15, 2**15)
+        k.view(torch.int16).random_(-(2**15), 2**15)
+        v.view(torch.int16).random_(-(2**15), 2**15)
         kv.append((k, v))
     tokens = torch.randint(0, 150_000, (n,)).tolist()
     with KVStore(root, b"bench-restore", min_free_bytes=512 << 20, max_bytes=64 << 30) as store:
@@ -82,19 +83,24 @@ def main() -> None:
         assert out.n_tokens == n and all(  # bit patterns (random bits include NaNs)
             torch.equal(layer.keys.view(torch.int16), k.view(torch.int16))
             and torch.equal(layer.values.view(torch.int16), v.view(torch.int16))
-            for layer, (k, v) in zip(out.cache.layers, kv, strict=True))
+            for layer, (k, v) in zip(out.cache.layers, kv, strict=True)
+        )
         del out
         del kv
-        print(f"session: {n} tokens, {len(paths)} blobs, {total / 2**30:.2f} GiB "
-              f"({LAYERS}x{HEADS}x{DIM} {str(DTYPE)[6:]}); store in {root}")
-        print(f"{'cache':>5} {'plain GiB/s':>12} {'restore GiB/s':>14} {'ratio':>7}  goal >= 0.7   "
-              f"(plain into an already-faulted buffer: GiB/s, ratio)")
+        print(
+            f"session: {n} tokens, {len(paths)} blobs, {total / 2**30:.2f} GiB "
+            f"({LAYERS}x{HEADS}x{DIM} {str(DTYPE)[6:]}); store in {root}"
+        )
+        print(
+            f"{'cache':>5} {'plain GiB/s':>12} {'restore GiB/s':>14} {'ratio':>7}  goal >= 0.7   "
+            f"(plain into an already-faulted buffer: GiB/s, ratio)"
+        )
         prefaulted = torch.zeros(total, dtype=torch.uint8).numpy()
         goal_lines = []
         for mode in ("cold", "hot"):
             plains, restores, pre = [], [], []
             for rep in range(args.reps):
-                for which in (("plain", "restore") if rep % 2 == 0 else ("restore", "plain")):
+                for which in ("plain", "restore") if rep % 2 == 0 else ("restore", "plain"):
                     if mode == "cold":  # alternate the order: a host-side cache must not favour one
                         drop_cache(paths)
                     if which == "plain":
@@ -109,8 +115,10 @@ def main() -> None:
                         assert out.n_tokens == n
                         del out
             p, r, q = statistics.median(plains), statistics.median(restores), statistics.median(pre)
-            print(f"{mode:>5} {total / p / 2**30:>12.2f} {total / r / 2**30:>14.2f} {p / r:>7.2f}  "
-                  f"{'yes' if p / r >= 0.7 else 'no':<11} ({total / q / 2**30:.2f}, {q / r:.2f})")
+            print(
+                f"{mode:>5} {total / p / 2**30:>12.2f} {total / r / 2**30:>14.2f} {p / r:>7.2f}  "
+                f"{'yes' if p / r >= 0.7 else 'no':<11} ({total / q / 2**30:.2f}, {q / r:.2f})"
+            )
             goal_lines.append(ratio_line(f"restore / plain read throughput, {mode} page cache", p / r, at_least=0.7))
         print("\n".join(goal_lines))
     if not args.dir:

@@ -8,6 +8,7 @@ restore_throughput.py.
 
     python tests/bench/restore_vs_prefill.py [--tokens 8192] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,16 +23,27 @@ from tests.fixtures.tiny_models import build_tiny_model
 
 # The full model is shaped like a 0.5B LLM; quick mode keeps its KV layout (2 KV heads × 64)
 # with fewer, narrower layers.
-FULL_TEXT = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-             "num_attention_heads": 14, "num_key_value_heads": 2}
-QUICK_TEXT = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
-              "num_attention_heads": 4, "num_key_value_heads": 2}
+FULL_TEXT = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+}
+QUICK_TEXT = {
+    "hidden_size": 256,
+    "intermediate_size": 704,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def spill(engine, cid):
     done = threading.Event()
     engine.add_listener(
-        lambda e: done.set() if isinstance(e, SpillState) and e.state in ("spilled", "failed") else None)
+        lambda e: done.set() if isinstance(e, SpillState) and e.state in ("spilled", "failed") else None
+    )
     engine.spill_now(cid)
     assert done.wait(600)
 
@@ -45,8 +57,10 @@ def main() -> None:
     # a context with room for the conversation and its follow-up (the tiny default is 4096)
     context = 1 << (2 * args.tokens).bit_length()
     model_dir = build_tiny_model("llava", d / "model", text={**shape, "max_position_embeddings": context})
-    words = ("the quick brown fox jumps over the lazy dog while a red circle rolls past a blue "
-             "square and a green triangle watches quietly from the corner of the picture ").split()
+    words = (
+        "the quick brown fox jumps over the lazy dog while a red circle rolls past a blue "
+        "square and a green triangle watches quietly from the corner of the picture "
+    ).split()
     text = " ".join(words[i % len(words)] for i in range(int(args.tokens * 0.61)))
     opening = [Message("user", text)]
 
@@ -71,8 +85,10 @@ def main() -> None:
     ttft_fresh = f.first_token_s
     kv_heads, head_dim = shape["num_key_value_heads"], shape["hidden_size"] // shape["num_attention_heads"]
     kv_bytes = 2 * shape["num_hidden_layers"] * kv_heads * head_dim * 4 * s.restored_tokens
-    print(f"resume: restored {s.restored_tokens} tokens ({kv_bytes / 2**20:.0f} MiB) in {s.restore_s * 1000:.0f} ms, "
-          f"prefilled {s.prefill_tokens} tokens; TTFT {ttft_resume * 1000:.0f} ms")
+    print(
+        f"resume: restored {s.restored_tokens} tokens ({kv_bytes / 2**20:.0f} MiB) in {s.restore_s * 1000:.0f} ms, "
+        f"prefilled {s.prefill_tokens} tokens; TTFT {ttft_resume * 1000:.0f} ms"
+    )
     print(f"re-prefill: {f.prefill_tokens} tokens; TTFT {ttft_fresh * 1000:.0f} ms")
     print(ratio_line("TTFT resume from SSD / TTFT re-prefill", ttft_resume / ttft_fresh, at_most=0.05))
 

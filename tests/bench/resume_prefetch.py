@@ -16,6 +16,7 @@ the same length, so it shares no KV block with the spilled one.
 
     python tests/bench/resume_prefetch.py [--tokens 2048] [--repeats 5] [--json PATH] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,7 +72,7 @@ def opening(engine, words: list[str], picture, n_tokens: int) -> list[Message]:
     per = max(1, len(processor.tokenizer(render(processor, msgs, None))["input_ids"]))
     while per < n_tokens and used < len(words):
         step = max(1, min(len(words) - used, (n_tokens - per) // 2))
-        text += " " + " ".join(words[used:used + step])
+        text += " " + " ".join(words[used : used + step])
         used += step
         msgs = [Message("user", text, pics(picture))]
         per = len(processor.tokenizer(render(processor, msgs, None))["input_ids"])
@@ -96,10 +97,8 @@ def main() -> None:
     try:
         tok = engine.loaded.processor.tokenizer
         words = distinct_words(tok, 2 * args.tokens + 4 * QUESTION_WORDS * (args.repeats + 1), seed=1)
-        questions = [" ".join(words[-QUESTION_WORDS * (i + 1):][:QUESTION_WORDS]) + "?"
-                     for i in range(args.repeats)]
-        spilled_msgs = opening(engine, words[:args.tokens], make_picture(d / "a.png", 1, size=(448, 336)),
-                               args.tokens)
+        questions = [" ".join(words[-QUESTION_WORDS * (i + 1) :][:QUESTION_WORDS]) + "?" for i in range(args.repeats)]
+        spilled_msgs = opening(engine, words[: args.tokens], make_picture(d / "a.png", 1, size=(448, 336)), args.tokens)
         expect_done(ask(engine, "spilled", spilled_msgs, NEW))
         spilled_msgs.append(Message("assistant", REPLY))
     finally:
@@ -110,8 +109,9 @@ def main() -> None:
     places = Places(engine)
     rows = []
     try:
-        hot_msgs = opening(engine, words[args.tokens:2 * args.tokens], make_picture(d / "b.png", 2, size=(448, 336)),
-                           args.tokens)
+        hot_msgs = opening(
+            engine, words[args.tokens : 2 * args.tokens], make_picture(d / "b.png", 2, size=(448, 336)), args.tokens
+        )
         expect_done(ask(engine, "hot", hot_msgs, NEW))  # never spilled: hot from here on
         hot_msgs.append(Message("assistant", REPLY))
         for r, question in enumerate(questions):
@@ -126,12 +126,24 @@ def main() -> None:
             restore_s = s.restore_ahead_s + s.restore_s
             engine.open_chat("hot")
             h = expect_done(ask(engine, "hot", hot_msgs + [Message("user", question)], NEW)).stats
-            rows.append({"repeat": r + 1, "after_restart": r == 0, "estimate_s": before.resume_s,
-                         "restore_s": restore_s, "select_to_hot_s": in_memory_s, "kv_bytes": before.kv_bytes,
-                         "tokens": before.tokens, "ttft_resumed_s": s.first_token_s, "ttft_hot_s": h.first_token_s,
-                         "restored_tokens": s.restored_tokens, "prefill_tokens": s.prefill_tokens,
-                         "hot_prefill_tokens": h.prefill_tokens, "prefill_resumed_s": s.prefill_s,
-                         "prefill_hot_s": h.prefill_s})
+            rows.append(
+                {
+                    "repeat": r + 1,
+                    "after_restart": r == 0,
+                    "estimate_s": before.resume_s,
+                    "restore_s": restore_s,
+                    "select_to_hot_s": in_memory_s,
+                    "kv_bytes": before.kv_bytes,
+                    "tokens": before.tokens,
+                    "ttft_resumed_s": s.first_token_s,
+                    "ttft_hot_s": h.first_token_s,
+                    "restored_tokens": s.restored_tokens,
+                    "prefill_tokens": s.prefill_tokens,
+                    "hot_prefill_tokens": h.prefill_tokens,
+                    "prefill_resumed_s": s.prefill_s,
+                    "prefill_hot_s": h.prefill_s,
+                }
+            )
             engine.spill_now("spilled")  # for the next pair: on the SSD again
             places.wait("spilled", KVPlace.ON_SSD)
     finally:
@@ -140,32 +152,51 @@ def main() -> None:
     t = spec["text"]
     ratio = statistics.median(x["ttft_resumed_s"] / x["ttft_hot_s"] for x in rows)
     est = [x["estimate_s"] / x["restore_s"] for x in rows if x["estimate_s"]]
-    print(f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}: {t['num_hidden_layers']}-layer "
-          f"{t['hidden_size']}-wide LM, bf16 on CPU")
-    print(f"chats of {rows[0]['tokens']:,} tokens ({rows[0]['kv_bytes'] / (1 << 20):.1f} MiB of KV on the SSD), "
-          f"a picture each; {len(rows)} follow-up{'s' if len(rows) != 1 else ''} of {QUESTION_WORDS} words, "
-          f"{NEW} new tokens; pair 1 right "
-          "after the restart")
+    print(
+        f"shape {SHAPE}{' (quick: ' + str(reduce) + ')' if reduce else ''}: {t['num_hidden_layers']}-layer "
+        f"{t['hidden_size']}-wide LM, bf16 on CPU"
+    )
+    print(
+        f"chats of {rows[0]['tokens']:,} tokens ({rows[0]['kv_bytes'] / (1 << 20):.1f} MiB of KV on the SSD), "
+        f"a picture each; {len(rows)} follow-up{'s' if len(rows) != 1 else ''} of {QUESTION_WORDS} words, "
+        f"{NEW} new tokens; pair 1 right "
+        "after the restart"
+    )
     for x in rows:
-        print(f"  pair {x['repeat']}: selected -> in memory {x['select_to_hot_s']:.2f} s "
-              f"(restore {x['restore_s']:.3f} s,"
-              f" estimate shown {x['estimate_s'] if x['estimate_s'] is None else round(x['estimate_s'], 3)} s); "
-              f"first token {x['ttft_resumed_s']:.2f} s resumed vs {x['ttft_hot_s']:.2f} s never spilled "
-              f"(prefilled {x['prefill_tokens']} vs {x['hot_prefill_tokens']} tokens "
-              f"in {x['prefill_resumed_s']:.2f} vs "
-              f"{x['prefill_hot_s']:.2f} s; {x['restored_tokens']:,} restored)")
+        print(
+            f"  pair {x['repeat']}: selected -> in memory {x['select_to_hot_s']:.2f} s "
+            f"(restore {x['restore_s']:.3f} s,"
+            f" estimate shown {x['estimate_s'] if x['estimate_s'] is None else round(x['estimate_s'], 3)} s); "
+            f"first token {x['ttft_resumed_s']:.2f} s resumed vs {x['ttft_hot_s']:.2f} s never spilled "
+            f"(prefilled {x['prefill_tokens']} vs {x['hot_prefill_tokens']} tokens "
+            f"in {x['prefill_resumed_s']:.2f} vs "
+            f"{x['prefill_hot_s']:.2f} s; {x['restored_tokens']:,} restored)"
+        )
     print(ratio_line("first token after select-and-restore / never spilled (median)", ratio, at_most=1.15))
     if est:
-        print(ratio_line("resume estimate shown / measured restore, after the restart", est[0], at_least=0.5,
-                         at_most=2.0))
-        print(ratio_line("resume estimate shown / measured restore, median of all pairs", statistics.median(est),
-                         at_least=0.5, at_most=2.0))
-        print(ratio_line("resume estimate shown / measured restore, lowest", min(est),
-                         note=f"highest {max(est):.3f}; the same restore took "
-                              f"{min(x['restore_s'] for x in rows):.3f}-{max(x['restore_s'] for x in rows):.3f} s"))
+        print(
+            ratio_line("resume estimate shown / measured restore, after the restart", est[0], at_least=0.5, at_most=2.0)
+        )
+        print(
+            ratio_line(
+                "resume estimate shown / measured restore, median of all pairs",
+                statistics.median(est),
+                at_least=0.5,
+                at_most=2.0,
+            )
+        )
+        print(
+            ratio_line(
+                "resume estimate shown / measured restore, lowest",
+                min(est),
+                note=f"highest {max(est):.3f}; the same restore took "
+                f"{min(x['restore_s'] for x in rows):.3f}-{max(x['restore_s'] for x in rows):.3f} s",
+            )
+        )
         times = [x["ttft_resumed_s"] / x["ttft_hot_s"] for x in rows]
-        print(ratio_line("first token resumed / never spilled, lowest pair", min(times),
-                         note=f"highest {max(times):.3f}"))
+        print(
+            ratio_line("first token resumed / never spilled, lowest pair", min(times), note=f"highest {max(times):.3f}")
+        )
     else:
         print("resume estimate shown / measured restore: 0.000  (goal within 0.5-2: no)  [no estimate was shown]")
     if args.json:

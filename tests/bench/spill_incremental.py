@@ -7,6 +7,7 @@ written <= ceil(k/256) + 1. Runs on CPU tensors here; on a GPU the copies are de
 
     python tests/bench/spill_incremental.py [--n 8300] [--ks 0,64,256,1024] [--reps 5] [--dir PATH] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,20 @@ def main() -> None:
     kmax = max(ks)
     torch.manual_seed(0)
     # one random KV long enough for every follow-up; a conversation is a prefix of it
-    kv = [(torch.randn(1, HEADS, N + kmax, DIM, dtype=DTYPE), torch.randn(1, HEADS, N + kmax, DIM, dtype=DTYPE))
-          for _ in range(LAYERS)]
+    kv = [
+        (torch.randn(1, HEADS, N + kmax, DIM, dtype=DTYPE), torch.randn(1, HEADS, N + kmax, DIM, dtype=DTYPE))
+        for _ in range(LAYERS)
+    ]
     per_token = LAYERS * 2 * HEADS * DIM * 2
     root = args.dir or tempfile.mkdtemp(prefix="kvbench-inc-")
-    print(f"KV layout: {LAYERS} layers x {HEADS} kv heads x {DIM} dims {str(DTYPE)[6:]} = {per_token} B/token; "
-          f"N = {N} tokens = {N * per_token / 2**20:.0f} MiB; store in {root}")
-    print(f"{'k':>6} {'full ms':>9} {'incr ms':>9} {'ratio':>7} {'k/N':>7} {'goal ms':>9} "
-          f"{'blocks':>6} {'bound':>5} {'MiB written':>11}  ok")
+    print(
+        f"KV layout: {LAYERS} layers x {HEADS} kv heads x {DIM} dims {str(DTYPE)[6:]} = {per_token} B/token; "
+        f"N = {N} tokens = {N * per_token / 2**20:.0f} MiB; store in {root}"
+    )
+    print(
+        f"{'k':>6} {'full ms':>9} {'incr ms':>9} {'ratio':>7} {'k/N':>7} {'goal ms':>9} "
+        f"{'blocks':>6} {'bound':>5} {'MiB written':>11}  ok"
+    )
     rep_seed = 0
     worst, blocks_ok = 0.0, True  # the goal line: the largest incremental time / its goal, over every k
     with KVStore(root, b"bench-1.5b", min_free_bytes=256 << 20, max_bytes=64 << 30) as store:
@@ -61,9 +68,9 @@ def main() -> None:
                 r1 = store.spill(sid, toks[:N], [], c1)
                 fulls.append(time.perf_counter() - t)
                 assert r1.ok, r1.error
-                c2 = build_cache([(k_[:, :, :N + k], v_[:, :, :N + k]) for k_, v_ in kv])
+                c2 = build_cache([(k_[:, :, : N + k], v_[:, :, : N + k]) for k_, v_ in kv])
                 t = time.perf_counter()
-                r2 = store.spill(sid, toks[:N + k], [], c2)
+                r2 = store.spill(sid, toks[: N + k], [], c2)
                 incs.append(time.perf_counter() - t)
                 assert r2.ok, r2.error
                 blocks.append(r2.blocks_written)
@@ -74,10 +81,18 @@ def main() -> None:
             bound = math.ceil(k / 256) + 1
             ok = inc <= goal and max(blocks) <= bound
             worst, blocks_ok = max(worst, inc / goal), blocks_ok and max(blocks) <= bound
-            print(f"{k:>6} {full * 1e3:>9.1f} {inc * 1e3:>9.1f} {inc / full:>7.4f} {k / N:>7.4f} {goal * 1e3:>9.1f} "
-                  f"{max(blocks):>6} {bound:>5} {statistics.median(written) / 2**20:>11.2f}  {'yes' if ok else 'no'}")
-    print(ratio_line("incremental spill time / its goal (1.2·k/N·full + 20 ms), worst k", worst, at_most=1.0,
-                     also=("blocks written ≤ ceil(k/256) + 1", blocks_ok)))
+            print(
+                f"{k:>6} {full * 1e3:>9.1f} {inc * 1e3:>9.1f} {inc / full:>7.4f} {k / N:>7.4f} {goal * 1e3:>9.1f} "
+                f"{max(blocks):>6} {bound:>5} {statistics.median(written) / 2**20:>11.2f}  {'yes' if ok else 'no'}"
+            )
+    print(
+        ratio_line(
+            "incremental spill time / its goal (1.2·k/N·full + 20 ms), worst k",
+            worst,
+            at_most=1.0,
+            also=("blocks written ≤ ceil(k/256) + 1", blocks_ok),
+        )
+    )
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 

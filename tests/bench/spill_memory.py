@@ -7,6 +7,7 @@ a 1 ms RSS sampler. Goal: peak extra RSS / unit_bytes <= 2.
 
     python tests/bench/spill_memory.py [--gib 2.1] [--unit-mib 32] [--dir PATH] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,14 +55,13 @@ def main() -> None:
     for _ in range(LAYERS):  # filled in place: no temporary copies inflate the baseline
         k = torch.empty(1, HEADS, n, DIM, dtype=DTYPE)
         v = torch.empty(1, HEADS, n, DIM, dtype=DTYPE)
-        k.view(torch.int16).random_(-2**15, 2**15)
-        v.view(torch.int16).random_(-2**15, 2**15)
+        k.view(torch.int16).random_(-(2**15), 2**15)
+        v.view(torch.int16).random_(-(2**15), 2**15)
         kv.append((k, v))
     cache = build_cache(kv)
     tokens = torch.randint(0, 150_000, (n,)).tolist()
     kv_bytes = n * per_token
-    store = KVStore(root, b"bench-mem", unit_bytes=unit, min_free_bytes=512 << 20, max_bytes=64 << 30,
-                    pin_memory=False)
+    store = KVStore(root, b"bench-mem", unit_bytes=unit, min_free_bytes=512 << 20, max_bytes=64 << 30, pin_memory=False)
     # warm the code paths (imports, SQLite) on a tiny spill so the baseline holds them
     small = build_cache([(k[:, :, :300], v[:, :, :300]) for k, v in kv])
     assert store.spill("warm", tokens[:300], [], small).ok
@@ -95,10 +95,12 @@ def main() -> None:
     assert res.ok, res.error
     extra_hwm = hwm() - base
     extra_sampled = peak_sampled[0] - base
-    print(f"KV {kv_bytes / 2**30:.2f} GiB ({n} tokens, {LAYERS}x{HEADS}x{DIM} {str(DTYPE)[6:]}), "
-          f"unit {args.unit_mib} MiB, "
-          f"{steps + 1} units, {res.blocks_written} blocks + {res.tail_written} tail written in {dt:.2f} s "
-          f"({res.bytes_written / dt / 2**20:.0f} MiB/s)")
+    print(
+        f"KV {kv_bytes / 2**30:.2f} GiB ({n} tokens, {LAYERS}x{HEADS}x{DIM} {str(DTYPE)[6:]}), "
+        f"unit {args.unit_mib} MiB, "
+        f"{steps + 1} units, {res.blocks_written} blocks + {res.tail_written} tail written in {dt:.2f} s "
+        f"({res.bytes_written / dt / 2**20:.0f} MiB/s)"
+    )
     print(f"peak extra RSS (VmHWM)   : {extra_hwm / 2**20:8.1f} MiB = {extra_hwm / unit:.2f} x unit_bytes")
     print(f"peak extra RSS (sampled) : {extra_sampled / 2**20:8.1f} MiB = {extra_sampled / unit:.2f} x unit_bytes")
     print(ratio_line("peak extra RSS (VmHWM) / unit_bytes", extra_hwm / unit, at_most=2.0, digits=2))

@@ -11,6 +11,7 @@ has loaded, each with the wall-clock time and the heavy modules imported by then
 the moment before the process is spawned, so interpreter start and every import count.
 `--quick`: one launch with a tiny random model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,17 @@ def isolated_env(home: Path, trace: Path) -> dict:
     """Settings, caches and the single-instance socket in `home`: a first launch, alone."""
     runtime = home / "run"
     runtime.mkdir(parents=True, mode=0o700)
-    return {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
-            "XDG_DATA_HOME": str(home / "share"), "XDG_CACHE_HOME": str(home / "cache"),
-            "XDG_RUNTIME_DIR": str(runtime), "QT_QPA_PLATFORM": "offscreen", TRACE_ENV: str(trace),
-            "HF_HUB_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_DATA_HOME": str(home / "share"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "QT_QPA_PLATFORM": "offscreen",
+        TRACE_ENV: str(trace),
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def launch_once(model: Path, d: Path) -> dict[str, tuple[float, str]]:
@@ -54,8 +62,10 @@ def launch_once(model: Path, d: Path) -> dict[str, tuple[float, str]]:
         end = time.monotonic() + DEADLINE_S
         while not {"shown", "ready"} <= (marks := read_trace(trace)).keys():
             if "failed" in marks or proc.poll() is not None or time.monotonic() > end:
-                raise SystemExit(f"the app did not reach ready (exit {proc.poll()}, marks {sorted(marks)}):\n"
-                                 + log_path.read_text()[-3000:])
+                raise SystemExit(
+                    f"the app did not reach ready (exit {proc.poll()}, marks {sorted(marks)}):\n"
+                    + log_path.read_text()[-3000:]
+                )
             time.sleep(0.02)  # polling a file another process writes; the deadline above bounds it
         quit_at = time.time()
         proc.send_signal(signal.SIGTERM)
@@ -81,6 +91,7 @@ def main() -> None:
     d = workdir("startup")
     if args.model is None:
         from tests.fixtures.tiny_models import build_tiny_model
+
         args.model = str(build_tiny_model("llava", d / "tiny"))
     shown, ready, heavy_at_shown, saving, gone = [], [], set(), [], []
     for run in range(args.runs):
@@ -90,18 +101,45 @@ def main() -> None:
         heavy_at_shown.add(marks["shown"][1])
         saving.append(marks["saved"][0] - marks["quit"][0])
         gone.append(marks["gone"][0] - marks["quit"][0])
-        print(f"launch {run + 1}: window shown {shown[-1]:.2f} s (heavy modules then: {marks['shown'][1]}), "
-              f"model ready {ready[-1]:.2f} s; quit: saved after {saving[-1]:.2f} s, gone after {gone[-1]:.2f} s",
-              flush=True)
+        print(
+            f"launch {run + 1}: window shown {shown[-1]:.2f} s (heavy modules then: {marks['shown'][1]}), "
+            f"model ready {ready[-1]:.2f} s; quit: saved after {saving[-1]:.2f} s, gone after {gone[-1]:.2f} s",
+            flush=True,
+        )
     torch_free = heavy_at_shown == {"none"}
-    print(ratio_line(f"launch → window shown, median of {args.runs}", statistics.median(shown), at_most=1.0,
-                     unit="s", digits=2, also=("torch not imported yet", torch_free)))
-    print(ratio_line(f"launch → model ready, median of {args.runs}", statistics.median(ready), unit="s",
-                     digits=2, note=f"{Path(args.model).name}"))
-    print(ratio_line(f"SIGTERM → everything saved, median of {args.runs}", statistics.median(saving), unit="s",
-                     digits=2, note="engine stopped, history and settings closed"))
-    print(ratio_line(f"SIGTERM → process gone, median of {args.runs}", statistics.median(gone), at_most=1.0,
-                     unit="s", digits=2))
+    print(
+        ratio_line(
+            f"launch → window shown, median of {args.runs}",
+            statistics.median(shown),
+            at_most=1.0,
+            unit="s",
+            digits=2,
+            also=("torch not imported yet", torch_free),
+        )
+    )
+    print(
+        ratio_line(
+            f"launch → model ready, median of {args.runs}",
+            statistics.median(ready),
+            unit="s",
+            digits=2,
+            note=f"{Path(args.model).name}",
+        )
+    )
+    print(
+        ratio_line(
+            f"SIGTERM → everything saved, median of {args.runs}",
+            statistics.median(saving),
+            unit="s",
+            digits=2,
+            note="engine stopped, history and settings closed",
+        )
+    )
+    print(
+        ratio_line(
+            f"SIGTERM → process gone, median of {args.runs}", statistics.median(gone), at_most=1.0, unit="s", digits=2
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Goal: the longest stall stays under 50 ms.
 
     .venv/bin/python tests/bench/ui_stall.py [--tokens 1500] [--messages 600] [--strict] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,8 +99,9 @@ def main() -> int:
         conv = history.create_conversation("Long conversation")
         pic = history.add_picture(make_picture(tmp / "p.png", seed=1, size=(320, 240)))
         for i in range(args.messages // 2):
-            history.add_message(conv.id, "user", f"Question {i}: what about this **shape**?",
-                                [pic] if i % 10 == 0 else [])
+            history.add_message(
+                conv.id, "user", f"Question {i}: what about this **shape**?", [pic] if i % 10 == 0 else []
+            )
             history.add_message(conv.id, "assistant", f"Answer {i}.\n\n```python\nprint({i})\n```\n\n- one\n- two")
         prefs = Preferences(QSettings(str(tmp / "prefs.ini"), QSettings.Format.IniFormat))
         prefs.set_sampling(Sampling(greedy=True, max_new_tokens=args.tokens))
@@ -138,23 +140,40 @@ def main() -> int:
             w.bridge.turnDone.disconnect(done.append)
             w.bridge.turnFailed.disconnect(failed.append)
             if not done:
-                raise SystemExit(f"ui_stall: the {label} did not finish: "
-                                 f"{failed[0].message if failed else 'no turnDone within 120 s'}")
+                raise SystemExit(
+                    f"ui_stall: the {label} did not finish: "
+                    f"{failed[0].message if failed else 'no turnDone within 120 s'}"
+                )
             gaps = sorted(beat.gaps)
             ev = done[0]
-            results.append((label, gaps[-1], gaps[int(len(gaps) * 0.99) - 1], statistics.median(gaps),
-                            len(ev.token_ids), ev.stats.tokens_per_s, max(beat.cpu)))
+            results.append(
+                (
+                    label,
+                    gaps[-1],
+                    gaps[int(len(gaps) * 0.99) - 1],
+                    statistics.median(gaps),
+                    len(ev.token_ids),
+                    ev.stats.tokens_per_s,
+                    max(beat.cpu),
+                )
+            )
         w.close()
 
     worst = max(r[1] for r in results)
-    print(f"ui_stall: conversation of {args.messages} messages shown in {open_s * 1000:.0f} ms "
-          f"(longest stall while opening {open_stall:.0f} ms)")
+    print(
+        f"ui_stall: conversation of {args.messages} messages shown in {open_s * 1000:.0f} ms "
+        f"(longest stall while opening {open_stall:.0f} ms)"
+    )
     for label, mx, p99, med, n, tps, cpu in results:
-        print(f"ui_stall: {label}: {n} tokens at {tps:.0f} tok/s; heartbeat every {HEARTBEAT_MS} ms: "
-              f"longest stall {mx:.1f} ms, p99 {p99:.1f} ms, median {med:.1f} ms; "
-              f"most UI-thread CPU in one gap {cpu:.1f} ms")
-    print(f"ui_stall: machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
-          "(stalls beyond the UI thread's own CPU time are waits for a core or the GIL)")
+        print(
+            f"ui_stall: {label}: {n} tokens at {tps:.0f} tok/s; heartbeat every {HEARTBEAT_MS} ms: "
+            f"longest stall {mx:.1f} ms, p99 {p99:.1f} ms, median {med:.1f} ms; "
+            f"most UI-thread CPU in one gap {cpu:.1f} ms"
+        )
+    print(
+        f"ui_stall: machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+        "(stalls beyond the UI thread's own CPU time are waits for a core or the GIL)"
+    )
     print(ratio_line("ui_stall: longest UI stall while generating", worst, at_most=GOAL_MS, unit="ms", digits=1))
     return 1 if (args.strict and worst > GOAL_MS) else 0
 

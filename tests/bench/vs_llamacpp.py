@@ -26,6 +26,7 @@ short prompts, bf16 and int8 only.
     python tests/bench/vs_llamacpp.py [--formats bf16,int8] [--prompts 512,2048] [--new 128]
                                       [--rounds 3] [--threads 2] [--no-picture] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,13 @@ SHAPE = "Qwen2-VL-2B-Instruct"
 # 3 vision blocks: the converter maps the projector's `merger.mlp.2` by block number, so it needs 3
 QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
 # Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
-GGUF = {"fp32": ("f32", "f32", None), "bf16": ("bf16", "bf16", None), "fp16": ("f16", "f16", None),
-        "int8": ("q8_0", "q8_0", None), "4bit": ("q4_0", "bf16", "q4_0")}
+GGUF = {
+    "fp32": ("f32", "f32", None),
+    "bf16": ("bf16", "bf16", None),
+    "fp16": ("f16", "f16", None),
+    "int8": ("q8_0", "q8_0", None),
+    "4bit": ("q4_0", "bf16", "q4_0"),
+}
 OPENING = "Please read these words:"
 QUESTION = "What is in this picture?"
 
@@ -77,8 +83,9 @@ def parley_turn(engine, cid: str, text: str, new: int) -> tuple[float, float, in
     return s.prefill_tokens / s.prefill_s, (s.generated_tokens - 1) / s.decode_s, s.prompt_tokens
 
 
-def measure_format(llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: list[int], new: int, rounds: int,
-                   threads: int, d) -> dict[int, tuple[Side, Side, int]]:
+def measure_format(
+    llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: list[int], new: int, rounds: int, threads: int, d
+) -> dict[int, tuple[Side, Side, int]]:
     """{prompt length: (Parley, llama.cpp, prompt tokens)} for one format pair, rounds interleaved."""
     from tests.engine_helpers import open_engine
 
@@ -100,8 +107,11 @@ def measure_format(llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: l
                 ours.decode.append(dec)
                 theirs.prefill.append(llama.bench(gguf, threads, prompt=length))
                 theirs.decode.append(llama.bench(gguf, threads, generate=new, depth=length))
-                print(f"  {fmt} {n} round {r + 1}: prefill {p:.1f} vs {theirs.prefill[-1]:.1f} tok/s, "
-                      f"decode {dec:.2f} vs {theirs.decode[-1]:.2f} tok/s", flush=True)
+                print(
+                    f"  {fmt} {n} round {r + 1}: prefill {p:.1f} vs {theirs.prefill[-1]:.1f} tok/s, "
+                    f"decode {dec:.2f} vs {theirs.decode[-1]:.2f} tok/s",
+                    flush=True,
+                )
             out[n] = (ours, theirs, length)
     finally:
         engine.shutdown()
@@ -115,8 +125,9 @@ def picture_ttft(llama: LlamaCpp, model_dir, gguf, mmproj, rounds: int, threads:
     from tests.engine_helpers import ask, expect_done, open_engine
     from tests.fixtures.pictures import make_picture, pics
 
-    engine = open_engine(model_dir, d / "data", weights="bf16", lookup_decoding=False,
-                         elastic=True, elastic_idle_s=86400)
+    engine = open_engine(
+        model_dir, d / "data", weights="bf16", lookup_decoding=False, elastic=True, elastic_idle_s=86400
+    )
     ours, theirs = [], []
     try:
         warm = make_picture(d / "warm.png", 999, size=size)
@@ -155,8 +166,11 @@ def paired(a: list[float], b: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", default="bf16,fp32,fp16,int8",
-                    help=f"Parley weights compared with llama.cpp's equal-bytes type ({', '.join(GGUF)})")
+    ap.add_argument(
+        "--formats",
+        default="bf16,fp32,fp16,int8",
+        help=f"Parley weights compared with llama.cpp's equal-bytes type ({', '.join(GGUF)})",
+    )
     ap.add_argument("--prompts", default="512,2048", help="prompt lengths in tokens, comma-separated")
     ap.add_argument("--new", type=int, default=128, help="tokens decoded per turn")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per format and prompt")
@@ -207,53 +221,83 @@ def main() -> None:
         if not args.keep_gguf:
             shutil.rmtree(gdir, ignore_errors=True)
 
-    shape = ("quick: 2 text layers, 3 vision blocks, vocabulary 4096" if args.quick
-             else "28 text layers, 32 vision blocks")
-    print(f"{SHAPE} shape ({shape}), random weights; llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON} "
-          f"({llama.info.get('commit', '?')}); {threads} threads both; {args.new} new tokens; "
-          f"{args.rounds} interleaved rounds; {time.perf_counter() - t0:.0f} s")
+    shape = (
+        "quick: 2 text layers, 3 vision blocks, vocabulary 4096" if args.quick else "28 text layers, 32 vision blocks"
+    )
+    print(
+        f"{SHAPE} shape ({shape}), random weights; llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON} "
+        f"({llama.info.get('commit', '?')}); {threads} threads both; {args.new} new tokens; "
+        f"{args.rounds} interleaved rounds; {time.perf_counter() - t0:.0f} s"
+    )
     print(f"CPU: {cpu_flags()}")
     for line in NO_REPACK.values():
         print(line)
-    print(f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | "
-          f"{'decode tok/s':>19} {'ratio':>6}")
+    print(
+        f"{'Parley vs llama.cpp':>20} {'prompt':>6} | {'prefill tok/s':>21} {'ratio':>6} | "
+        f"{'decode tok/s':>19} {'ratio':>6}"
+    )
     for fmt, by_len in results.items():
         for ours, theirs, length in by_len.values():
             pr, dr = paired(ours.prefill, theirs.prefill), paired(ours.decode, theirs.decode)
-            print(f"{fmt + ' vs ' + GGUF[fmt][0]:>20} {length:>6} | {statistics.median(ours.prefill):9.1f} / "
-                  f"{statistics.median(theirs.prefill):9.1f} {pr:6.2f} | {statistics.median(ours.decode):8.2f} / "
-                  f"{statistics.median(theirs.decode):8.2f} {dr:6.2f}")
+            print(
+                f"{fmt + ' vs ' + GGUF[fmt][0]:>20} {length:>6} | {statistics.median(ours.prefill):9.1f} / "
+                f"{statistics.median(theirs.prefill):9.1f} {pr:6.2f} | {statistics.median(ours.decode):8.2f} / "
+                f"{statistics.median(theirs.decode):8.2f} {dr:6.2f}"
+            )
     for fmt, by_len in results.items():
         for ours, theirs, length in by_len.values():
             label = f"{fmt} vs {GGUF[fmt][0]}, {length}-token prompt"
-            print(ratio_line(f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode),
-                             at_least=0.8))
-            print(ratio_line(f"prefill tok/s Parley / llama.cpp, {label}", paired(ours.prefill, theirs.prefill),
-                             at_least=1.0))
+            print(
+                ratio_line(
+                    f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode), at_least=0.8
+                )
+            )
+            print(
+                ratio_line(
+                    f"prefill tok/s Parley / llama.cpp, {label}", paired(ours.prefill, theirs.prefill), at_least=1.0
+                )
+            )
     if "int8" in results and "bf16" in results:
         for n in prompts:  # blocks run one after the other: llama.cpp's same-block rate corrects for load drift
             i8, b = results["int8"][n], results["bf16"][n]
             own = statistics.median(i8[0].prefill) / statistics.median(b[0].prefill)
-            print(ratio_line(f"prefill tok/s Parley int8 / Parley bf16, {b[2]}-token prompt", own, at_least=0.9,
-                             note="format blocks run one after the other"))
+            print(
+                ratio_line(
+                    f"prefill tok/s Parley int8 / Parley bf16, {b[2]}-token prompt",
+                    own,
+                    at_least=0.9,
+                    note="format blocks run one after the other",
+                )
+            )
     pick, why = auto
     fulls = {f: r for f, r in results.items() if f in ("fp32", "bf16", "fp16")}
     if pick and pick in fulls and len(fulls) > 1:
         for kind in ("decode", "prefill"):
             rate = {f: statistics.median(getattr(by_len[prompts[0]][0], kind)) for f, by_len in fulls.items()}
             best = max(rate, key=rate.get)
-            print(ratio_line(f"{kind} tok/s of auto's pick ({pick}) / fastest measured ({best}), "
-                             f"{prompts[0]}-token prompt",
-                             rate[pick] / rate[best], at_least=0.95, note="format blocks run one after the other"))
+            print(
+                ratio_line(
+                    f"{kind} tok/s of auto's pick ({pick}) / fastest measured ({best}), {prompts[0]}-token prompt",
+                    rate[pick] / rate[best],
+                    at_least=0.95,
+                    note="format blocks run one after the other",
+                )
+            )
     else:
         print(f"auto's pick: {pick or 'none'} ({why}); measure it with another full-precision format for the goal line")
     if pic is not None:
         ours, theirs = pic
-        print(f"picture turn {args.picture}: Parley first token {statistics.median(ours):.2f} s, "
-              f"llama-mtmd-cli {statistics.median(theirs):.2f} s")
-        print(ratio_line("picture turn time to first token Parley / llama-mtmd-cli "
-                         f"({args.picture}, bf16 vs bf16 + f16 mmproj)",
-                         paired(ours, theirs), at_most=1.0))
+        print(
+            f"picture turn {args.picture}: Parley first token {statistics.median(ours):.2f} s, "
+            f"llama-mtmd-cli {statistics.median(theirs):.2f} s"
+        )
+        print(
+            ratio_line(
+                f"picture turn time to first token Parley / llama-mtmd-cli ({args.picture}, bf16 vs bf16 + f16 mmproj)",
+                paired(ours, theirs),
+                at_most=1.0,
+            )
+        )
 
 
 if __name__ == "__main__":

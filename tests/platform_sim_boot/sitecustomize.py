@@ -1,4 +1,5 @@
 """On PYTHONPATH only while a platform simulation runs: every child Python applies it at start."""
+
 import os
 import sys
 

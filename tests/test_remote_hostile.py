@@ -149,6 +149,13 @@ def test_escape_codes_in_a_reply_or_an_error_never_reach_the_terminal(stub, tmp_
     assert err.count("\n") == 1
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child: Ctrl+C acts as it does in a terminal. A suite started as a background job of
+    a non-interactive shell (`cmd &` in a script) runs with SIGINT ignored, which children
+    inherit; Python then installs no KeyboardInterrupt handler and the interrupt never arrives."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after(proc: subprocess.Popen, ready: threading.Event, printed: str = "") -> float:
     """SIGINT once `ready` is set and `printed` has come out; -> seconds from the signal until
     the process exited."""
@@ -179,6 +186,7 @@ def test_ctrl_c_in_ask_exits_within_a_second_with_one_line(stub, tmp_path, handl
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     printed = "Hello" if handler is Drips else ""
     took = _interrupt_after(proc, server.httpd.asked, printed)
@@ -208,6 +216,7 @@ def test_ctrl_c_in_replay_keeps_the_partial_reply(stub, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     took = _interrupt_after(proc, server.httpd.asked)
     out, err = proc.communicate()

@@ -6,6 +6,7 @@ cache key stays over the original bytes, computed elsewhere without a decode).""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 from collections.abc import Callable
@@ -49,16 +50,25 @@ class PictureError(ValueError):
     """A picture that cannot be used; the message names the file and says why."""
 
 
+@contextlib.contextmanager
+def read_errors(path: str | Path, noun: str = ""):
+    """An OSError while reading `path` becomes the one PictureError line that names it ("Picture
+    not found: …" with noun "picture", "File not found: …" without)."""
+    kind = f"{noun} " if noun else ""
+    try:
+        yield
+    except FileNotFoundError:
+        raise PictureError(f"{(noun or 'file').capitalize()} not found: {path}") from None
+    except IsADirectoryError:
+        raise PictureError(f"Not a {kind}file (a folder): {path}") from None
+    except OSError as exc:
+        raise PictureError(f"Cannot read {kind}{path}: {exc.strerror or exc}") from None
+
+
 def read_bytes(path: str) -> bytes:
     p = Path(path)
-    try:
+    with read_errors(p, "picture"):
         return p.read_bytes()
-    except FileNotFoundError:
-        raise PictureError(f"Picture not found: {p}") from None
-    except IsADirectoryError:
-        raise PictureError(f"Not a picture file (a folder): {p}") from None
-    except OSError as exc:
-        raise PictureError(f"Cannot read picture {p}: {exc.strerror or exc}") from None
 
 
 def check(data: bytes, name: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import blake3
 
-from .file import PictureError, decode, read_bytes
+from .file import PictureError, decode, read_bytes, read_errors
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -121,16 +121,9 @@ _checked_lock = threading.Lock()
 def file_digest(path: str, chunk: int = 8 << 20) -> str:
     """BLAKE3 hex of a file read in pieces (a video may be gigabytes: memory stays bounded)."""
     h = blake3.blake3()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(chunk):
-                h.update(block)
-    except FileNotFoundError:
-        raise PictureError(f"File not found: {path}") from None
-    except IsADirectoryError:
-        raise PictureError(f"Not a file (a folder): {path}") from None
-    except OSError as exc:
-        raise PictureError(f"Cannot read {path}: {exc.strerror or exc}") from None
+    with read_errors(path), open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
     return h.hexdigest()
 
 

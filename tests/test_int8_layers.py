@@ -60,10 +60,10 @@ def test_the_longest_draft_stays_on_the_decode_kernel():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_chunk_computes_its_own_weights_in_slices(dtype, monkeypatch):
-    """Where the int8 GEMM is not exact (AVX2), a prompt chunk goes through the dequantized GEMM,
+    """Where the int8 GEMM is not exact or not fast (AVX2), a prompt chunk goes through the dequantized GEMM,
     a slice of output rows at a time (a fixed slicing per layer): the same weights as the one-row
     kernel, within the compute dtype's rounding, however it is sliced."""
-    monkeypatch.setattr(int8_layers, "int8_gemm_exact", lambda: False)
+    monkeypatch.setattr(int8_layers, "int8_gemm_used", lambda: False)
     layer = _layer(8960, 1536, dtype)
     x = torch.randn(3 * PROMPT_ROWS, 1536).to(dtype)
     ref = _exact(layer, x)
@@ -91,7 +91,7 @@ def _int8_activations(x: torch.Tensor) -> torch.Tensor:
 needs_int8_gemm = pytest.mark.skipif(
     not int8_layers.int8_gemm_exact(),
     reason="this CPU's int8 GEMM is not exact (no VNNI): prompts take the dequantized GEMM",
-)
+)  # its arithmetic is checked wherever it is exact, fast or not: the products call it directly
 
 
 @needs_int8_gemm
@@ -107,7 +107,7 @@ def test_a_prompt_chunk_through_the_int8_gemm_computes_its_int8_activations(dtyp
     x[:, torch.randperm(1536, generator=g)[:outlier_columns]] *= 40
     x = x.to(dtype)
     with torch.inference_mode():
-        y = layer(x)
+        y = layer._int8_product(x)
     assert y.dtype == dtype
     said = _exact(layer, _int8_activations(x))
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -122,12 +122,12 @@ def test_a_chunk_of_mostly_outliers_takes_the_dequantized_gemm():
     x = torch.randn(PROMPT_ROWS, 256)
     x[:, :64] *= 100  # a quarter of the columns: past MAX_OUTLIERS
     with torch.inference_mode():
-        assert torch.equal(layer(x), layer._dequantized_product(x))
+        assert torch.equal(layer._int8_product(x), layer._dequantized_product(x))
 
 
 def test_the_kv_namespace_names_the_prompt_kernel(monkeypatch):
-    assert int8_layers.layout().endswith("int8-gemm" if int8_layers.int8_gemm_exact() else "dequantized")
-    monkeypatch.setattr(int8_layers, "int8_gemm_exact", lambda: False)
+    assert int8_layers.layout().endswith("int8-gemm" if int8_layers.int8_gemm_used() else "dequantized")
+    monkeypatch.setattr(int8_layers, "int8_gemm_used", lambda: False)
     assert int8_layers.layout() == f"{int8_layers.LAYOUT};prompt=dequantized"
 
 

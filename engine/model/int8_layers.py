@@ -12,16 +12,18 @@ the rows it looks up, and a tied output head shares the same int8 table and scal
 one token for both: per-row scales fit both uses).
 
 Prompts are not run through that kernel: it takes rows one after another. A prompt chunk
-(PROMPT_ROWS or more) goes through a real int8 GEMM where this CPU computes one exactly
-(`int8_gemm_exact`: oneDNN's, behind `torch._int_mm`, with VNNI or AMX): each row of activations
+(PROMPT_ROWS or more) goes through a real int8 GEMM where this CPU computes one exactly and fast
+(`int8_gemm_used`: `torch._int_mm`, oneDNN's with VNNI or AMX): each row of activations
 is quantized to int8 with its own scale (columns with outlier magnitudes are left out of that and
 multiplied in floating point, as LLM.int8() does, so one large channel does not coarsen a row),
 and the int32 products are scaled by the row's and the weight row's scales. On a 2-core Zen 4
 (AVX512-VNNI, no AMX), 512 rows through 1536->8960 and 8960->1536, CPU time: 1.5-1.6x the
 prepacked bf16 GEMM, where the dequantized GEMM below ran at 0.91-0.93x (converting the weight
-and oneDNN reordering it on every call). Elsewhere (AVX2: oneDNN's int8 GEMM saturates there,
-wrong by thousands) the int8 values are turned into the compute dtype a slice at a time and
-multiplied by the dense GEMM.
+and oneDNN reordering it on every call). Elsewhere the int8 values are turned into the compute
+dtype a slice at a time and multiplied by the dense GEMM: where `_int_mm` is wrong (oneDNN held to
+AVX2 on that Zen 4 saturated 16-bit pair sums, wrong by thousands) and where it is slow (on a
+2-core AMD EPYC with AVX2 and no VNNI it was exact but ran 0.7 GOP/s, the fp32 GEMM 11-18
+GFLOP/s: a 512-token int8 prompt at Qwen2-VL-2B's shape took over 15 minutes).
 
 Exactness: each module is a fixed function of its own int8 values, scales and input chunk, as a
 full-precision linear is of its weights (the one-row kernel's rows do not depend on each other,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -91,9 +94,46 @@ def int8_gemm_exact() -> bool:
         return False
 
 
+@functools.cache
+def int8_gemm_used() -> bool:
+    """Whether prompt chunks go through `torch._int_mm` on this CPU: it is exact
+    (`int8_gemm_exact`) and faster than the dense GEMM it replaces. Measured once per process
+    (a fraction of a second; where the int8 GEMM is slow the first timing decides): a 512 x 1024
+    weight times 4 * PROMPT_ROWS rows, against the dense product in the fastest dtype this CPU's
+    oneDNN runs (bf16 where it has bf16 units, else fp32), best of two each after a warm-up."""
+    return int8_gemm_exact() and _int8_gemm_faster()
+
+
+def _int8_gemm_faster() -> bool:
+    from . import packed_linear
+
+    g = torch.Generator().manual_seed(0)
+    rows, width, out = 4 * PROMPT_ROWS, 1024, 512
+    weight8 = torch.randint(-127, 128, (out, width), dtype=torch.int8, generator=g)
+    x8 = torch.randint(-127, 128, (width, rows), dtype=torch.int8, generator=g)
+    dense = torch.bfloat16 if packed_linear.available(torch.bfloat16) else torch.float32
+    weight = torch.randn(out, width, generator=g).to(dense)
+    x = torch.randn(rows, width, generator=g).to(dense)
+
+    def seconds(run) -> float:
+        t = time.perf_counter()
+        run()
+        return time.perf_counter() - t
+
+    int8_product = lambda: torch._int_mm(weight8, x8)  # noqa: E731
+    dense_product = lambda: F.linear(x, weight)  # noqa: E731
+    best_int8, best_dense = seconds(int8_product), seconds(dense_product)  # warm-ups
+    if best_int8 > 10 * best_dense:  # no contest: spare the slow kernel's further runs
+        return False
+    for _ in range(2):
+        best_int8 = min(best_int8, seconds(int8_product))
+        best_dense = min(best_dense, seconds(dense_product))
+    return best_int8 < best_dense
+
+
 def layout() -> str:
     """LAYOUT and the prompt kernel this machine uses: both decide the KV a prompt leaves."""
-    return f"{LAYOUT};prompt={'int8-gemm' if int8_gemm_exact() else 'dequantized'}"
+    return f"{LAYOUT};prompt={'int8-gemm' if int8_gemm_used() else 'dequantized'}"
 
 
 @contextlib.contextmanager
@@ -128,7 +168,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
-        if len(flat) >= PROMPT_ROWS and flat.device.type == "cpu" and int8_gemm_exact():
+        if len(flat) >= PROMPT_ROWS and flat.device.type == "cpu" and int8_gemm_used():
             y = self._int8_product(flat)  # the bias added in its last pass
         else:
             if len(flat) >= PROMPT_ROWS or not _fused(flat):

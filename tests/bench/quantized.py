@@ -11,7 +11,7 @@ int8 is torchao's per-row quantization run by engine/model/int8_layers.py: on CP
 fused `_weight_int8pack_mm` (torchao 0.18's own int8 linear converts the whole weight to bf16 on
 every call, a third of bf16's decode speed here), with the tied token embedding / output head
 (15% of Qwen2-VL-2B's language model) in int8 too; a prompt through oneDNN's int8 GEMM with
-per-row int8 activations where the CPU computes it exactly (VNNI/AMX), else the dense GEMM.
+per-row int8 activations where the CPU computes it exactly and faster (VNNI/AMX), else the dense GEMM.
 """
 
 from __future__ import annotations

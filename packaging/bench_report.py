@@ -38,10 +38,14 @@ VERDICT = re.compile(r"^goal (?P<goal>.+): (?P<met>yes|no)$")
 
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
+    flags: list[str] = []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):  # the vector units these kernels' speed depends on
+                flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "f16c"))]
+            if cpu and flags:
                 break
     except OSError:
         pass
@@ -59,6 +63,7 @@ def machine() -> dict:
     ).stdout.split()
     return {
         "cpu": cpu,
+        "flags": " ".join(flags) or "not read",
         "cores": os.cpu_count(),
         "ram_bytes": ram,
         "os": platform.platform(),
@@ -93,6 +98,7 @@ def run(scripts: list[str], bench_args: list[str], save_as: str | None = None) -
             "exit": code,
             "seconds": round(time.monotonic() - t0, 1),
             "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine(),  # machines differ between sessions: each run names its own
         }
         (RUNS / f"{name}.meta.json").write_text(json.dumps(meta, indent=1))
         if code:
@@ -226,16 +232,18 @@ def render(out: Path) -> None:
         "",
         "## Machine",
         "",
-        f"- CPU: {mach['cpu']}, {mach['cores']} cores; RAM {mach['ram_bytes'] / 2**30:.1f} GiB",
+        f"- CPU: {mach['cpu']}, {mach['cores']} cores ({mach.get('flags', 'flags not recorded')}); "
+        f"RAM {mach['ram_bytes'] / 2**30:.1f} GiB",
         f"- {mach['os']}; Python {mach['python']}, torch {mach['torch']}, transformers {mach['transformers']}",
         f"- machine read {mach['date']}"
         + (f", load average then {mach['load_average']:.1f}" if mach.get("load_average") else "")
-        + "; each run's finishing time is in the table below",
+        + "; each run's finishing time and CPU are in the table below (runs before 2026-12-02 16:30 UTC "
+        "recorded no flags: the notes name the machine of each)",
         "",
         "## Runs",
         "",
-        "| benchmark | mode | status | wall time | finished |",
-        "|---|---|---|---|---|",
+        "| benchmark | mode | status | wall time | finished | CPU |",
+        "|---|---|---|---|---|---|",
     ]
     rows, notes, rendered = [], [], []
     for log in logs:
@@ -251,7 +259,11 @@ def render(out: Path) -> None:
             if meta["exit"] == 0
             else f"failed (exit {meta['exit']})"
         )
-        lines.append(f"| {name} | {mode} | {status} | {meta.get('seconds', '?')} s | {meta.get('finished', '?')} |")
+        ran_on = meta.get("machine", {})
+        cpu = f"{ran_on['cpu']}, {ran_on['cores']} cores: {ran_on['flags']}" if ran_on else "not recorded"
+        lines.append(
+            f"| {name} | {mode} | {status} | {meta.get('seconds', '?')} s | {meta.get('finished', '?')} | {cpu} |"
+        )
         rendered.append(name)
         for f in figures(text):
             rows.append((name, f))

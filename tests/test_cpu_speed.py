@@ -5,9 +5,11 @@ without torch) and says why in the status bar."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -173,6 +175,14 @@ def test_the_engine_measures_once_per_shape_and_tells_the_user(tiny_model, tmp_p
     finally:
         engine.shutdown()
     assert measured == [] and (data / speed.FILE).stat().st_mtime_ns == written
+
+
+def test_a_format_is_timed_by_the_wall_clock_the_user_waits_on():
+    """A kernel that leaves a core idle (one thread of two, or stalled) costs its whole time: the
+    calibration once shared CPU time out over torch's threads, which made MKL's one-thread fp32
+    one-row product look twice as fast as it is and beat oneDNN's two-thread one."""
+    waits = [functools.partial(time.sleep, 0.02)] * 3  # no CPU time at all
+    assert calibrate._seconds(waits, repeats=2) >= 0.06
 
 
 def test_a_growing_kv_layer_holds_what_concatenation_would_and_copies_only_when_full():

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 WORKING_SET = 1 << 30  # bytes of weights one-row timing cycles through (past any CPU cache)
 PROMPT = 256  # rows of the prompt-chunk timing
+# passes timed, the best kept: a one-row pass streams WORKING_SET (about 0.1 s), a prompt pass
+# computes one layer for PROMPT rows (about a second in fp32 at Qwen2-VL-2B's widths on 2 cores)
+DECODE_REPEATS, PROMPT_REPEATS = 3, 2
 # Smaller language models are not measured (`auto` keeps full precision first, fp32 on a CPU):
 # their turns take milliseconds in any format, and at such widths a timing measures call
 # overhead, not the kernels. SmolVLM-256M's language model (135M) is measured.
@@ -73,18 +76,18 @@ def _layer_bytes(layer: list[nn.Module]) -> int:
     return total
 
 
-def _seconds(calls, repeats: int = 2) -> float:
-    """Seconds of a pass of all `calls`: the best of `repeats`, in this process's CPU time shared
-    out over torch's threads. Wall time on a busy machine counts whatever else ran meanwhile (on
-    the shared 2-core machine it ranked fp32 over bf16 one load, bf16 over fp32 the next); CPU time
-    counts only this work, and a core stalled on memory still counts."""
-    threads = max(1, torch.get_num_threads())
+def _seconds(calls, repeats: int) -> float:
+    """Wall seconds of a pass of all `calls`: the best of `repeats`, so a burst of other work on
+    a shared machine is left out. Not CPU time: shared out over torch's threads it took a kernel
+    that runs on one thread for twice as fast as it is (MKL's fp32 one-row product: on a 2-core
+    AMD EPYC with AVX2 it ran on one core at 10 GB/s, oneDNN's packed one on both at 14.5 GB/s,
+    and `auto` picked the plain one)."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.process_time()
+        t0 = time.perf_counter()
         for c in calls:
             c()
-        best = min(best, (time.process_time() - t0) / threads)
+        best = min(best, time.perf_counter() - t0)
     return best
 
 
@@ -103,8 +106,8 @@ def _time_format(make, weights: list[torch.Tensor], dtype: torch.dtype, shape: L
     prompt_calls = [functools.partial(m, x) for m, x in zip(first, many, strict=True)]
     for c in prompt_calls + decode_calls[: len(weights)]:  # first calls set kernels up
         c()
-    decode = _seconds(decode_calls) / len(copies)
-    prompt = _seconds(prompt_calls)
+    decode = _seconds(decode_calls, DECODE_REPEATS) / len(copies)
+    prompt = _seconds(prompt_calls, PROMPT_REPEATS)
     return decode, prompt
 
 

@@ -25,7 +25,7 @@ from ..platform.files import atomic_write
 
 FILE = "speed.json"
 VERSION = 3  # of the measurement: a record of another version is measured again (2: int8 prompts through the
-# int8 GEMM; 3: only where that GEMM is measured faster than the dense one)
+# int8 GEMM; 3: only where that GEMM is measured faster than the dense one, and wall time, not CPU time)
 # the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
 TURN_PROMPT, TURN_REPLY = 512, 128
 

@@ -107,6 +107,12 @@ def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
     # a quantized format computes in the dtype it ran fastest with, unless one was asked for
     assert plan_weights(model, "llava", CPU, "auto", "int8", 64 * GIB, bf16_fast).dtype == torch.bfloat16
     assert plan_weights(model, "llava", CPU, "float32", "int8", 64 * GIB, bf16_fast).dtype == torch.float32
+    # ... and its decoded rows in the dtype they ran fastest in (no bf16 units: fp32 prompts, bf16 rows)
+    mixed = {"int8": FormatSpeed("int8", "float32", 3.8, 30.0, decode_dtype="bfloat16")}
+    plan = plan_weights(model, "llava", CPU, "auto", "int8", 64 * GIB, mixed)
+    assert (plan.dtype, plan.decode_dtype) == (torch.float32, torch.bfloat16)
+    assert plan.fingerprint_part().endswith(b";decode=torch.bfloat16")
+    assert plan_weights(model, "llava", CPU, "auto", "int8", 64 * GIB, bf16_fast).decode_dtype is None
     # int8 is never picked for speed alone: only when full precision does not fit
     need = estimate_bytes(model, "llava", "int8", torch.bfloat16)
     assert plan_weights(model, "llava", CPU, "auto", "auto", int(need * 1.1) + 1, bf16_fast).format == "int8"
@@ -120,7 +126,11 @@ def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
 
 
 def test_the_speed_record_is_kept_per_machine_and_shape_and_survives_damage(tmp_path):
-    rows = [FormatSpeed("bf16", "bfloat16", 6.5, 210.0, True), FormatSpeed("fp32", "float32", 3.1, 60.0)]
+    rows = [
+        FormatSpeed("bf16", "bfloat16", 6.5, 210.0, True),
+        FormatSpeed("fp32", "float32", 3.1, 60.0),
+        FormatSpeed("int8", "float32", 3.8, 30.0, decode_dtype="bfloat16"),
+    ]
     speed.write(tmp_path, SHAPE, rows)
     other = LayerShape(128, 256, 128, 64, 2, 100)
     speed.write(tmp_path, other, rows[:1])

@@ -43,6 +43,22 @@ def test_int8_linear_computes_its_own_weights(dtype, cols):
     assert (y.double() - ref).abs().max() <= tol * ref.abs().max(), (dtype, cols)
 
 
+def test_an_fp32_layer_decodes_its_rows_in_bf16_and_its_prompts_in_fp32():
+    """With decode_scale (an fp32 model on a CPU where bf16 rows run 6x faster through the
+    one-row kernel): a decoded row is its bf16-rounded input times the int8 weights, returned in
+    fp32; a prompt chunk is exactly what the fp32 layer computes."""
+    layer = _layer(8960, 1536, torch.float32, bias=True)
+    rows = Int8Linear(layer.weight, layer.scale, layer.bias, torch.nn.Parameter(layer.scale.to(torch.bfloat16)))
+    one, many = torch.randn(1, 1536), torch.randn(3 * PROMPT_ROWS, 1536)
+    with torch.inference_mode():
+        y, prompt = rows(one), rows(many)
+        assert torch.equal(prompt, layer(many))
+    assert y.dtype == prompt.dtype == torch.float32
+    ref = _exact(layer, one.bfloat16())
+    assert (y.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    assert "decoded rows in torch.bfloat16" in repr(rows)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_decoded_row_is_the_same_alone_or_with_its_draft(dtype):
     layer = _layer(8960, 1536, dtype)

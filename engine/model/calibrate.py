@@ -54,8 +54,9 @@ def _float_layer(weights: list[torch.Tensor], dtype: torch.dtype, packed: bool):
     return make
 
 
-def _int8_layer(weights: list[torch.Tensor], dtype: torch.dtype):
-    """A maker of copies of one layer in int8 (per-row scales) computing in `dtype`."""
+def _int8_layer(weights: list[torch.Tensor], dtype: torch.dtype, decode_dtype: torch.dtype | None = None):
+    """A maker of copies of one layer in int8 (per-row scales) computing in `dtype`, its decoded
+    rows in `decode_dtype` where given."""
     rows = []
     for w in weights:
         scale = w.abs().amax(1).clamp(min=1e-8) / 127
@@ -63,7 +64,10 @@ def _int8_layer(weights: list[torch.Tensor], dtype: torch.dtype):
     frozen = lambda t: nn.Parameter(t.clone(), requires_grad=False)  # noqa: E731
 
     def make() -> list[nn.Module]:
-        return [Int8Linear(frozen(q), frozen(scale), None) for q, scale in rows]
+        return [
+            Int8Linear(frozen(q), frozen(scale), None, None if decode_dtype is None else frozen(scale.to(decode_dtype)))
+            for q, scale in rows
+        ]
 
     return make
 
@@ -122,17 +126,29 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[Forma
     weights = [torch.randn(o, i) * 0.02 for o, i in shape.linears]
     # the output head: read whole for every token, like one more layer's worth of its size
     head_layers = shape.vocab * shape.hidden / shape.layer_params
-    runs: list[tuple[str, torch.dtype, bool, object]] = []  # (format, compute dtype, packed, maker)
+    # (format, compute dtype, packed, maker, dtype of int8's decoded rows where not the compute dtype)
+    runs: list[tuple[str, torch.dtype, bool, object, torch.dtype | None]] = []
     for fmt in formats:
         if fmt in ("fp32", "bf16", "fp16"):
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
-            runs.append((fmt, dtype, False, functools.partial(_float_layer, packed=False)))
+            runs.append((fmt, dtype, False, functools.partial(_float_layer, packed=False), None))
             if packed_linear.available(dtype):
-                runs.append((fmt, dtype, True, functools.partial(_float_layer, packed=True)))
+                runs.append((fmt, dtype, True, functools.partial(_float_layer, packed=True), None))
         elif fmt == "int8":
-            runs += [("int8", torch.bfloat16, False, _int8_layer), ("int8", torch.float32, False, _int8_layer)]
+            runs += [
+                ("int8", torch.bfloat16, False, _int8_layer, None),
+                ("int8", torch.float32, False, _int8_layer, None),
+                # fp32 prompts and bf16 decoded rows: both fast on a CPU without bf16 units
+                (
+                    "int8",
+                    torch.float32,
+                    False,
+                    functools.partial(_int8_layer, decode_dtype=torch.bfloat16),
+                    torch.bfloat16,
+                ),
+            ]
     best: dict[str, FormatSpeed] = {}
-    for fmt, dtype, packed, make in runs:
+    for fmt, dtype, packed, make, decode_dtype in runs:
         t0 = time.perf_counter()
         try:
             one, prompt = _time_format(make, weights, dtype, shape)
@@ -145,12 +161,13 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[Forma
             decode_tok_s=1 / (one * (shape.layers + head_layers)),
             prefill_tok_s=PROMPT / (prompt * shape.layers),
             packed=packed,
+            decode_dtype=DTYPE_NAMES[decode_dtype] if decode_dtype is not None else "",
         )
         log.info(
             "calibration %s (%s%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)",
             fmt,
             s.dtype,
-            ", packed" if packed else "",
+            (", packed" if packed else "") + (f", decoded rows in {s.decode_dtype}" if s.decode_dtype else ""),
             s.decode_tok_s,
             s.prefill_tok_s,
             time.perf_counter() - t0,

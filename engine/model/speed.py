@@ -25,7 +25,8 @@ from ..platform.files import atomic_write
 
 FILE = "speed.json"
 VERSION = 3  # of the measurement: a record of another version is measured again (2: int8 prompts through the
-# int8 GEMM; 3: only where that GEMM is measured faster than the dense one, and wall time, not CPU time)
+# int8 GEMM; 3: only where that GEMM is measured faster than the dense one, wall time, not CPU time, and
+# int8 in fp32 with its decoded rows in bf16 measured too)
 # the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
 TURN_PROMPT, TURN_REPLY = 512, 128
 
@@ -94,6 +95,7 @@ class FormatSpeed:
     decode_tok_s: float  # expected for the whole language model, one token after another
     prefill_tok_s: float  # expected for a prompt
     packed: bool = False  # full precision: the oneDNN-packed linears ran faster than plain ones
+    decode_dtype: str = ""  # int8: the dtype its decoded rows ran in, where not `dtype` (Int8Linear.decode_scale)
 
     def turn_s(self) -> float:
         """Seconds of the turn `auto` optimises for."""
@@ -185,6 +187,7 @@ def _speeds(rows: list[dict]) -> dict[str, FormatSpeed]:
             float(r["decode_tok_s"]),
             float(r["prefill_tok_s"]),
             bool(r.get("packed", False)),
+            str(r.get("decode_dtype", "")),
         )
         for r in rows
     }

@@ -56,6 +56,7 @@ class WeightPlan:
     dtype: torch.dtype  # compute dtype: activations, KV cache, and the vision tower's weights
     note: str = ""  # auto: which format it chose and why (shown in the status bar)
     packed: bool = False  # full precision on a CPU: linears prepacked for oneDNN (packed_linear.py)
+    decode_dtype: torch.dtype | None = None  # int8 on a CPU: its decoded rows' dtype, where not `dtype`
 
     @property
     def quantized(self) -> bool:
@@ -70,6 +71,8 @@ class WeightPlan:
             return f"kernel={packed_linear.LAYOUT}".encode() if self.packed else b""
         lib = LIBRARY[self.format]
         layout = f";layout={int8_layout()}" if self.format == "int8" else ""  # how int8 is multiplied
+        if self.decode_dtype is not None:
+            layout += f";decode={self.decode_dtype}"
         return f"weights={self.format};{lib}={importlib.metadata.version(lib)}{layout}".encode()
 
 
@@ -157,9 +160,14 @@ def _packed(fmt: str, device: torch.device, speeds: dict[str, FormatSpeed]) -> b
 
 
 def _plan(
-    fmt: str, dtype: torch.dtype, device: torch.device, speeds: dict[str, FormatSpeed], note: str = ""
+    fmt: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    speeds: dict[str, FormatSpeed],
+    note: str = "",
+    decode_dtype: torch.dtype | None = None,
 ) -> WeightPlan:
-    return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds))
+    return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds), decode_dtype)
 
 
 def _rates(s: FormatSpeed) -> str:
@@ -204,12 +212,22 @@ def plan_weights(
     quantized_dtype = {
         q: DTYPES_BY_NAME[speeds[q].dtype] if auto_dtype and q in speeds else dtype for q in QUANTIZED_FORMATS
     }
+    # and the dtype its decoded rows ran in, where that was another (int8 on a CPU without bf16 units)
+    decode_dtype = {
+        q: DTYPES_BY_NAME[speeds[q].decode_dtype] if auto_dtype and q in speeds and speeds[q].decode_dtype else None
+        for q in QUANTIZED_FORMATS
+    }
     if fmt != "auto":
         why = refusal(fmt, device)
         if why:
             raise ModelLoadError(why)
         return _plan(
-            fmt, quantized_dtype[fmt], device, speeds, NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else ""
+            fmt,
+            quantized_dtype[fmt],
+            device,
+            speeds,
+            NF4_ON_CPU if fmt == "4bit" and device.type == "cpu" else "",
+            decode_dtype[fmt],
         )
     full = format_name(dtype)
     # on CPU, bf16 halves fp32 and still is full precision: tried before the quantized formats
@@ -233,6 +251,7 @@ def plan_weights(
                 speeds,
                 f"Weights: {c} — {fulls[0]} needs {_gib(need[fulls[0]])}, "
                 f"{_gib(free_bytes)} free; {c} needs {_gib(need[c])}",
+                decode_dtype.get(c),
             )
     smallest = min(candidates, key=lambda c: need[c])
     return _plan(
@@ -242,6 +261,7 @@ def plan_weights(
         speeds,
         f"Weights: {smallest} — no format fits in {_gib(free_bytes)} "
         f"free (smallest needs {_gib(need[smallest])}); loading may fail",
+        decode_dtype.get(smallest),
     )
 
 
@@ -283,7 +303,7 @@ def finish_load(model, plan: WeightPlan, family: str, device: torch.device, elas
     if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
         model.to(device)
     if plan.format == "int8":
-        pack_int8(model, FAMILIES[family].vision_modules, plan.dtype)
+        pack_int8(model, FAMILIES[family].vision_modules, plan.dtype, plan.decode_dtype)
     model.eval()
     if plan.packed:  # before own_weights: packing reads the file mapping once, copying nothing twice
         packed_linear.pack_linears(model, FAMILIES[family].vision_modules)

@@ -5,6 +5,8 @@ written with one weight format is never restored into another."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -111,6 +113,47 @@ def test_int8_answers_and_every_fast_path_is_exact(family, tiny_model, tmp_path)
         d4 = expect_done(ask(engine, "c", chat, NEW))
         assert d4.stats.restored_tokens > 0
         assert d4.token_ids == ref.reply_ids(chat, NEW)
+    finally:
+        engine.shutdown()
+
+
+def test_int8_with_bf16_decoded_rows_is_exact_on_every_fast_path(tmp_path, monkeypatch):
+    """An fp32 int8 model whose decoded rows run in bf16 (what the calibration picks on an AVX2
+    CPU without bf16 units): the engine's replies equal a fresh prefill's with the same plan,
+    with KV reused and restored from the SSD too."""
+    from engine.model import calibrate, speed
+    from engine.model.int8_layers import Int8Linear
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    monkeypatch.setattr(calibrate, "MIN_PARAMS", 0)  # the tiny model follows its record like a real one
+    # widths that are multiples of 64: where the bf16 one-row kernel is trusted (FUSED_WIDTH_MULTIPLE)
+    model = build_tiny_model("llava", tmp_path / "model", text={"hidden_size": 64, "intermediate_size": 128})
+    data = tmp_path / "data"
+    data.mkdir()
+    shape = speed.LayerShape.of_config(json.loads((model / "config.json").read_text()))
+    assert shape is not None
+    speed.write(data, shape, [speed.FormatSpeed("int8", "float32", 4.0, 30.0, decode_dtype="bfloat16")])
+    engine = open_engine(model, data, weights="int8", block_tokens=B, spill_idle_s=3600)
+    ref = Reference(model, weights="int8", speed_dir=data)
+    try:
+        rows = [m for m in engine.loaded.model.modules() if type(m) is Int8Linear]
+        assert rows and all(m.decode_scale is not None and m.decode_scale.dtype == torch.bfloat16 for m in rows)
+        assert engine.loaded.dtype == ref.loaded.dtype == torch.float32
+        chat = [
+            Message("user", "Describe the first picture in a few words.", pics(make_picture(tmp_path / "a.png", 1)))
+        ]
+        d1 = expect_done(ask(engine, "c", chat, NEW))
+        assert d1.token_ids == ref.reply_ids(chat, NEW)
+        chat += [Message("assistant", d1.reply), Message("user", "And in more words?")]
+        d2 = expect_done(ask(engine, "c", chat, NEW))
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens
+        assert d2.token_ids == ref.reply_ids(chat, NEW)
+        chat += [Message("assistant", d2.reply)]
+        assert spill_now(engine, "c").state == "spilled"
+        chat += [Message("user", "Which colour is it?")]
+        d3 = expect_done(ask(engine, "c", chat, NEW))
+        assert d3.stats.restored_tokens > 0
+        assert d3.token_ids == ref.reply_ids(chat, NEW)
     finally:
         engine.shutdown()
 

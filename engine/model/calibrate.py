@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -127,7 +129,7 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[Forma
     # the output head: read whole for every token, like one more layer's worth of its size
     head_layers = shape.vocab * shape.hidden / shape.layer_params
     # (format, compute dtype, packed, maker, dtype of int8's decoded rows where not the compute dtype)
-    runs: list[tuple[str, torch.dtype, bool, object, torch.dtype | None]] = []
+    runs: list[tuple[str, torch.dtype, bool, Callable[..., Any], torch.dtype | None]] = []
     for fmt in formats:
         if fmt in ("fp32", "bf16", "fp16"):
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
@@ -139,19 +141,14 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[Forma
                 ("int8", torch.bfloat16, False, _int8_layer, None),
                 ("int8", torch.float32, False, _int8_layer, None),
                 # fp32 prompts and bf16 decoded rows: both fast on a CPU without bf16 units
-                (
-                    "int8",
-                    torch.float32,
-                    False,
-                    functools.partial(_int8_layer, decode_dtype=torch.bfloat16),
-                    torch.bfloat16,
-                ),
+                ("int8", torch.float32, False, _int8_layer, torch.bfloat16),
             ]
     best: dict[str, FormatSpeed] = {}
     for fmt, dtype, packed, make, decode_dtype in runs:
         t0 = time.perf_counter()
         try:
-            one, prompt = _time_format(make, weights, dtype, shape)
+            rows = make if decode_dtype is None else functools.partial(make, decode_dtype=decode_dtype)
+            one, prompt = _time_format(rows, weights, dtype, shape)
         except RuntimeError as exc:  # a dtype this CPU's kernels refuse: not a candidate here
             log.info("calibration: %s with %s activations failed: %s", fmt, dtype, exc)
             continue

@@ -1,0 +1,79 @@
+"""Attention for one new token on a CPU in half precision: two small products in fp32.
+
+torch 2.14.1's CPU SDPA (its flash kernel) is slow for a single query row in bf16. At
+Qwen2-VL-2B's shape (12 query heads over 2 KV heads, 128 wide), 28 layers' attention for one
+new token took 17.7 ms at 512 tokens of context and 68.9 ms at 2048; q·Kᵀ, softmax and ·V in
+fp32 take 3.4 and 7.7 ms, and land closer to exact arithmetic (2-core Zen 4 with AVX512_BF16,
+quiet; a whole bf16 decode step there is ~100 ms). Leaving the probabilities in bf16 for ·V,
+as the flash kernel does, would save 1.2 ms at 2048 for its error too (largest 5.8e-4 against
+9e-8 before the output is rounded to bf16), so it is not done.
+
+So the language model of a model running on a CPU in bf16 or fp16 attends through `attention`
+here: one query row takes the fp32 path; everything else (prompts, drafts, other devices,
+softcapped or biased attention) goes to transformers' own SDPA function, unchanged. The KV of a
+decoded token depends on this arithmetic, so LAYOUT is part of the KV store namespace
+(load.py's fingerprint).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "parley_cpu_decode"
+LAYOUT = "cpu-decode-attention-fp32-v1"  # in the KV store namespace: change it when the arithmetic changes
+HALF = (torch.bfloat16, torch.float16)
+
+
+def applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a language model on `device` computing in `dtype` attends through this module."""
+    return device.type == "cpu" and dtype in HALF
+
+
+def use(model) -> None:
+    """Switch the language model (not the vision tower, whose rows are many) to `attention`."""
+    model.set_attn_implementation({"text_config": NAME})
+
+
+def _one_row(query: torch.Tensor, attention_mask, dropout: float, kwargs) -> bool:
+    if query.shape[2] != 1 or query.device.type != "cpu" or query.dtype not in HALF or dropout:
+        return False
+    if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias")):
+        return False
+    return attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.shape[2] == 1)
+
+
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [batch, heads, rows, dim]
+    key: torch.Tensor,  # [batch, kv heads, length, dim]
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature; returns [batch, rows, heads, dim] as SDPA's does."""
+    if not _one_row(query, attention_mask, dropout, kwargs):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    # query heads sharing a KV head are adjacent (transformers' repeat_kv order)
+    q = query.float().view(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(dim**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:  # [batch, 1, 1, length]: True (or 0.0) where a key may be seen
+        if attention_mask.dtype == torch.bool:
+            scores.masked_fill_(~attention_mask, float("-inf"))
+        else:
+            scores.add_(attention_mask.float())
+    out = torch.matmul(scores.softmax(-1), value.float())
+    return out.view(batch, heads, 1, dim).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # the same masks SDPA is given

@@ -1,0 +1,101 @@
+"""One decoded row of a half-precision model on a CPU attends in fp32 (engine/model/decode_attention.py):
+a prompt's rows still go through transformers' SDPA bit for bit; one row agrees with exact
+arithmetic and ignores masked keys; the language model is switched to it and the vision tower is
+not; the KV namespace names it; and a bf16 engine's replies equal a fresh prefill's, with KV
+reused and restored from the SSD."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from engine.model import decode_attention
+from engine.model.load import load_model
+from engine.protocol.events import Message
+from tests.engine_helpers import Reference, ask, expect_done, open_engine
+from tests.fixtures.pictures import make_picture, pics
+from tests.fixtures.tiny_models import FAMILIES
+from tests.test_spill import spill_now
+
+HEADS, KV_HEADS, DIM, LENGTH = 6, 2, 32, 40
+
+
+class _Layer(torch.nn.Module):  # what transformers' attention functions read from the calling layer
+    num_key_value_groups = HEADS // KV_HEADS
+    is_causal = True
+
+
+def _qkv(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, HEADS, rows, DIM, generator=g)
+    k = torch.randn(1, KV_HEADS, LENGTH, DIM, generator=g)
+    v = torch.randn(1, KV_HEADS, LENGTH, DIM, generator=g)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def test_a_prompts_rows_keep_transformers_sdpa_bit_for_bit():
+    q, k, v = _qkv(rows=LENGTH)
+    ours, _ = decode_attention.attention(_Layer(), q, k, v, None, is_causal=True)
+    theirs, _ = sdpa_attention_forward(_Layer(), q, k, v, None, is_causal=True)
+    assert torch.equal(ours, theirs)
+
+
+def test_one_row_agrees_with_exact_arithmetic_and_ignores_masked_keys():
+    q, k, v = _qkv(rows=1, seed=1)
+    seen = torch.ones(1, 1, 1, LENGTH, dtype=torch.bool)
+    seen[..., :5] = False  # left padding
+    ours, _ = decode_attention.attention(_Layer(), q, k, v, seen)
+    assert ours.shape == (1, 1, HEADS, DIM) and ours.dtype == torch.bfloat16
+
+    groups = HEADS // KV_HEADS
+    kk, vv = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+    scores = (q.double() @ kk.transpose(-1, -2)) / DIM**0.5
+    exact = scores.masked_fill(~seen, float("-inf")).softmax(-1) @ vv
+    exact = exact.transpose(1, 2)
+    # only the final rounding to bf16 (8 bits of mantissa) stands between them
+    assert ((ours.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
+
+    v2 = v.clone()
+    v2[:, :, :5] = 100.0  # what a masked key holds must not reach the output
+    assert torch.equal(decode_attention.attention(_Layer(), q, k, v2, seen)[0], ours)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bf16_cpu_model_attends_through_it_in_its_language_model_only(family, tiny_model, monkeypatch):
+    model = tiny_model(family)
+    half = load_model(model, device="cpu", weights="bf16")
+    assert half.model.config.get_text_config()._attn_implementation == decode_attention.NAME
+    vision = getattr(half.model.config, "vision_config", None)
+    assert vision is not None and vision._attn_implementation == "sdpa"
+    full = load_model(model, device="cpu", weights="fp32")
+    assert full.model.config.get_text_config()._attn_implementation == "sdpa"
+    # KV written under another decode arithmetic is never restored: the namespace names it
+    monkeypatch.setattr(decode_attention, "LAYOUT", decode_attention.LAYOUT + "-other")
+    assert load_model(model, device="cpu", weights="bf16").fingerprint != half.fingerprint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_replies_equal_a_fresh_prefill_with_kv_reused_and_restored(family, tiny_model, tmp_path):
+    model = tiny_model(family)
+    engine = open_engine(model, tmp_path / "data", weights="bf16", block_tokens=16, spill_idle_s=3600)
+    ref = Reference(model, weights="bf16")
+    try:
+        assert engine.loaded.dtype == torch.bfloat16 and engine.loaded.device.type == "cpu"
+        chat = [Message("user", "Describe the picture in a few words.", pics(make_picture(tmp_path / "a.png", 3)))]
+        d1 = expect_done(ask(engine, "c", chat, 6))
+        assert d1.token_ids == ref.reply_ids(chat, 6)
+        chat += [Message("assistant", d1.reply), Message("user", "And in more words?")]
+        d2 = expect_done(ask(engine, "c", chat, 6))
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens
+        assert d2.token_ids == ref.reply_ids(chat, 6)
+        chat += [Message("assistant", d2.reply)]
+        assert spill_now(engine, "c").state == "spilled"
+        chat += [Message("user", "Which colour is it?")]
+        d3 = expect_done(ask(engine, "c", chat, 6))
+        assert d3.stats.restored_tokens > 0
+        assert d3.token_ids == ref.reply_ids(chat, 6)
+    finally:
+        engine.shutdown()

@@ -1,8 +1,8 @@
-"""One decoded row of a half-precision model on a CPU attends in fp32 (engine/model/decode_attention.py):
-a prompt's rows still go through transformers' SDPA bit for bit; one row agrees with exact
-arithmetic and ignores masked keys; the language model is switched to it and the vision tower is
-not; the KV namespace names it; and a bf16 engine's replies equal a fresh prefill's, with KV
-reused and restored from the SSD."""
+"""A decoded token of a half-precision model on a CPU, and a prompt-lookup draft's rows, attend in
+fp32 (engine/model/decode_attention.py): a prompt's rows still go through transformers' SDPA bit
+for bit; a row agrees with exact arithmetic and ignores masked keys; the language model is
+switched to it and the vision tower is not; the KV namespace names it; and a bf16 engine's
+replies equal a fresh prefill's, with KV reused and restored from the SSD."""
 
 from __future__ import annotations
 
@@ -41,24 +41,38 @@ def test_a_prompts_rows_keep_transformers_sdpa_bit_for_bit():
     assert torch.equal(ours, theirs)
 
 
+def _exact(q, k, v, seen):
+    groups = HEADS // KV_HEADS
+    kk, vv = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+    scores = (q.double() @ kk.transpose(-1, -2)) / DIM**0.5
+    return (scores.masked_fill(~seen, float("-inf")).softmax(-1) @ vv).transpose(1, 2)
+
+
+def _close(ours, exact) -> bool:  # only the final rounding to bf16 (8 bits of mantissa) between them
+    return bool(((ours.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all())
+
+
 def test_one_row_agrees_with_exact_arithmetic_and_ignores_masked_keys():
     q, k, v = _qkv(rows=1, seed=1)
     seen = torch.ones(1, 1, 1, LENGTH, dtype=torch.bool)
     seen[..., :5] = False  # left padding
     ours, _ = decode_attention.attention(_Layer(), q, k, v, seen)
     assert ours.shape == (1, 1, HEADS, DIM) and ours.dtype == torch.bfloat16
-
-    groups = HEADS // KV_HEADS
-    kk, vv = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
-    scores = (q.double() @ kk.transpose(-1, -2)) / DIM**0.5
-    exact = scores.masked_fill(~seen, float("-inf")).softmax(-1) @ vv
-    exact = exact.transpose(1, 2)
-    # only the final rounding to bf16 (8 bits of mantissa) stands between them
-    assert ((ours.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
+    assert _close(ours, _exact(q, k, v, seen))
+    assert _close(decode_attention.attention(_Layer(), q, k, v, None)[0], _exact(q, k, v, torch.ones_like(seen)))
 
     v2 = v.clone()
     v2[:, :, :5] = 100.0  # what a masked key holds must not reach the output
     assert torch.equal(decode_attention.attention(_Layer(), q, k, v2, seen)[0], ours)
+
+
+def test_a_drafts_rows_each_see_the_keys_up_to_their_own():
+    rows = 11  # a decoded token and a 10-token prompt-lookup draft
+    q, k, v = _qkv(rows=rows, seed=2)
+    seen = torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril()[-rows:].view(1, 1, rows, LENGTH)
+    ours, _ = decode_attention.attention(_Layer(), q, k, v, seen)
+    assert ours.shape == (1, rows, HEADS, DIM)
+    assert _close(ours, _exact(q, k, v, seen))
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ as the flash kernel does, would save 1.2 ms at 2048 for its error too (largest 5
 9e-8 before the output is rounded to bf16), so it is not done.
 
 So the language model of a model running on a CPU in bf16 or fp16 attends through `attention`
-here: one query row takes the fp32 path; everything else (prompts, drafts, other devices,
-softcapped or biased attention) goes to transformers' own SDPA function, unchanged. The KV of a
+here: a decoded token and a prompt-lookup draft (up to ROWS rows) take the fp32 path; everything
+else (prompts, other devices, softcapped or biased attention) goes to transformers' own SDPA
+function, unchanged. The KV of a
 decoded token depends on this arithmetic, so LAYOUT is part of the KV store namespace
 (load.py's fingerprint).
 """
@@ -25,6 +26,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 NAME = "parley_cpu_decode"
 LAYOUT = "cpu-decode-attention-fp32-v1"  # in the KV store namespace: change it when the arithmetic changes
 HALF = (torch.bfloat16, torch.float16)
+# a decoded token with its prompt-lookup draft (engine/local/lookup_decode.py drafts up to 10):
+# the same arithmetic whether a token is decoded alone or verified in a draft
+ROWS = 16
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
@@ -37,12 +41,15 @@ def use(model) -> None:
     model.set_attn_implementation({"text_config": NAME})
 
 
-def _one_row(query: torch.Tensor, attention_mask, dropout: float, kwargs) -> bool:
-    if query.shape[2] != 1 or query.device.type != "cpu" or query.dtype not in HALF or dropout:
+def _few_rows(query: torch.Tensor, attention_mask, dropout: float, kwargs) -> bool:
+    rows = query.shape[2]
+    if rows > ROWS or query.device.type != "cpu" or query.dtype not in HALF or dropout:
         return False
     if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias")):
         return False
-    return attention_mask is None or (attention_mask.shape[1] == 1 and attention_mask.shape[2] == 1)
+    if attention_mask is None:  # no mask: one row sees every key; several would need causal alignment
+        return rows == 1
+    return attention_mask.dim() == 4 and attention_mask.shape[1] == 1
 
 
 def attention(
@@ -57,22 +64,26 @@ def attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; returns [batch, rows, heads, dim] as SDPA's does."""
-    if not _one_row(query, attention_mask, dropout, kwargs):
+    if not _few_rows(query, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    batch, heads, _, dim = query.shape
+    batch, heads, rows, dim = query.shape
     kv_heads = key.shape[1]
-    # query heads sharing a KV head are adjacent (transformers' repeat_kv order)
-    q = query.float().view(batch, kv_heads, heads // kv_heads, dim)
+    groups = heads // kv_heads
+    # query heads sharing a KV head are adjacent (transformers' repeat_kv order): their rows are
+    # one product with that head's keys, so K and V are never repeated
+    q = query.float().view(batch, kv_heads, groups * rows, dim)
     scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(dim**-0.5 if scaling is None else scaling)
-    if attention_mask is not None:  # [batch, 1, 1, length]: True (or 0.0) where a key may be seen
-        if attention_mask.dtype == torch.bool:
-            scores.masked_fill_(~attention_mask, float("-inf"))
+    if attention_mask is not None:  # [batch, 1, rows, length]: True (or 0.0) where a key may be seen
+        grouped = scores.view(batch, kv_heads, groups, rows, -1)
+        mask = attention_mask.unsqueeze(2)
+        if mask.dtype == torch.bool:
+            grouped.masked_fill_(~mask, float("-inf"))
         else:
-            scores.add_(attention_mask.float())
+            grouped.add_(mask.float())
     out = torch.matmul(scores.softmax(-1), value.float())
-    return out.view(batch, heads, 1, dim).to(query.dtype).transpose(1, 2).contiguous(), None
+    return out.view(batch, heads, rows, dim).to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(NAME, attention)

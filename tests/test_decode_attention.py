@@ -28,7 +28,7 @@ class _Layer(torch.nn.Module):  # what transformers' attention functions read fr
 
 def _qkv(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, HEADS, rows, DIM, generator=g)
+    q = torch.randn(1, rows, HEADS, DIM, generator=g).transpose(1, 2)  # as a model hands it over
     k = torch.randn(1, KV_HEADS, LENGTH, DIM, generator=g)
     v = torch.randn(1, KV_HEADS, LENGTH, DIM, generator=g)
     return q.bfloat16(), k.bfloat16(), v.bfloat16()

@@ -9,9 +9,9 @@ as the flash kernel does, would save 1.2 ms at 2048 for its error too (largest 5
 9e-8 before the output is rounded to bf16), so it is not done.
 
 So the language model of a model running on a CPU in bf16 or fp16 attends through `attention`
-here: a decoded token and a prompt-lookup draft (up to ROWS rows) take the fp32 path; everything
-else (prompts, other devices, softcapped or biased attention) goes to transformers' own SDPA
-function, unchanged. The KV of a
+here: a call of up to ROWS rows (a decoded token, a prompt-lookup draft, the short end of a
+prompt) takes the fp32 path; everything else (prompts, other devices, softcapped or biased
+attention) goes to transformers' own SDPA function, unchanged. The KV of a
 decoded token depends on this arithmetic, so LAYOUT is part of the KV store namespace
 (load.py's fingerprint).
 """
@@ -73,7 +73,7 @@ def attention(
     groups = heads // kv_heads
     # query heads sharing a KV head are adjacent (transformers' repeat_kv order): their rows are
     # one product with that head's keys, so K and V are never repeated
-    q = query.float().view(batch, kv_heads, groups * rows, dim)
+    q = query.float().reshape(batch, kv_heads, groups * rows, dim)  # query arrives transposed
     scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(dim**-0.5 if scaling is None else scaling)
     if attention_mask is not None:  # [batch, 1, rows, length]: True (or 0.0) where a key may be seen
         grouped = scores.view(batch, kv_heads, groups, rows, -1)

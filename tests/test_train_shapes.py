@@ -205,3 +205,50 @@ def test_a_wrong_where_answer_that_read_another_shape_is_told_apart():
     assert eval_shapes.names_another_place("The red circle is on the right.", want, scene)
     assert not eval_shapes.names_another_place("The red circle is at the top left.", want, scene)
     assert not eval_shapes.names_another_place("A red circle on the left.", want, scene)
+
+
+def test_pointing_loss_asks_for_the_shape_the_answer_is_about():
+    """--point: while "The red circle is on the left." is written, the taught heads should look at
+    the red circle's picture tokens, not the blue square's (the shipped weights' wrong "where"
+    answers mostly read another shape)."""
+    import shapes_data as sd
+    import shapes_world as world
+    from shapes_probes import covered_tokens, pointing_loss
+    from shapes_questions import focus_of
+
+    circle = world.Obj("circle", "red", 3, 0.2, 0.5, 0.15)
+    square = world.Obj("square", "blue", 5, 0.8, 0.5, 0.15)
+    scene = world.Scene([circle, square], ["white"], size=(96, 96))
+    assert focus_of(scene, "where", "The red circle is on the left.") is circle
+    assert focus_of(scene, "side", "The shape on the right is a blue square.") is square
+    assert focus_of(scene, "colour", "The square is blue.") is square
+    assert focus_of(scene, "picture_ref", "In picture 2, the red shape is a circle.") is circle
+    assert focus_of(scene, "yesno", "The blue square is at the top.") is None, "no shape is there"
+    assert focus_of(scene, "describe", "A red circle on the left and a blue square on the right.") is None
+
+    # one conversation: a picture (36 tokens), a question, the answer about the circle
+    conv = sd.Conversation([], [], scenes=[scene], answers=[("where", "The red circle is on the left.")], about=[0])
+    pic = 9
+    ids = torch.tensor([[1] + [pic] * 36 + [2, 3, 5, 6, 7, 4]])
+    labels = torch.tensor([[-100] * 39 + [5, 6, 7, 4]])  # the answer: 3 tokens and EOS
+    batch = {"input_ids": ids, "labels": labels}
+    owner = covered_tokens(scene, grid=6)
+    on_circle = [1 + t for t, o in owner.items() if o is circle]
+    on_square = [1 + t for t, o in owner.items() if o is square]
+    assert on_circle and on_square
+
+    def looking_at(keys):
+        att = torch.zeros(1, ids.shape[1], ids.shape[1])
+        att[0, :, keys] = 1 / len(keys)
+        return att
+
+    right = pointing_loss([looking_at(on_circle)], batch, [conv], pic, grid=6).item()
+    wrong = pointing_loss([looking_at(on_square)], batch, [conv], pic, grid=6).item()
+    assert right < 1e-3 < 5 < wrong
+    # only the positions that predict the answer are taught: the question's own positions are free
+    att = looking_at(on_square)
+    att[0, 38:42] = looking_at(on_circle)[0, 38:42]
+    assert pointing_loss([att], batch, [conv], pic, grid=6).item() < 1e-3
+    # an answer about no one shape asks for nothing
+    conv.answers = [("describe", "A red circle on the left and a blue square on the right.")]
+    assert pointing_loss([looking_at(on_square)], batch, [conv], pic, grid=6).item() == 0.0

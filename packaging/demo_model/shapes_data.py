@@ -62,6 +62,8 @@ class Conversation:
     scenes: list[Scene] = field(default_factory=list)  # what each picture shows
     # for each assistant message, in order: (question type, answer)
     answers: list[tuple[str, str]] = field(default_factory=list)
+    # for each assistant message: the index in `scenes` of the picture it is about (None: no picture)
+    about: list[int | None] = field(default_factory=list)
 
 
 def _user(text: str, n_images: int = 0) -> dict:
@@ -84,7 +86,7 @@ class _Builder:
         if system:
             self.conv.messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
 
-    def ask(self, qtype: str, question: str, answer: str, new_scenes: Sequence[Scene] = ()):
+    def ask(self, qtype: str, question: str, answer: str, new_scenes: Sequence[Scene] = (), about: int | None = None):
         for s in new_scenes:
             self.scenes.append(s)
             self.conv.scenes.append(s)
@@ -92,6 +94,7 @@ class _Builder:
         self.conv.messages.append(_user(question, len(new_scenes)))
         self.conv.messages.append(_assistant(answer))
         self.conv.answers.append((qtype, answer))
+        self.conv.about.append(about)
 
     def visual(self, new_scenes: Sequence[Scene] = (), qtype: str | None = None, refer: bool | None = None):
         rng = self.rng
@@ -109,7 +112,7 @@ class _Builder:
         t, q, a = visual_question(rng, scene, picref, n_pic, qtype, self.weights)
         if picref and n_pic > 1:
             t = "picture_ref"
-        self.ask(t, q, a, new_scenes)
+        self.ask(t, q, a, new_scenes, about=picref - 1 if picref else n_pic - 1)
 
 
 def random_conversation(

@@ -421,3 +421,27 @@ def visual_question(
                 else:
                     a = f"In picture {picref}, {a[0].lower()}{a[1:]}"
             return qtype, q, a
+
+
+def focus_of(scene: Scene, qtype: str, answer: str) -> Obj | None:
+    """The one shape an answer about `scene` reads its words from ("Where is the red circle?" ->
+    the red circle; "What shape is on the left?" -> the shape on the left), or None where the
+    answer reads none or several (describe, count, list, a shape not there). Training only: it
+    points the language model's attention at that shape's picture tokens (train_shapes.py --point)."""
+    if qtype not in ("where", "side", "yesno", "colour", "shape", "picture_ref") or scene.unknown:
+        return None
+    if answer.startswith("In picture "):  # "In picture 2, the circle is red."
+        answer = answer.split(", ", 1)[1]
+    objs = scene.objects
+    if answer.startswith("It is ") and len(objs) == 1:
+        return objs[0]
+    found = [
+        o
+        for o in objs
+        if answer.endswith(f" {POSITIONS[o.cell]}.")  # where, yes/no found
+        or answer.endswith(f" {o.colour} {o.kind}.")  # side
+        or answer == f"the {o.kind} is {o.colour}."  # colour by kind (after "In picture k, ")
+        or answer == f"The {o.kind} is {o.colour}."
+        or answer.lower() == f"the {o.colour} shape is {a_(o.kind)} {o.kind}."  # kind by colour
+    ]
+    return found[0] if len(found) == 1 else None

@@ -47,7 +47,7 @@ import shapes_data as sd  # noqa: E402
 import shapes_questions as questions  # noqa: E402
 import shapes_replies as replies  # noqa: E402
 import shapes_world as world  # noqa: E402
-from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view  # noqa: E402
+from shapes_probes import CellHead, PictureOrderProbe, WordProbe, lm_view, pointing_loss  # noqa: E402
 
 from engine.platform.paths import DEMO_MODEL  # noqa: E402
 
@@ -316,6 +316,14 @@ def main(argv=None) -> None:
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the cell probe in stage 2")
     ap.add_argument("--order", type=float, default=0.5, help="weight of the picture-order probe in stage 2")
     ap.add_argument("--order-layer", type=int, default=2, help="language-model layer the order probe reads")
+    ap.add_argument(
+        "--point",
+        type=float,
+        default=0.0,
+        help="weight of the pointing loss: one attention head looks at the shape an answer is about",
+    )
+    ap.add_argument("--point-layers", default="2,3", help="language-model layers whose --point-head is taught")
+    ap.add_argument("--point-head", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument(
         "--freeze-vision",
@@ -435,6 +443,9 @@ def main(argv=None) -> None:
         betas=(0.9, 0.98),
         eps=1e-8,
     )
+    point_layers = [int(x) for x in args.point_layers.split(",")] if args.point > 0 else []
+    if point_layers:  # attention weights are read from the layers; only the eager path returns them
+        model.set_attn_implementation("eager")
     data_rng = random.Random(args.seed + 2)
     ema = None
     acc_ema = None
@@ -455,9 +466,21 @@ def main(argv=None) -> None:
         for g in opt.param_groups:
             # the vision tower, trained in stage 1, waits for the rest to catch up, then learns gently
             g["lr"] = (0.0 if step < args.freeze_vision else 0.5 * lr) if g["vision"] else lr
-        out = model(**batch, output_hidden_states=args.order > 0)  # loss: mean cross-entropy over the answers
+        out = model(
+            **batch, output_hidden_states=args.order > 0, output_attentions=bool(point_layers)
+        )  # loss: mean cross-entropy over the answers
         answer_loss = out.loss
         total = answer_loss
+        point_loss = torch.zeros(())
+        if point_layers:
+            point_loss = pointing_loss(
+                [out.attentions[i][:, args.point_head] for i in point_layers],
+                batch,
+                convs,
+                processor.image_token_id,
+                GRID,
+            )
+            total = total + args.point * point_loss
         order_loss = torch.zeros(())
         if args.order > 0:
             order_loss = order.loss(out.hidden_states[args.order_layer], batch["input_ids"])
@@ -478,13 +501,15 @@ def main(argv=None) -> None:
             print(
                 f"chat   {step + 1:5d}/{args.steps}  answer loss {loss:.4f} (avg {ema:.4f})  "
                 f"probe {aux_loss.item():.3f} (kind acc {acc_ema or 0:.3f})  "
-                f"order {order_loss.item():.3f}  lr {lr:.2e}  "
+                f"order {order_loss.item():.3f}  point {point_loss.item():.3f}  lr {lr:.2e}  "
                 f"{fmt_time(el)}, eta {fmt_time(el / (step + 1) * (args.steps - step - 1))}  "
                 f"(data {100 * t_data / el:.0f}%)",
                 flush=True,
             )
 
     model.eval()
+    if point_layers:
+        model.set_attn_implementation("sdpa")  # what the app loads it with
     args.out.mkdir(parents=True, exist_ok=True)
     for f in args.out.glob("*"):
         if f.is_file() and f.name != "README.md":

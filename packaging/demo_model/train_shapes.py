@@ -316,12 +316,7 @@ def main(argv=None) -> None:
     ap.add_argument("--aux", type=float, default=0.5, help="weight of the cell probe in stage 2")
     ap.add_argument("--order", type=float, default=0.5, help="weight of the picture-order probe in stage 2")
     ap.add_argument("--order-layer", type=int, default=2, help="language-model layer the order probe reads")
-    ap.add_argument(
-        "--point",
-        type=float,
-        default=0.0,
-        help="weight of the pointing loss: one attention head looks at the shape an answer is about",
-    )
+    ap.add_argument("--point", type=float, default=0.0, help="weight of the pointing loss (shapes_probes)")
     ap.add_argument("--point-layers", default="2,3", help="language-model layers whose --point-head is taught")
     ap.add_argument("--point-head", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=50)

@@ -62,8 +62,8 @@ def _picture_part(s: LocalTurnStats) -> str:
     part = f"{new} encoded in {duration(s.encode_s)}"
     if s.encoder_loads:
         part += f" (encoder loaded in {duration(s.encoder_load_s)})"
-    if hits:
-        part += f", {_pictures(hits)} from cache"
+    if hits:  # "new picture encoded …, picture from cache" read as one picture both ways
+        part += ", the other from cache" if hits == 1 else f", {hits} others from cache"
     return part
 
 

@@ -163,5 +163,5 @@ def test_pictures_say_whether_they_are_cached_and_a_new_one_wakes_the_encoder_ea
     assert last.image_cache_misses == 1 and last.image_cache_hits == 1
     line = w.messages.item(3).note
     assert line.startswith("Continued ") and " tokens from memory" in line and " · new picture encoded in " in line
-    assert ", picture from cache" in line
+    assert ", the other from cache" in line
     qtbot.waitUntil(lambda: picture_mark(w, 2) is not None and picture_mark(w, 2)[0] == "cached", timeout=TIMEOUT_MS)

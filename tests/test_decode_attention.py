@@ -1,8 +1,9 @@
-"""A decoded token of a half-precision model on a CPU, and a prompt-lookup draft's rows, attend in
-fp32 (engine/model/decode_attention.py): a prompt's rows still go through transformers' SDPA bit
-for bit; a row agrees with exact arithmetic and ignores masked keys; the language model is
-switched to it and the vision tower is not; the KV namespace names it; and a bf16 engine's
-replies equal a fresh prefill's, with KV reused and restored from the SSD."""
+"""A decoded token of a model on a CPU, and a prompt-lookup draft's rows, attend through two small
+products in fp32 (engine/model/decode_attention.py): a prompt's rows still go through
+transformers' SDPA bit for bit; a row agrees with exact arithmetic and ignores masked keys; the
+language model is switched to it and the vision tower is not; the KV namespace names it; and a
+bf16 engine's replies equal a fresh prefill's, with KV reused and restored from the SSD (fp32's
+are checked by every other engine test)."""
 
 from __future__ import annotations
 
@@ -77,17 +78,16 @@ def test_a_drafts_rows_each_see_the_keys_up_to_their_own():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_bf16_cpu_model_attends_through_it_in_its_language_model_only(family, tiny_model, monkeypatch):
+def test_a_cpu_model_attends_through_it_in_its_language_model_only(family, tiny_model, monkeypatch):
     model = tiny_model(family)
-    half = load_model(model, device="cpu", weights="bf16")
-    assert half.model.config.get_text_config()._attn_implementation == decode_attention.NAME
-    vision = getattr(half.model.config, "vision_config", None)
-    assert vision is not None and vision._attn_implementation == "sdpa"
-    full = load_model(model, device="cpu", weights="fp32")
-    assert full.model.config.get_text_config()._attn_implementation == "sdpa"
+    for weights in ("bf16", "fp32"):
+        loaded = load_model(model, device="cpu", weights=weights)
+        assert loaded.model.config.get_text_config()._attn_implementation == decode_attention.NAME
+        vision = getattr(loaded.model.config, "vision_config", None)
+        assert vision is not None and vision._attn_implementation == "sdpa"
     # KV written under another decode arithmetic is never restored: the namespace names it
     monkeypatch.setattr(decode_attention, "LAYOUT", decode_attention.LAYOUT + "-other")
-    assert load_model(model, device="cpu", weights="bf16").fingerprint != half.fingerprint
+    assert load_model(model, device="cpu", weights="fp32").fingerprint != loaded.fingerprint
 
 
 @pytest.mark.slow

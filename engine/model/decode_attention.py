@@ -1,19 +1,19 @@
-"""Attention for one new token on a CPU in half precision: two small products in fp32.
+"""Attention for a decoded token on a CPU: two small products in fp32 instead of SDPA.
 
-torch 2.14.1's CPU SDPA (its flash kernel) is slow for a single query row in bf16. At
-Qwen2-VL-2B's shape (12 query heads over 2 KV heads, 128 wide), 28 layers' attention for one
-new token took 17.7 ms at 512 tokens of context and 68.9 ms at 2048; q·Kᵀ, softmax and ·V in
-fp32 take 3.4 and 7.7 ms, and land closer to exact arithmetic (2-core Zen 4 with AVX512_BF16,
-quiet; a whole bf16 decode step there is ~100 ms). Leaving the probabilities in bf16 for ·V,
-as the flash kernel does, would save 1.2 ms at 2048 for its error too (largest 5.8e-4 against
-9e-8 before the output is rounded to bf16), so it is not done.
+torch 2.14.1's CPU SDPA (its flash kernel) is slow for a single query row, most of all in bf16.
+At Qwen2-VL-2B's shape (12 query heads over 2 KV heads, 128 wide), 28 layers' attention for one
+new token in bf16 took 17.7 ms at 512 tokens of context and 68.9 ms at 2048; q·Kᵀ, softmax and
+·V in fp32 take 3.4 and 7.7 ms, and land closer to exact arithmetic. In fp32: SDPA 0.9 / 2.6 /
+13.7 / 79.5 ms at 128 / 512 / 2048 / 8192 tokens, the products 0.7 / 2.1 / 8.0 / 30.2 ms (2-core
+Zen 4 with AVX512_BF16, quiet; a whole bf16 decode step there is ~100 ms). Leaving the
+probabilities in bf16 for ·V, as the flash kernel does, would save 1.2 ms at 2048 for its error
+too (largest 5.8e-4 against 9e-8 before the output is rounded to bf16), so it is not done.
 
-So the language model of a model running on a CPU in bf16 or fp16 attends through `attention`
-here: a call of up to ROWS rows (a decoded token, a prompt-lookup draft, the short end of a
-prompt) takes the fp32 path; everything else (prompts, other devices, softcapped or biased
-attention) goes to transformers' own SDPA function, unchanged. The KV of a
-decoded token depends on this arithmetic, so LAYOUT is part of the KV store namespace
-(load.py's fingerprint).
+So the language model of a model running on a CPU attends through `attention` here: a call of
+up to ROWS rows (a decoded token, a prompt-lookup draft, the short end of a prompt) takes the
+fp32 path; everything else (prompts, other devices, softcapped or biased attention) goes to
+transformers' own SDPA function, unchanged. The KV of a decoded token depends on this
+arithmetic, so LAYOUT is part of the KV store namespace (load.py's fingerprint).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "parley_cpu_decode"
 LAYOUT = "cpu-decode-attention-fp32-v1"  # in the KV store namespace: change it when the arithmetic changes
-HALF = (torch.bfloat16, torch.float16)
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # a decoded token with its prompt-lookup draft (engine/local/lookup_decode.py drafts up to 10):
 # the same arithmetic whether a token is decoded alone or verified in a draft
 ROWS = 16
@@ -33,7 +33,7 @@ ROWS = 16
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a language model on `device` computing in `dtype` attends through this module."""
-    return device.type == "cpu" and dtype in HALF
+    return device.type == "cpu" and dtype in FLOATS
 
 
 def use(model) -> None:
@@ -43,7 +43,7 @@ def use(model) -> None:
 
 def _few_rows(query: torch.Tensor, attention_mask, dropout: float, kwargs) -> bool:
     rows = query.shape[2]
-    if rows > ROWS or query.device.type != "cpu" or query.dtype not in HALF or dropout:
+    if rows > ROWS or query.device.type != "cpu" or query.dtype not in FLOATS or dropout:
         return False
     if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias")):
         return False

@@ -377,8 +377,7 @@ class MemoryDock(QDockWidget):
         r = self.report
         store = store_counters(r) if r is not None else {}
         if r is not None:
-            # "CPU (x86_64)" and "Apple GPU (unified memory)" say where already; a GPU's index does not
-            self.device.setText(f"{r.device_name} ({r.device})" if r.device.startswith("cuda") else r.device_name)
+            self.device.setText(r.device_name)  # says where: "CPU (x86_64)", "NVIDIA H200 (cuda:0)"
             used = r.total_bytes - r.free_bytes
             self.totals.setText(
                 f"Total {human_bytes(r.total_bytes)} · free {human_bytes(r.free_bytes)} · used {human_bytes(used)}"

@@ -115,7 +115,7 @@ def memory(device: torch.device) -> tuple[str, int, int]:
     system memory on the CPU."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        return torch.cuda.get_device_name(device), int(total), int(free)
+        return f"{torch.cuda.get_device_name(device)} ({device})", int(total), int(free)  # which GPU, by index
     vm = psutil.virtual_memory()
     if device.type == "mps":
         try:

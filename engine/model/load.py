@@ -202,7 +202,8 @@ def load_model(
         except Exception as exc2:
             raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc2}") from exc2
         model.eval()
-    if decode_attention.applies(dev, dt):
+    cpu_decode_attention = decode_attention.applies(dev, dt)  # after the fallback above: where it runs
+    if cpu_decode_attention:
         decode_attention.use(model)
     for note in notes:
         log.warning("%s", note)
@@ -235,7 +236,7 @@ def load_model(
     fp.update(weights_identity(folder))
     fp.update(str(dt).encode())
     fp.update(plan.fingerprint_part())
-    if decode_attention.applies(dev, dt):
+    if cpu_decode_attention:
         fp.update(decode_attention.LAYOUT.encode())
     name = folder.name
     log.info("loaded %s (%s) on %s as %s, weights %s", name, family, dev, dt, fmt)

@@ -397,7 +397,7 @@ def main(argv=None) -> None:
             p.requires_grad_(step >= args.probe_warmup)
         # a curriculum: one large, clean, centred shape first (kinds are learned there within a few
         # hundred steps; on the full mix, from the start, they were not), then more and more of the full mix
-        full_mix = min(1.0, max(0.0, step / args.easy_steps - 1.0))
+        full_mix = min(1.0, max(0.0, step / args.easy_steps - 1.0)) if args.easy_steps else 1.0  # 0: no lessons
         scenes = [
             world.random_scene(rng) if rng.random() < full_mix else world.lesson_scene(rng)
             for _ in range(args.vision_batch)

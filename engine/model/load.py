@@ -29,7 +29,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from ..device import choice as devices
 from ..device.heap_trim import return_freed_heap
 from ..device.process_memory import growth_during
-from . import decode_attention
+from . import cpu_attention
 from .families import FAMILIES, Family
 from .folder_check import ModelLoadError, check_folder
 from .weights import finish_load, load_kwargs, plan_weights
@@ -202,9 +202,9 @@ def load_model(
         except Exception as exc2:
             raise ModelLoadError(f"Cannot load the model weights from {folder}: {exc2}") from exc2
         model.eval()
-    cpu_decode_attention = decode_attention.applies(dev, dt)  # after the fallback above: where it runs
-    if cpu_decode_attention:
-        decode_attention.use(model)
+    cpu_attends = cpu_attention.applies(dev, dt)  # after the fallback above: where it runs
+    if cpu_attends:
+        cpu_attention.use(model)
     for note in notes:
         log.warning("%s", note)
 
@@ -236,8 +236,8 @@ def load_model(
     fp.update(weights_identity(folder))
     fp.update(str(dt).encode())
     fp.update(plan.fingerprint_part())
-    if cpu_decode_attention:
-        fp.update(decode_attention.LAYOUT.encode())
+    if cpu_attends:
+        fp.update(cpu_attention.LAYOUT.encode())
     name = folder.name
     log.info("loaded %s (%s) on %s as %s, weights %s", name, family, dev, dt, fmt)
     return LoadedModel(

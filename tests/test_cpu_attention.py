@@ -1,9 +1,9 @@
-"""A decoded token of a model on a CPU, and a prompt-lookup draft's rows, attend through two small
-products in fp32 (engine/model/decode_attention.py): a prompt's rows still go through
-transformers' SDPA bit for bit; a row agrees with exact arithmetic and ignores masked keys; the
-language model is switched to it and the vision tower is not; the KV namespace names it; and a
-bf16 engine's replies equal a fresh prefill's, with KV reused and restored from the SSD (fp32's
-are checked by every other engine test)."""
+"""A language model on a CPU attends through engine/model/cpu_attention.py: a decoded token's and a
+prompt-lookup draft's rows through two small products in fp32, a long masked prompt piece in
+blocks of rows; a short prompt's rows still go through transformers' SDPA bit for bit; rows agree
+with exact arithmetic and ignore masked keys; the language model is switched to it and the vision
+tower is not; the KV namespace names it; and a bf16 engine's replies equal a fresh prefill's,
+with KV reused and restored from the SSD (fp32's are checked by every other engine test)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engine.model import decode_attention
+from engine.model import cpu_attention
 from engine.model.load import load_model
 from engine.protocol.events import Message
 from tests.engine_helpers import Reference, ask, expect_done, open_engine
@@ -37,7 +37,7 @@ def _qkv(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def test_a_prompts_rows_keep_transformers_sdpa_bit_for_bit():
     q, k, v = _qkv(rows=LENGTH)
-    ours, _ = decode_attention.attention(_Layer(), q, k, v, None, is_causal=True)
+    ours, _ = cpu_attention.attention(_Layer(), q, k, v, None, is_causal=True)
     theirs, _ = sdpa_attention_forward(_Layer(), q, k, v, None, is_causal=True)
     assert torch.equal(ours, theirs)
 
@@ -57,23 +57,64 @@ def test_one_row_agrees_with_exact_arithmetic_and_ignores_masked_keys():
     q, k, v = _qkv(rows=1, seed=1)
     seen = torch.ones(1, 1, 1, LENGTH, dtype=torch.bool)
     seen[..., :5] = False  # left padding
-    ours, _ = decode_attention.attention(_Layer(), q, k, v, seen)
+    ours, _ = cpu_attention.attention(_Layer(), q, k, v, seen)
     assert ours.shape == (1, 1, HEADS, DIM) and ours.dtype == torch.bfloat16
     assert _close(ours, _exact(q, k, v, seen))
-    assert _close(decode_attention.attention(_Layer(), q, k, v, None)[0], _exact(q, k, v, torch.ones_like(seen)))
+    assert _close(cpu_attention.attention(_Layer(), q, k, v, None)[0], _exact(q, k, v, torch.ones_like(seen)))
 
     v2 = v.clone()
     v2[:, :, :5] = 100.0  # what a masked key holds must not reach the output
-    assert torch.equal(decode_attention.attention(_Layer(), q, k, v2, seen)[0], ours)
+    assert torch.equal(cpu_attention.attention(_Layer(), q, k, v2, seen)[0], ours)
 
 
 def test_a_drafts_rows_each_see_the_keys_up_to_their_own():
     rows = 11  # a decoded token and a 10-token prompt-lookup draft
     q, k, v = _qkv(rows=rows, seed=2)
     seen = torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril()[-rows:].view(1, 1, rows, LENGTH)
-    ours, _ = decode_attention.attention(_Layer(), q, k, v, seen)
+    ours, _ = cpu_attention.attention(_Layer(), q, k, v, seen)
     assert ours.shape == (1, rows, HEADS, DIM)
     assert _close(ours, _exact(q, k, v, seen))
+
+
+def _near(ours, exact) -> bool:  # fp32 arithmetic, summed in another order than float64's
+    return bool(((ours.double() - exact).abs() <= exact.abs() * 1e-5 + 1e-6).all())
+
+
+def _causal(rows: int, length: int) -> torch.Tensor:
+    """The mask of a prompt piece of `rows` after `length - rows` earlier tokens: True where seen."""
+    return torch.ones(length, length, dtype=torch.bool).tril()[-rows:].view(1, 1, rows, length)
+
+
+@pytest.mark.parametrize("block", [4, 7])
+def test_a_long_piece_in_blocks_agrees_with_exact_arithmetic(block, monkeypatch):
+    """Rows in blocks, each block given the keys up to its last row's: every row as exact
+    arithmetic over the keys it may see, masked keys' values kept out."""
+    monkeypatch.setattr(cpu_attention, "ROWS", 2)  # keep the few-row products out of the way
+    monkeypatch.setattr(cpu_attention, "BLOCK", block)
+    rows = 29
+    q, k, v = (t.float() for t in _qkv(rows=rows, seed=3))  # fp32: SDPA's own rounding out of the way
+    seen = _causal(rows, LENGTH)
+    ours, _ = cpu_attention.attention(_Layer(), q, k, v, seen)
+    assert ours.shape == (1, rows, HEADS, DIM)
+    assert _near(ours, _exact(q, k, v, seen))
+    v2 = v.clone()
+    v2[:, :, -1] = 100.0  # the last key: seen by the last row only
+    changed = (cpu_attention.attention(_Layer(), q, k, v2, seen)[0] != ours).any(-1).any(-1)[0]
+    assert changed.tolist() == [False] * (rows - 1) + [True]
+
+
+def test_a_block_whose_rows_see_ahead_gets_the_keys_they_see(monkeypatch):
+    """A picture whose tokens attend both ways (Gemma 3): a row of the first block sees keys past
+    that block's causal end, so the block is given them."""
+    monkeypatch.setattr(cpu_attention, "ROWS", 2)
+    monkeypatch.setattr(cpu_attention, "BLOCK", 8)
+    rows = 24
+    q, k, v = (t.float() for t in _qkv(rows=rows, seed=4))
+    seen = _causal(rows, LENGTH).clone()
+    first = LENGTH - rows
+    seen[..., 5:12, first + 5 : first + 12] = True  # a picture at rows 5-11, across the first two blocks
+    ours, _ = cpu_attention.attention(_Layer(), q, k, v, seen)
+    assert _near(ours, _exact(q, k, v, seen))
 
 
 @pytest.mark.slow
@@ -82,18 +123,19 @@ def test_a_cpu_model_attends_through_it_in_its_language_model_only(family, tiny_
     model = tiny_model(family)
     for weights in ("bf16", "fp32"):
         loaded = load_model(model, device="cpu", weights=weights)
-        assert loaded.model.config.get_text_config()._attn_implementation == decode_attention.NAME
+        assert loaded.model.config.get_text_config()._attn_implementation == cpu_attention.NAME
         vision = getattr(loaded.model.config, "vision_config", None)
         assert vision is not None and vision._attn_implementation == "sdpa"
     # KV written under another decode arithmetic is never restored: the namespace names it
-    monkeypatch.setattr(decode_attention, "LAYOUT", decode_attention.LAYOUT + "-other")
+    monkeypatch.setattr(cpu_attention, "LAYOUT", cpu_attention.LAYOUT + "-other")
     assert load_model(model, device="cpu", weights="fp32").fingerprint != loaded.fingerprint
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_replies_equal_a_fresh_prefill_with_kv_reused_and_restored(family, tiny_model, tmp_path):
+def test_bf16_replies_equal_a_fresh_prefill_with_kv_reused_and_restored(family, tiny_model, tmp_path, monkeypatch):
     model = tiny_model(family)
+    monkeypatch.setattr(cpu_attention, "BLOCK", 20)  # later turns' prompt pieces (past ROWS) in blocks
     engine = open_engine(model, tmp_path / "data", weights="bf16", block_tokens=16, spill_idle_s=3600)
     ref = Reference(model, weights="bf16")
     try:

@@ -53,12 +53,19 @@ def use(model) -> None:
     model.get_decoder().set_attn_implementation(NAME)
 
 
+def _plain(query: torch.Tensor, dropout: float, kwargs) -> bool:
+    """A call this module may compute itself: on a CPU, no dropout, no softcap, sinks or bias."""
+    return (
+        query.device.type == "cpu"
+        and not dropout
+        and not any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias"))
+    )
+
+
 def _few_rows(query: torch.Tensor, attention_mask, dropout: float, kwargs) -> bool:
+    if query.shape[2] > ROWS or query.dtype not in FLOATS or not _plain(query, dropout, kwargs):
+        return False
     rows = query.shape[2]
-    if rows > ROWS or query.device.type != "cpu" or query.dtype not in FLOATS or dropout:
-        return False
-    if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias")):
-        return False
     if attention_mask is None:  # no mask: one row sees every key; several would need causal alignment
         return rows == 1
     return attention_mask.dim() == 4 and attention_mask.shape[1] == 1
@@ -104,10 +111,8 @@ def _in_blocks(query: torch.Tensor, attention_mask, dropout: float, kwargs) -> b
     """A long call with a mask (a prompt piece after earlier tokens): worth splitting by rows."""
     return (
         query.shape[2] > BLOCK
-        and not any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias"))
         and query.shape[0] == 1
-        and query.device.type == "cpu"
-        and not dropout
+        and _plain(query, dropout, kwargs)
         and attention_mask is not None
         and attention_mask.dtype == torch.bool
         and attention_mask.dim() == 4

@@ -157,4 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import multiprocessing
+
+    multiprocessing.freeze_support()  # a bundled app's PDFium child (engine/pictures/pdfium_process.py) starts here
     sys.exit(main())

@@ -11,33 +11,45 @@ from __future__ import annotations
 
 import io
 import re
-import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pypdfium2 as pdfium
-
 from .file import MAX_PIXELS, PictureError
+from .pdfium_process import OverLimit, PdfiumFailed, pdfium
 from .ref import PictureRef, PixelLimit, check_file_digest, derived_digest, file_digest
 
 PAGE_DOMAIN = b"parley.page.v1\0"
 MAX_PAGES = 1000  # past this a "document" is no longer something to ask a chat about page by page
 MAX_DOCUMENT_BYTES = 512 << 20
 DEFAULT_DPI = 144  # text stays legible at this; the processor's limit lowers it where it uses fewer pixels
-# PDFium is not thread-safe: one render or text read at a time in the process
-_PDFIUM = threading.Lock()
 
 
-def _open(source, name: str) -> pdfium.PdfDocument:
+def _open(path: str, name: str) -> int:
+    """Open the PDF in the PDFium child: its page count, or one PictureError sentence."""
     try:
-        return pdfium.PdfDocument(source)
-    except pdfium.PdfiumError as exc:
-        text = str(exc)
-        if "password" in text.lower():
+        return pdfium().call("open", path)
+    except PdfiumFailed as exc:
+        if exc.kind == "password":
             raise PictureError(f"{name} is password-protected; save an unprotected copy to attach it") from None
-        if _no_pages(source):  # PDFium refuses a page tree without a page, with a stale error code
+        if _no_pages(path):  # PDFium refuses a page tree without a page, with a stale error code
             raise PictureError(f"{name} has no pages") from None
-        raise PictureError(f"{name} is a damaged PDF (PDFium: {text.split('PDFium: ')[-1].rstrip('.)')})") from None
+        raise PictureError(f"{name} is a damaged PDF (PDFium: {exc.text})") from None
+    except OverLimit as exc:
+        raise PictureError(exc.sentence(name)) from None
+
+
+def _page_call(op: str, path: str, index: int | list[int], label: str, arg=None, timeout: float | None = None):
+    """One page's load, text or render in the PDFium child, failures as one sentence naming it."""
+    try:
+        return pdfium().call(op, path, index, arg, timeout)
+    except PdfiumFailed as exc:
+        if exc.kind == "draw":
+            raise PictureError(f"{label} cannot be drawn ({exc.text})") from None
+        raise PictureError(f"{label} cannot be read (PDFium: {exc.text.split('PDFium: ')[-1].rstrip('.)')})") from None
+    except OverLimit as exc:
+        raise PictureError(exc.sentence(label)) from None
 
 
 def _no_pages(source) -> bool:
@@ -63,7 +75,10 @@ class Document:
         return Path(self.path).name
 
     @classmethod
-    def of_file(cls, path: str | Path) -> Document:
+    def of_file(cls, path: str | Path, cancelled: Callable[[], bool] | None = None) -> Document:
+        """Check a PDF where it comes in: opened, and every page loaded once in the PDFium child
+        (a page tree that loops, a /Count that lies, a page too costly to parse: one sentence
+        now, not a failed turn later). `cancelled`: stops the hashing of a large file."""
         path = str(path)
         name = Path(path).name
         p = Path(path)
@@ -74,13 +89,8 @@ class Document:
             raise PictureError(
                 f"{name} is too big ({size / 2**20:.0f} MB; the limit for a PDF is {MAX_DOCUMENT_BYTES >> 20} MB)"
             )
-        digest = file_digest(path)
-        with _PDFIUM:
-            pdf = _open(path, name)
-            try:
-                n = len(pdf)
-            finally:
-                pdf.close()
+        digest = file_digest(path, cancelled)
+        n = _open(path, name)
         if n == 0:
             raise PictureError(f"{name} has no pages")
         if n > MAX_PAGES:
@@ -88,6 +98,7 @@ class Document:
                 f"{name} has {n} pages; Parley reads PDFs of at most {MAX_PAGES} pages "
                 "(split it, or attach the pages you need)"
             )
+        _probe(path, name, n)
         return cls(path, digest, n)
 
     def page(self, index: int, dpi: int = DEFAULT_DPI) -> PageRef:
@@ -102,16 +113,10 @@ class Document:
         name = name or self.name
         check_file_digest(self.path, self.digest, self.name)
         parts = []
-        with _PDFIUM:
-            pdf = _open(self.path, self.name)
-            try:
-                for i in range(self.pages) if pages is None else pages:
-                    tp = pdf[i].get_textpage()
-                    text = tp.get_text_bounded().strip()
-                    if text:
-                        parts.append(f"[{name}, page {i + 1}]\n{text}")
-            finally:
-                pdf.close()
+        for i in range(self.pages) if pages is None else pages:
+            text = _page_call("text", self.path, i, f"{self.name}, page {i + 1}")
+            if text:
+                parts.append(f"[{name}, page {i + 1}]\n{text}")
         return "\n\n".join(parts)
 
 
@@ -156,23 +161,33 @@ def page_digest(document: str, index: int, dpi: int) -> str:
     return derived_digest(PAGE_DOMAIN, document, index, dpi)
 
 
+def _probe(path: str, name: str, pages: int) -> None:
+    """Load every page once (PDFium parses its content there), within PdfLimits.probe_s in all."""
+    limits = pdfium().limits
+    deadline = time.monotonic() + limits.probe_s
+    for i in range(pages):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PictureError(
+                f"{name} takes longer than {limits.probe_s:g} s to open (stopped at page {i + 1} of {pages}); "
+                "attach the pages you need as a smaller PDF"
+            )
+        _page_call("load", path, i, f"{name}, page {i + 1}", timeout=min(limits.page_s, left))
+
+
+def page_size(path: str, index: int, label: str) -> tuple[float, float]:
+    """A page's size in points, read from its page dictionary (no content parsed, nothing drawn)."""
+    return _page_call("size", path, [index], label)[0]
+
+
 def render_page(path: str, index: int, dpi: int, limit: PixelLimit | None, label: str):
-    """RGB pixels of one page at `dpi`, scaled down to `limit`."""
-    with _PDFIUM:
-        pdf = _open(path, Path(path).name)
-        try:
-            if index >= len(pdf):
-                raise PictureError(f"{label}: the document has only {len(pdf)} pages")
-            page = pdf[index]
-            w, h = page.get_size()  # points: 1/72 inch
-            scale = dpi / 72
-            if limit is not None:
-                scale *= limit.scale_for(w * scale, h * scale)
-            if w * h * scale * scale > MAX_PIXELS:
-                scale = (MAX_PIXELS / (w * h)) ** 0.5
-            try:
-                return page.render(scale=scale).to_pil().convert("RGB")
-            except pdfium.PdfiumError as exc:
-                raise PictureError(f"{label} cannot be drawn ({exc})") from None
-        finally:
-            pdf.close()
+    """RGB pixels of one page at `dpi`, scaled down to `limit`, drawn in the PDFium child."""
+    from PIL import Image
+
+    if not Path(path).is_file():
+        raise PictureError(f"{label}: the file is gone; attach it again.")
+    pages = _open(path, Path(path).name)
+    if index >= pages:
+        raise PictureError(f"{label}: the document has only {pages} pages")
+    drawn = _page_call("render", path, index, label, (dpi, limit, MAX_PIXELS))
+    return Image.frombytes("RGB", (drawn.width, drawn.height), drawn.rgb)

@@ -20,7 +20,7 @@ from PySide6.QtGui import QImage
 from engine.pictures import parts
 from engine.pictures.attach import AttachmentKind, attach, kind_of
 from engine.pictures.document import MAX_DOCUMENT_BYTES, Document
-from engine.pictures.file import MAX_PIXELS, PictureError, check
+from engine.pictures.file import MAX_PIXELS, Cancelled, PictureError, check
 from engine.pictures.video import FrameSampling, Video
 
 from .history import History
@@ -120,18 +120,24 @@ class PictureIntake:
         return self._from_media(p, p.name or str(p), cancelled)
 
     def _from_media(self, p: Path, name: str, cancelled: threading.Event | None = None) -> Attachment:
-        """A PDF or a video: checked with the engine's rules, then its bytes stored like a
-        picture's (the draft no longer depends on the original file)."""
+        """A PDF or a video: its size checked first (a 5 GB clip is refused before it is hashed),
+        then checked with the engine's rules, then its bytes stored like a picture's (the draft no
+        longer depends on the original file)."""
+        limit = MAX_DOCUMENT_BYTES if kind_of(p) == AttachmentKind.DOCUMENT else MAX_VIDEO_BYTES
         try:
-            att = attach(p)
+            size = p.stat().st_size
+        except OSError as exc:
+            raise PictureRejected(f"{name} cannot be read ({exc.strerror or exc})") from None
+        if size > limit:
+            raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is {limit >> 20} MB)")
+        try:
+            att = attach(p, cancelled.is_set if cancelled is not None else None)
+        except Cancelled:
+            raise ReadCancelled(name) from None
         except PictureError as exc:
             raise PictureRejected(str(exc)) from None
         if cancelled is not None and cancelled.is_set():
             raise ReadCancelled(name)
-        limit = MAX_DOCUMENT_BYTES if att.document is not None else MAX_VIDEO_BYTES
-        size = p.stat().st_size
-        if size > limit:
-            raise PictureRejected(f"{name} is too big ({size / 2**20:.0f} MB; the limit is {limit >> 20} MB)")
         try:
             ref = self.history.add_file(p, att.digest)
         except OSError as exc:

@@ -6,6 +6,7 @@ sentence; the caller keeps its draft and nothing else is touched. Torch-free, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -53,6 +54,7 @@ class Attachment:
         if self.document is not None:
             return list(self.document.page_refs(pages, dpi))
         if self.video is not None:
+            self.video.check_reach(sampling)
             return list(self.video.frame_refs(sampling))
         assert self.picture is not None
         return [self.picture]
@@ -73,15 +75,16 @@ def kind_of(path: str | Path) -> AttachmentKind:
     return AttachmentKind.PICTURE
 
 
-def attach(path: str | Path) -> Attachment:
-    """Check a file someone attached and type it (one PictureError sentence when it cannot be used)."""
+def attach(path: str | Path, cancelled: Callable[[], bool] | None = None) -> Attachment:
+    """Check a file someone attached and type it (one PictureError sentence when it cannot be
+    used). `cancelled`: stops the hashing of a large PDF or video (file.Cancelled)."""
     p = Path(path)
     name = p.name or str(p)
     kind = kind_of(p)
     if kind == AttachmentKind.DOCUMENT:
-        return Attachment(kind, name, document=Document.of_file(p))
+        return Attachment(kind, name, document=Document.of_file(p, cancelled))
     if kind == AttachmentKind.VIDEO:
-        return Attachment(kind, name, video=Video.of_file(p))
+        return Attachment(kind, name, video=Video.of_file(p, cancelled))
     data = read_bytes(str(p))
     try:
         check(data, name)

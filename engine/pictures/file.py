@@ -17,6 +17,11 @@ from typing import TypeVar
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 MAX_PIXELS = 64_000_000  # beyond this a "picture" is almost surely a decompression bomb
+# A progressive JPEG is decoded scan by scan, each scan a pass over the whole picture (about
+# 10 ms per megapixel on a 2-core EPYC), and Pillow has no limit on their number: 1,000 repeated
+# scans of a 1 MP picture took 11 s. A camera's or mozjpeg's file has up to about 20.
+MAX_JPEG_SCANS = 100
+MAX_JPEG_SCAN_MEGAPIXELS = 2000  # scans × megapixels: a 64 MP picture of 31 scans, about 20 s here
 
 # Our own limit is below PIL's warning threshold (~89 MP), so every picture PIL would warn about
 # is refused here with one sentence; its warning would only leak past that sentence. (None would
@@ -48,6 +53,10 @@ PICTURE_NAMES = ", ".join(t.name for t in PICTURE_TYPES[:-1]) + f" or {PICTURE_T
 
 class PictureError(ValueError):
     """A picture that cannot be used; the message names the file and says why."""
+
+
+class Cancelled(Exception):
+    """The person took a file back while it was being read (the window's intake)."""
 
 
 @contextlib.contextmanager
@@ -86,6 +95,22 @@ def _upright_rgb(probe: Image.Image) -> Image.Image:
     return probe.convert("RGB")
 
 
+def jpeg_scans(data: bytes) -> int:
+    """Start-of-scan markers in a JPEG: entropy-coded data never holds FF DA (a coded FF is
+    followed by 00), so a count over the bytes is every scan (and a thumbnail's: an overcount)."""
+    return data.count(b"\xff\xda")
+
+
+def check_jpeg_scans(data: bytes, pixels: int, name: str) -> None:
+    """Refuse, before decoding, a JPEG whose scans would take a decoder minutes."""
+    scans = jpeg_scans(data)
+    if scans > MAX_JPEG_SCANS or scans * pixels > MAX_JPEG_SCAN_MEGAPIXELS * 1_000_000:
+        raise PictureError(
+            f"{name} is a JPEG of {scans} scans, too many to decode (Parley decodes at most "
+            f"{MAX_JPEG_SCANS}, fewer on large pictures); save it again as a plain JPEG"
+        )
+
+
 def _too_large(name: str, size: str) -> PictureError:
     return PictureError(f"{name} is too large ({size}; the limit is {MAX_PIXELS // 1_000_000} megapixels)")
 
@@ -100,6 +125,8 @@ def _decode(data: bytes, name: str, keep: Callable[[Image.Image], _Kept]) -> _Ke
             w, h = probe.size
             if w * h > MAX_PIXELS:
                 raise _too_large(name, f"{w}×{h} pixels")
+            if probe.format in ("JPEG", "MPO"):
+                check_jpeg_scans(data, w * h, name)
             probe.load()  # catches truncated files now, not inside the processor
             return keep(probe)
     except PictureError:

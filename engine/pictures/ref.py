@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
-from .file import PictureError, decode, read_bytes, read_errors
+from .file import Cancelled, PictureError, decode, read_bytes, read_errors
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -118,11 +119,14 @@ _checked: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> dige
 _checked_lock = threading.Lock()
 
 
-def file_digest(path: str, chunk: int = 8 << 20) -> str:
-    """BLAKE3 hex of a file read in pieces (a video may be gigabytes: memory stays bounded)."""
+def file_digest(path: str, cancelled: Callable[[], bool] | None = None, chunk: int = 8 << 20) -> str:
+    """BLAKE3 hex of a file read in pieces (a video may be gigabytes: memory stays bounded);
+    Cancelled between pieces once `cancelled()` says so."""
     h = blake3.blake3()
     with read_errors(path), open(path, "rb") as f:
         while block := f.read(chunk):
+            if cancelled is not None and cancelled():
+                raise Cancelled(path)
             h.update(block)
     return h.hexdigest()
 
@@ -133,7 +137,7 @@ def check_file_digest(path: str, digest: str, label: str) -> None:
     try:
         st = os.stat(path)
     except OSError:
-        raise PictureError(f"{label}: the file is gone ({path}); attach it again.") from None
+        raise PictureError(f"{label}: the file is gone; attach it again.") from None
     stamp = (path, st.st_size, st.st_mtime_ns)
     with _checked_lock:
         if _checked.get(stamp) == digest:

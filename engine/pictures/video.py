@@ -11,17 +11,22 @@ cannot decode, or a clip longer than MAX_SECONDS. Torch-free.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import av
 
-from .file import PictureError
+from .file import MAX_PIXELS, PictureError
 from .ref import PictureRef, PixelLimit, check_file_digest, derived_digest, file_digest
 
 FRAME_DOMAIN = b"parley.frame.v1\0"
 CLIP_DOMAIN = b"parley.clip.v1\0"
 MAX_SECONDS = 3 * 3600  # a frame every few minutes of a longer clip tells a model little
+# Frames decoded to reach one sampled frame from the key frame before it: a clip with one key frame
+# decodes from its start for every sample (a 3-hour 720p clip: 4 min 52 s for `ask`). 250 frames
+# are 8 s of 30 fps video, under a second of decoding at 720p here.
+MAX_DECODE_FRAMES = 250
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".ogv")
 
 
@@ -81,7 +86,10 @@ class Video:
         return Path(self.path).name
 
     @classmethod
-    def of_file(cls, path: str | Path) -> Video:
+    def of_file(cls, path: str | Path, cancelled: Callable[[], bool] | None = None) -> Video:
+        """Check a video where it comes in: a stream, a codec, a length and a frame size within
+        the limits (read from the container, before any frame is decoded); `cancelled` stops the
+        hashing of a large file."""
         path = str(path)
         name = Path(path).name
         if not Path(path).is_file():
@@ -104,7 +112,8 @@ class Video:
                     f"{MAX_SECONDS // 3600} hours (cut the part you want to ask about)"
                 )
             width, height = s.codec_context.width, s.codec_context.height
-        video = cls(path, file_digest(path), duration, width, height)
+            check_frame_size(width, height, name)
+        video = cls(path, file_digest(path, cancelled), duration, width, height)
         video.frame(0.0).picture()  # the first frame decodes: a codec that fails says so now
         return video
 
@@ -113,6 +122,23 @@ class Video:
 
     def frame_refs(self, sampling: FrameSampling = DEFAULT_SAMPLING) -> list[FrameRef]:
         return [self.frame(t, sampling) for t in sampling.times(self.duration)]
+
+    def check_reach(self, sampling: FrameSampling = DEFAULT_SAMPLING) -> None:
+        """Refuse now a clip whose sampled frames lie too far past a key frame to decode (one seek
+        and one packet read each, no decoding)."""
+        with _open(self.path, self.name) as c:
+            s = c.streams.video[0]
+            rate = float(s.average_rate or s.guessed_rate or 30)
+            for t in sampling.times(self.duration):
+                if t <= 0 or s.time_base is None:
+                    continue
+                try:
+                    c.seek(int(t / s.time_base), stream=s, backward=True, any_frame=False)
+                    key = next((p for p in c.demux(s) if p.pts is not None), None)
+                except av.error.FFmpegError:
+                    continue  # decoding says so, with its own words
+                if key is not None and (t - float(key.pts * s.time_base)) * rate > MAX_DECODE_FRAMES:
+                    raise PictureError(_far_from_key(f"{self.name} at {clock(t)}"))
 
 
 @dataclass(frozen=True)
@@ -159,16 +185,55 @@ class FrameRef(PictureRef):
         return buf.getvalue()
 
 
+def video_size(path: str, label: str) -> tuple[int, int]:
+    """A video's frame size from its container (nothing decoded)."""
+    with _open(path, label) as c:
+        if not c.streams.video or c.streams.video[0].codec_context is None:
+            raise PictureError(f"{label}: the file has no video stream Parley can decode")
+        cc = c.streams.video[0].codec_context
+        return cc.width, cc.height
+
+
+def check_frame_size(width: int, height: int, name: str) -> None:
+    """The picture budget every source gets (file.MAX_PIXELS), from the container's own numbers:
+    a codec decodes a frame at full size, so a frame over it is refused before decoding."""
+    if width * height > MAX_PIXELS:
+        raise PictureError(
+            f"{name} has frames of {width}×{height} pixels; the limit is {MAX_PIXELS // 1_000_000} megapixels"
+        )
+    if width <= 0 or height <= 0:
+        raise PictureError(f"{name} does not say its frame size; Parley cannot decode it safely")
+
+
+def _far_from_key(label: str) -> str:
+    return (
+        f"{label} lies more than {MAX_DECODE_FRAMES} frames past a key frame, too far to decode "
+        "(re-encode the clip with a key frame every few seconds)"
+    )
+
+
 def decode_frame(path: str, t: float, label: str):
-    """The frame on screen at `t` seconds: one frame kept at a time."""
+    """The frame on screen at `t` seconds: one frame kept at a time, at most MAX_DECODE_FRAMES
+    decoded from the key frame before it."""
     with _open(path, label) as c:
         s = c.streams.video[0]
+        if s.codec_context is not None:
+            check_frame_size(s.codec_context.width, s.codec_context.height, label)
         s.thread_type = "AUTO"
+        decoded = 0
         try:
             if t > 0 and s.time_base is not None:
                 c.seek(int(t / s.time_base), stream=s, backward=True, any_frame=False)
             last = None
             for frame in c.decode(s):
+                decoded += 1
+                if decoded > MAX_DECODE_FRAMES:
+                    raise PictureError(_far_from_key(label))
+                if frame.width * frame.height > MAX_PIXELS:  # a stream that grows mid-way
+                    raise PictureError(
+                        f"{label} is {frame.width}×{frame.height} pixels; the limit is "
+                        f"{MAX_PIXELS // 1_000_000} megapixels"
+                    )
                 if last is not None and frame.time is not None and frame.time > t + 1e-6:
                     break
                 last = frame

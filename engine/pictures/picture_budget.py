@@ -31,8 +31,18 @@ def ranges_text(indexes: tuple[int, ...] | list[int]) -> str:
 
 
 def parse_ranges(text: str, count: int) -> list[int]:
-    """'1-3, 6' -> [0, 1, 2, 5] (1-based as typed; ValueError with one sentence when malformed)."""
+    """'1-3, 6' -> [0, 1, 2, 5] (1-based as typed; ValueError with one sentence when malformed).
+    Linear in the text and `count`: a page already chosen is skipped by a jump over the run it
+    is in, so "1-1000," typed 18,000 times costs one pass, not 18,000 (it took ~90 s)."""
     out: list[int] = []
+    after = list(range(count + 1))  # after[i]: the first page at or after i not yet chosen (a path-halving jump table)
+
+    def next_free(i: int) -> int:
+        while after[i] != i:
+            after[i] = after[after[i]]
+            i = after[i]
+        return i
+
     for part in (p.strip() for p in text.replace(";", ",").split(",")):
         if not part:
             continue
@@ -40,10 +50,14 @@ def parse_ranges(text: str, count: int) -> list[int]:
         try:
             lo, hi = int(a), int(b) if b.strip() else int(a)
         except ValueError:
-            raise ValueError(f"{part!r} is not a page number or range (like 1-3, 6)") from None
+            raise ValueError(f"{part[:40]!r} is not a page number or range (like 1-3, 6)") from None
         if not (1 <= lo <= hi <= count):
-            raise ValueError(f"pages {part} are not within 1-{count}")
-        out.extend(i for i in range(lo - 1, hi) if i not in out)
+            raise ValueError(f"pages {part[:40]} are not within 1-{count}")
+        i = next_free(lo - 1)
+        while i < hi:
+            out.append(i)
+            after[i] = i + 1
+            i = next_free(i + 1)
     if not out:
         raise ValueError("no pages chosen")
     return out

@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
+# An absolute path in a message (POSIX, or Windows with a drive), up to its last part: a client
+# learns nothing of the server's folders (the data folder, a user's name in it), only the file's
+# name. Not inside a URL or a word ("and/or").
+_PATH = re.compile(r"(?<![\w.:/\\])(?:/|[A-Za-z]:\\)(?:[^\s/\\'\"(),;]+[/\\])+(?=[^\s/\\'\"(),;])")
+
+
+def without_paths(message: str) -> str:
+    """`message` with every absolute path cut to its last part ("/srv/data/pictures/ab/x.png" -> "x.png")."""
+    return _PATH.sub("", message)
+
+
 _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
@@ -39,7 +52,7 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {
             "error": {
-                "message": self.message,
+                "message": without_paths(self.message),
                 "type": _TYPES.get(self.status, "invalid_request_error"),
                 "param": self.param,
                 "code": self.code,

@@ -52,5 +52,6 @@ def store_file_upload(
         return attach(store.path(name)).refs()
     except PictureError as exc:
         what = "PDF" if kind == "file" else "video"
-        # the stored name is a digest: say it as the client knows it
-        raise bad(str(exc).replace(name, f"The {what}"), param, "invalid_file") from None
+        # the stored name is a digest, in the server's folder: say it as the client knows it
+        said = str(exc).replace(str(store.path(name)), f"The {what}").replace(name, f"The {what}")
+        raise bad(said, param, "invalid_file") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import blake3
@@ -15,12 +16,39 @@ import diskcache
 from safetensors.torch import load as st_load, save as st_save
 
 from ..pictures.span import PictureKey
-from ..platform.paths import private_dir
+from ..platform.paths import private_dir, private_file, private_opener
 from .entry import PictureEntry
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"PRLYIMG1"
+
+
+class _PrivateDisk(diskcache.Disk):
+    """diskcache's value files, made 0600 in 0700 folders (its own are 0644 and 0755): features
+    reveal the pictures they came from."""
+
+    def _write(self, full_path, iterator, mode, encoding=None):
+        full_dir = os.path.dirname(full_path)
+        for count in range(1, 11):  # as diskcache's own: another cache may remove the folder meanwhile
+            try:
+                folder = self._directory
+                for part in os.path.relpath(full_dir, folder).split(os.sep):
+                    folder = os.path.join(folder, part)
+                    if not os.path.isdir(folder):
+                        os.mkdir(folder, 0o700)
+                writer = open(full_path, mode, encoding=encoding, opener=private_opener)  # noqa: SIM115 - closed below, as diskcache does
+            except OSError:
+                if count == 10:
+                    raise
+                continue
+            with writer:
+                size = 0
+                for chunk in iterator:
+                    size += len(chunk)
+                    writer.write(chunk)
+                return size
+        return None
 
 
 def pack(entry: PictureEntry) -> bytes:
@@ -70,7 +98,13 @@ class DiskImageCache:
             return
         try:
             private_dir(folder)  # features reveal the pictures: the user's alone
-            self._cache = diskcache.Cache(str(folder), size_limit=size_limit, eviction_policy="least-recently-used")
+            # SQLite gives -wal and -shm the database's mode; an older version's are tightened too
+            for db in ("cache.db", "cache.db-wal", "cache.db-shm"):
+                if db == "cache.db" or (folder / db).exists():
+                    private_file(folder / db)
+            self._cache = diskcache.Cache(
+                str(folder), size_limit=size_limit, eviction_policy="least-recently-used", disk=_PrivateDisk
+            )
             probe = b"parley-probe"
             self._cache.set(probe, b"ok")
             self._cache.delete(probe)

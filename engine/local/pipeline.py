@@ -23,6 +23,7 @@ from ..pictures.picture_budget import fit
 from ..protocol.events import EncoderStatus, Token, Turn, TurnDone
 from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
+from ..vision.pictures import estimated_tokens
 from .conversations import Conversations
 from .memory_manager import MemoryManager
 from .prompt import Prompt, build_prompt, model_pictures, render
@@ -58,8 +59,11 @@ class TurnPipeline:
         t_start = time.perf_counter()  # the first token's wait counts from here: restore and encode included
         gstats = GateTurnStats()
         video = self.loaded.family.native_video  # runs of frames go in as one clip each
-        entries = [self.gate.lookup(p, gstats) for m in turn.messages for p in model_pictures(m.images, video)]
+        refs = [p for m in turn.messages for p in model_pictures(m.images, video)]
+        hits = [self.gate.cached(p, gstats) for p in refs]
         text = render(self.loaded.processor, turn.messages, turn.system_prompt, video)
+        self._check_room(turn, text, refs, hits)
+        entries = [hit or self.gate.prepare(p, gstats) for p, hit in zip(refs, hits, strict=True)]
         prompt = build_prompt(self.loaded, text, entries)
         sampling = self._fit_to_context(prompt, turn)
         cid = turn.conversation_id or self._stateless_conversation(prompt)
@@ -114,6 +118,54 @@ class TurnPipeline:
         t0 = time.perf_counter()
         restored = self.spill_scheduler.restore(session, prompt)
         return restored, time.perf_counter() - t0 if restored else 0.0
+
+    def _check_room(self, turn: Turn, text: str, refs: list, hits: list) -> None:
+        """Before any page is drawn or frame decoded: refuse a turn whose pictures cannot fit the
+        context, from each page's or frame's size (engine/vision/pictures.py: estimated_tokens)
+        and the text each brings (its caption, the markers around it), saying how many of this
+        message's pictures would fit."""
+        limit = self.loaded.context_tokens
+        video = self.loaded.family.native_video
+        mine = len(model_pictures(turn.messages[-1].images, video))
+        if not limit or not mine:
+            return
+        todo = [i for i, hit in enumerate(hits) if hit is None]
+        guess = dict(zip(todo, estimated_tokens(self.loaded, [refs[i] for i in todo]), strict=True))
+        # a plain picture or a clip not yet read counts 0 here: the check after the prompt has its size
+        cost = [hit.n_tokens if hit is not None else (guess[i] or 0) for i, hit in enumerate(hits)]
+        # the text without this message's pictures; each picture adds its caption and markers
+        bare = replace(turn.messages[-1], images=[])
+        base = self._text_tokens(render(self.loaded.processor, [*turn.messages[:-1], bare], turn.system_prompt, video))
+        ours = refs[len(refs) - mine :]
+        captions = [self._text_tokens(r.caption + " ", special=False) if r.caption else 0 for r in ours]
+        markers = (
+            round((self._text_tokens(text) - base - sum(captions)) / mine) - 1
+        )  # the placeholder is a picture token
+        used = base + sum(cost[: len(refs) - mine])
+        own = [c + cap + markers for c, cap in zip(cost[len(refs) - mine :], captions, strict=True)]
+        if used + sum(own) < limit:
+            return
+        kept, total = 0, used
+        for c in own:
+            if total + c >= limit:
+                break
+            kept, total = kept + 1, total + c
+        labels = [r.label for r in ours[kept:]]
+        named = labels[0] if len(labels) == 1 else f"{labels[0]} … {labels[-1]}"
+        line = (
+            f"This message's {mine} pictures take about {sum(own)} tokens; with the {used} tokens of the "
+            f"conversation that is more than the model's context of {limit} tokens."
+        )
+        if kept:
+            line += f" Only the first {kept} fit (about {-(-sum(own[:kept]) // kept)} tokens each); left out: {named}."
+        else:
+            line += f" Not even the first fits (about {own[0]} tokens); start a new conversation for it."
+        raise ValueError(line + " Send fewer pages or frames.")
+
+    def _text_tokens(self, text: str, special: bool = True) -> int:
+        kwargs = dict(self.loaded.merged_kwargs["text_kwargs"], add_special_tokens=special)
+        ids = self.loaded.processor.tokenizer(text, **kwargs)["input_ids"]
+        return len(ids[0] if ids and isinstance(ids[0], list) else ids)
 
     def _fit_to_context(self, prompt: Prompt, turn: Turn):
         """Refuse a prompt the model's context cannot hold, saying which of the message's pictures

@@ -100,6 +100,10 @@ class PictureGate:
         return picture_key(ref.digest, self.video_identity if ref.modality == "video" else self.identity)
 
     def lookup(self, ref: PictureRef, stats: GateTurnStats) -> PictureEntry:
+        return self.cached(ref, stats) or self.prepare(ref, stats)
+
+    def cached(self, ref: PictureRef, stats: GateTurnStats) -> PictureEntry | None:
+        """The picture's entry from the RAM or disk cache (counted as a hit), else None."""
         key = self.key_of(ref)
         entry = self.ram.get(key)
         tier = "ram_hits"
@@ -114,10 +118,14 @@ class PictureGate:
             self.counters["hits"] += 1
             self.counters[tier] += 1
             return entry
+        return None
+
+    def prepare(self, ref: PictureRef, stats: GateTurnStats) -> PictureEntry:
+        """A miss: read (render, decode) and preprocess the picture, to be encoded."""
         stats.misses += 1
         self.counters["misses"] += 1
         # the file is read only now; one changed since it was attached fails this turn alone
-        return prepare_entry(self.loaded, key, ref)
+        return prepare_entry(self.loaded, self.key_of(ref), ref)
 
     def place_of(self, ref: PictureRef) -> PicturePlace:
         """Where this picture's features are, asked without touching the caches' order or the file."""

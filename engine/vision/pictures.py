@@ -41,6 +41,47 @@ def page_tokens(loaded, dpi: int = DEFAULT_DPI) -> int:
     return replacement.count(loaded.processor.image_token)
 
 
+def estimated_tokens(loaded, refs) -> list[int | None]:
+    """Tokens each page or frame of `refs` will expand to, from its size alone (a page's from its
+    page dictionary, a frame's from the container), nothing rendered or decoded: the context is
+    checked before a turn draws 1,000 pages. None for other pictures (a plain picture, a clip).
+    One processor step per distinct size."""
+    from ..pictures.document import PageRef, page_size
+    from ..pictures.file import MAX_PIXELS
+    from ..pictures.pdfium_process import render_scale
+    from ..pictures.video import FrameRef, video_size
+
+    limit = pixel_limit(loaded)
+    by_size: dict[tuple[int, int], int] = {}
+    frame_sizes: dict[str, tuple[int, int]] = {}
+    out: list[int | None] = []
+    for ref in refs:
+        if isinstance(ref, PageRef):
+            w_pt, h_pt = page_size(ref.path, ref.index, ref.label)
+            s = render_scale(w_pt, h_pt, ref.dpi, limit, MAX_PIXELS)
+            size = (max(1, round(w_pt * s)), max(1, round(h_pt * s)))
+        elif isinstance(ref, FrameRef):
+            if ref.path not in frame_sizes:
+                frame_sizes[ref.path] = video_size(ref.path, ref.label)
+            w, h = frame_sizes[ref.path]
+            s = limit.scale_for(w, h)
+            size = (max(1, round(w * s)), max(1, round(h * s))) if s < 1 else (w, h)
+        else:
+            out.append(None)
+            continue
+        if size not in by_size:
+            by_size[size] = _blank_tokens(loaded, size)
+        out.append(by_size[size])
+    return out
+
+
+def _blank_tokens(loaded, size: tuple[int, int]) -> int:
+    from PIL import Image
+
+    _, replacement = preprocess(loaded, Image.new("RGB", size, "white"))
+    return replacement.count(loaded.processor.image_token)
+
+
 def preprocess(loaded, image) -> tuple[dict, str]:
     """One picture -> (model inputs for the encoder, placeholder replacement text).
 

@@ -153,17 +153,19 @@ def wait_read(qtbot, w) -> None:
 
 @contextmanager
 def pdfium_held(seconds: float = 8):
-    """Hold the engine's own PDFium lock, so a PDF being read surely waits in flight (real code,
-    no stand-in). A watchdog frees it after `seconds`: a UI thread that reads the PDF itself would
-    otherwise wait forever; what it yields is non-empty when the watchdog had to."""
-    from engine.pictures import document
+    """Hold the engine's own PDFium lock (its child process takes one call at a time), so a PDF
+    being read surely waits in flight (real code, no stand-in). A watchdog frees it after
+    `seconds`: a UI thread that reads the PDF itself would otherwise wait forever; what it yields
+    is non-empty when the watchdog had to."""
+    from engine.pictures.pdfium_process import pdfium
 
-    document._PDFIUM.acquire()
+    lock = pdfium()._lock
+    lock.acquire()
     freed: list[bool] = []
 
     def free() -> None:
         freed.append(True)
-        document._PDFIUM.release()
+        lock.release()
 
     watchdog = threading.Timer(seconds, free)
     watchdog.start()
@@ -173,7 +175,7 @@ def pdfium_held(seconds: float = 8):
         watchdog.cancel()
         watchdog.join()
         if not freed:
-            document._PDFIUM.release()
+            lock.release()
 
 
 def test_a_clip_is_read_off_the_ui_thread_and_send_waits(make_window, qtbot, tmp_path):

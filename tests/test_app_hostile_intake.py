@@ -56,6 +56,19 @@ def test_hostile_files_are_refused_off_the_ui_thread(qtbot, tmp_path, monkeypatc
         pdfium_process.set_limits(old)
 
 
+def test_a_picture_slow_to_decode_is_read_off_the_ui_thread(tmp_path):
+    from app.picture_intake import slow_to_decode
+    from tests.fixtures.hostile import progressive_jpeg
+    from tests.fixtures.pictures import make_picture
+
+    intake = PictureIntake(History(tmp_path / "data"))
+    small = make_picture(tmp_path / "small.png", 1)
+    (tmp_path / "big.jpg").write_bytes(progressive_jpeg((1000, 1000)))  # 1 MP × 10 scans
+    assert not intake.is_media(small) and not slow_to_decode(small)
+    assert intake.is_media(tmp_path / "big.jpg")
+    assert intake.from_media(tmp_path / "big.jpg").name == "big.jpg"  # what the reader's thread calls
+
+
 def test_a_clip_too_big_is_refused_before_it_is_hashed(tmp_path, monkeypatch):
     big = tmp_path / "huge.mp4"
     with open(big, "wb") as f:  # sparse: 5 GB on paper, nothing on disk

@@ -62,10 +62,11 @@ def test_a_pdf_bomb_stops_in_the_reader_process_not_ours(tmp_path, small_limits)
 
 
 def test_a_page_over_its_time_is_stopped(tmp_path):
-    old = pdfium_process.set_limits(pdfium_process.PdfLimits(page_s=0.5, probe_s=10))
+    # 64 MB of operators take 11 s to parse here: far past 0.5 s on any machine; memory is no bound here
+    old = pdfium_process.set_limits(pdfium_process.PdfLimits(memory_bytes=8 << 30, page_s=0.5, probe_s=10))
     try:
         with pytest.raises(PictureError) as err:
-            attach(pdf_bomb(tmp_path / "slow.pdf", 16))
+            attach(pdf_bomb(tmp_path / "slow.pdf", 64))
         _one_line(err, "slow.pdf, page 1", "longer than 0.5 s")
     finally:
         pdfium_process.set_limits(old)
@@ -196,3 +197,68 @@ def test_the_context_is_checked_before_any_page_is_drawn(tmp_path, monkeypatch):
         assert f"Only the first {fit} fit" in over.message
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_the_refusal_after_the_prompt_counts_what_fits(tmp_path):
+    """Plain pictures (their size known only once read): the count said to fit is the count that
+    does, captions and markers included (it once said 0 where 44 fit)."""
+    import re
+
+    from engine.pictures.ref import PictureRef
+    from tests.fixtures.pictures import make_picture
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    model = build_tiny_model("qwen2_vl", tmp_path / "small", text={"max_position_embeddings": 600})
+    pics = [PictureRef.of_file(make_picture(tmp_path / f"p{i}.png", i, size=(112, 112))) for i in range(40)]
+    engine = open_engine(model, tmp_path / "data")
+    try:
+        failed = ask(engine, "a", [Message("user", "Look.", pics)], 4)
+        assert "context of 600 tokens" in failed.message and "\n" not in failed.message
+        fit = int(re.search(r"Only the first (\d+) of this message's 40 pictures fit", failed.message)[1])
+        assert 5 < fit < 40
+        assert expect_done(ask(engine, "b", [Message("user", "Look.", pics[:fit])], 1)).stats.prompt_tokens < 600
+        assert "context of 600" in ask(engine, "c", [Message("user", "Look.", pics[: fit + 1])], 1).message
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+def test_serve_answers_a_pdf_bomb_with_a_400_and_serves_others_meanwhile(tiny_model, tmp_path, small_limits):
+    """A bomb sent to the API while PDFium is busy (its lock held here, so the bomb surely waits
+    in flight): another client's chat completes meanwhile; then the bomb is a 400 with one line,
+    and the server still answers."""
+    import concurrent.futures
+
+    from tests.api_served import Served, data_url
+
+    served = Served(tiny_model("llava"), tmp_path)
+    try:
+        bomb = pdf_bomb(tmp_path / "bomb.pdf", 64)
+        body = json.dumps(
+            {
+                "model": served.model,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "file", "file": {"file_data": data_url(bomb, "application/pdf")}}],
+                    }
+                ],
+            }
+        )
+        lock = pdfium_process.pdfium()._lock
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            lock.acquire()
+            try:
+                sent = pool.submit(served.raw, "POST", "/v1/chat/completions", body)
+                light = served.chat([{"role": "user", "content": "Hello"}], max_tokens=2)
+                assert light.usage.completion_tokens == 2 and not sent.done()
+            finally:
+                lock.release()
+            status, _, answer = sent.result(timeout=120)
+        err = json.loads(answer)["error"]
+        assert status == 400 and err["code"] == "invalid_file" and "page 1" in err["message"]
+        assert "\n" not in err["message"] and str(tmp_path) not in err["message"]
+        assert served.chat([{"role": "user", "content": "Still there?"}], max_tokens=2).usage.completion_tokens == 2
+    finally:
+        served.close()

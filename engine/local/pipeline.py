@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..device.ledger import model_bytes
-from ..pictures.picture_budget import fit
 from ..protocol.events import EncoderStatus, Token, Turn, TurnDone
 from ..protocol.turn_stats import LocalTurnStats
 from ..vision.gate import GateTurnStats, PictureGate
@@ -181,24 +180,30 @@ class TurnPipeline:
 
     @staticmethod
     def _too_long(prompt: Prompt, refs, limit: int) -> str:
+        """The refusal after the prompt is built (a plain picture's size is known only then): how
+        many of this message's pictures fit, each counted with the text it brings (its caption,
+        the markers around it), which the count once left in the conversation's share: 1,000
+        captions alone filled it, and it said "Only the first 0 … fit" where 44 did."""
         line = f"This conversation is {len(prompt.ids)} tokens long, more than the model's context of {limit} tokens."
         mine = prompt.picture_chunks[len(prompt.picture_chunks) - len(refs) :] if refs else ()
-        taken = sum(c.end - c.start for c in mine)
-        choice = fit(
-            list(range(len(refs))),
-            -(-taken // max(1, len(refs))),
-            limit,
-            len(prompt.ids) - taken + 1,
-            what="pictures",
-            share=1.0,
-        )
-        if not refs or not choice.left_out:
+        if not mine:
             return line + " Start a new conversation (or send fewer pictures)."
-        left = [refs[i].label for i in choice.left_out]
+        ends = [c.end for c in mine]
+        # a picture costs from the end of the one before it (its caption and markers) to its own end
+        cost = [ends[0] - mine[0].start + (mine[1].start - ends[0] if len(mine) > 1 else 0)]
+        cost += [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        kept, total = 0, len(prompt.ids) - sum(cost)
+        for c in cost:
+            if total + c >= limit:
+                break
+            kept, total = kept + 1, total + c
+        if kept == len(refs):
+            return line + " Start a new conversation (or send fewer pictures)."
+        left = [r.label for r in refs[kept:]]
         named = left[0] if len(left) == 1 else f"{left[0]} … {left[-1]}"
         return (
-            line + f" Only the first {len(choice.kept)} of this message's {len(refs)} pictures fit "
-            f"(about {taken // len(refs)} tokens each); left out: {named}. Send fewer pages or frames."
+            line + f" Only the first {kept} of this message's {len(refs)} pictures fit "
+            f"(about {-(-sum(cost) // len(cost))} tokens each); left out: {named}. Send fewer pages or frames."
         )
 
     def _stats(

@@ -175,9 +175,9 @@ def _probe(path: str, name: str, pages: int) -> None:
         _page_call("load", path, i, f"{name}, page {i + 1}", timeout=min(limits.page_s, left))
 
 
-def page_size(path: str, index: int, label: str) -> tuple[float, float]:
-    """A page's size in points, read from its page dictionary (no content parsed, nothing drawn)."""
-    return _page_call("size", path, [index], label)[0]
+def page_sizes(path: str, indexes: list[int], name: str) -> list[tuple[float, float]]:
+    """Pages' sizes in points, read from their page dictionaries (no content parsed, nothing drawn)."""
+    return _page_call("size", path, indexes, f"{name} (its page sizes)")
 
 
 def render_page(path: str, index: int, dpi: int, limit: PixelLimit | None, label: str):

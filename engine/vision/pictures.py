@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..pictures.document import DEFAULT_DPI
 from ..pictures.ref import PictureRef, PixelLimit
 from ..pictures.span import PictureKey
@@ -46,7 +48,7 @@ def estimated_tokens(loaded, refs) -> list[int | None]:
     page dictionary, a frame's from the container), nothing rendered or decoded: the context is
     checked before a turn draws 1,000 pages. None for other pictures (a plain picture, a clip).
     One processor step per distinct size."""
-    from ..pictures.document import PageRef, page_size
+    from ..pictures.document import PageRef, page_sizes
     from ..pictures.file import MAX_PIXELS
     from ..pictures.pdfium_process import render_scale
     from ..pictures.video import FrameRef, video_size
@@ -54,10 +56,20 @@ def estimated_tokens(loaded, refs) -> list[int | None]:
     limit = pixel_limit(loaded)
     by_size: dict[tuple[int, int], int] = {}
     frame_sizes: dict[str, tuple[int, int]] = {}
+    wanted: dict[str, list[int]] = {}
+    for ref in refs:
+        if isinstance(ref, PageRef):
+            wanted.setdefault(ref.path, []).append(ref.index)
+    # one call to the PDFium child per document
+    points = {
+        (path, i): size
+        for path, pages in wanted.items()
+        for i, size in zip(pages, page_sizes(path, pages, Path(path).name), strict=True)
+    }
     out: list[int | None] = []
     for ref in refs:
         if isinstance(ref, PageRef):
-            w_pt, h_pt = page_size(ref.path, ref.index, ref.label)
+            w_pt, h_pt = points[ref.path, ref.index]
             s = render_scale(w_pt, h_pt, ref.dpi, limit, MAX_PIXELS)
             size = (max(1, round(w_pt * s)), max(1, round(h_pt * s)))
         elif isinstance(ref, FrameRef):

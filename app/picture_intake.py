@@ -20,7 +20,7 @@ from PySide6.QtGui import QImage
 from engine.pictures import parts
 from engine.pictures.attach import AttachmentKind, attach, kind_of
 from engine.pictures.document import MAX_DOCUMENT_BYTES, Document
-from engine.pictures.file import MAX_PIXELS, Cancelled, PictureError, check
+from engine.pictures.file import MAX_PIXELS, Cancelled, PictureError, check, decode_work
 from engine.pictures.video import FrameSampling, Video
 
 from .history import History
@@ -75,6 +75,21 @@ def mime_has_pictures(mime: QMimeData) -> bool:
     return mime.hasUrls() and any(u.isLocalFile() for u in mime.urls())
 
 
+# A decode costs about 10 ms per megapixel per JPEG scan here (2-core EPYC): past ~50 ms (or 4 MB
+# of file to read) a picture is read off the UI thread, as PDFs and videos are.
+SLOW_DECODE_WORK = 5_000_000  # pixels × scans
+SLOW_FILE_BYTES = 4 << 20
+
+
+def slow_to_decode(path: Path) -> bool:
+    """Whether a picture file would hold the UI thread long (its size, pixels and JPEG scans;
+    a file that cannot be read says so later, in from_file)."""
+    try:
+        return path.stat().st_size > SLOW_FILE_BYTES or decode_work(path.read_bytes()) > SLOW_DECODE_WORK
+    except OSError:
+        return False
+
+
 def check_picture_bytes(data: bytes, name: str) -> None:
     if len(data) > MAX_FILE_BYTES:
         raise PictureRejected(f"{name} is too big ({len(data) / 2**20:.0f} MB; the limit is {MAX_FILE_BYTES >> 20} MB)")
@@ -107,16 +122,20 @@ class PictureIntake:
         return self._attachment(ref, name)
 
     def is_media(self, path: str | Path) -> bool:
-        """A PDF or a video: reading one takes seconds (see from_media), so the window does it off
-        the UI thread. Reads only the file's first bytes."""
+        """A PDF, a video or a picture slow to decode: reading one takes seconds (see from_media),
+        so the window does it off the UI thread. Reads only the file's first bytes (a picture's
+        header, and a JPEG's scan count)."""
         p = Path(path)
-        return p.is_file() and kind_of(p) != AttachmentKind.PICTURE
+        return p.is_file() and (kind_of(p) != AttachmentKind.PICTURE or slow_to_decode(p))
 
     def from_media(self, path: str | Path, cancelled: threading.Event | None = None) -> Attachment:
         """Read a PDF or a video: hash it, probe it, copy it into the store, thumbnail its first
-        page or frame. A gigabyte clip takes seconds, so this runs off the UI thread (app/media_read.py);
-        ReadCancelled when `cancelled` is set before the copy."""
+        page or frame (a picture slow to decode: as from_file). A gigabyte clip takes seconds, so
+        this runs off the UI thread (app/media_read.py); ReadCancelled when `cancelled` is set
+        before the copy."""
         p = Path(path)
+        if kind_of(p) == AttachmentKind.PICTURE:
+            return self.from_file(p)
         return self._from_media(p, p.name or str(p), cancelled)
 
     def _from_media(self, p: Path, name: str, cancelled: threading.Event | None = None) -> Attachment:
@@ -136,6 +155,11 @@ class PictureIntake:
             raise ReadCancelled(name) from None
         except PictureError as exc:
             raise PictureRejected(str(exc)) from None
+        if att.video is not None:  # a clip whose frames lie too far past a key frame: now, not at send
+            try:
+                att.video.check_reach(FrameSampling())
+            except PictureError as exc:
+                raise PictureRejected(str(exc)) from None
         if cancelled is not None and cancelled.is_set():
             raise ReadCancelled(name)
         try:

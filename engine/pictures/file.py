@@ -101,6 +101,17 @@ def jpeg_scans(data: bytes) -> int:
     return data.count(b"\xff\xda")
 
 
+def decode_work(data: bytes) -> int:
+    """What decoding a picture costs, read from its header: pixels × scans (0: not a picture)."""
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            w, h = probe.size
+            scans = jpeg_scans(data) if probe.format in ("JPEG", "MPO") else 1
+    except Exception:  # not a picture, damaged: the check itself says which
+        return 0
+    return w * h * max(1, scans)
+
+
 def check_jpeg_scans(data: bytes, pixels: int, name: str) -> None:
     """Refuse, before decoding, a JPEG whose scans would take a decoder minutes."""
     scans = jpeg_scans(data)

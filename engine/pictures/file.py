@@ -104,9 +104,11 @@ def jpeg_scans(data: bytes) -> int:
 def decode_work(data: bytes) -> int:
     """What decoding a picture costs, read from its header: pixels × scans (0: not a picture)."""
     try:
-        with Image.open(io.BytesIO(data)) as probe:
-            w, h = probe.size
-            scans = jpeg_scans(data) if probe.format in ("JPEG", "MPO") else 1
+        with warnings.catch_warnings():  # a bomb's warning: the check itself refuses it
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as probe:
+                w, h = probe.size
+                scans = jpeg_scans(data) if probe.format in ("JPEG", "MPO") else 1
     except Exception:  # not a picture, damaged: the check itself says which
         return 0
     return w * h * max(1, scans)

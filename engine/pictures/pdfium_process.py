@@ -35,7 +35,7 @@ import psutil
 class PdfLimits:
     """What one PDFium call may use: the child's memory (bytes) and seconds per call."""
 
-    memory_bytes: int = 1536 << 20  # a 64 MP page renders in about 700 MB
+    memory_bytes: int = 1536 << 20  # over the child's own size; a 64 MP page renders in about 700 MB
     page_s: float = 20.0  # one page's load or render
     probe_s: float = 30.0  # opening a document and loading every page it gives, at attach
 
@@ -246,7 +246,9 @@ class PdfiumProcess:
             except (EOFError, OSError, BrokenPipeError):
                 self._stop()
                 raise OverLimit("memory", self.limits) from None
-            except OverLimit:
+            except PdfiumFailed:
+                raise
+            except BaseException:  # over a limit, or interrupted (Ctrl+C) with an answer pending: a fresh child next
                 self._stop()
                 raise
 

@@ -40,8 +40,9 @@ from engine.protocol.events import (
 )
 from engine.protocol.turn_stats import LocalTurnStats, TurnStats
 
-from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
+from .memory_bar import MemoryBar, color_for
 from .memory_marks import ChatMemoryMarks
+from .sizes import exact_bytes, human_bytes
 from .turn_line import estimate, turn_line
 
 COMPONENT_NAMES = {

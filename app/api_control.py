@@ -15,36 +15,14 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from engine.api import ApiConfigError, check_bind
+from engine.api import ApiConfigError
 
-from .preferences import ApiConfig
+from .preferences import FAILED, LISTENING, OFF, ApiConfig, config_problem
 
 if TYPE_CHECKING:
     from engine.api import ApiServer
 
 log = logging.getLogger(__name__)
-
-OFF, LISTENING, FAILED = "off", "listening", "failed"
-
-
-def config_problem(cfg: ApiConfig) -> str | None:
-    """Why `cfg` cannot be served (checked before binding), or None. A disabled server is fine."""
-    if not cfg.enabled:
-        return None
-    if not cfg.host:
-        return "Enter the address to listen on (127.0.0.1 serves this machine only)."
-    if not 0 < cfg.port < 65536:
-        return f"The port must be between 1 and 65535 (not {cfg.port})."
-    try:
-        check_bind(cfg.host, cfg.token or None)
-    except ApiConfigError as exc:
-        if cfg.token:
-            return str(exc)
-        return (
-            f"An API token is required to listen on {cfg.host}: other machines can reach it. "
-            f"Enter a token, or use 127.0.0.1."
-        )
-    return None
 
 
 class ApiControl(QObject):

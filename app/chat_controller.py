@@ -8,7 +8,9 @@ running; each conversation has at most one.
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
@@ -23,6 +25,12 @@ from .preferences import Preferences
 from .turn_line import turn_line
 
 SAVE_INTERVAL_S = 1.0
+
+
+def fresh_seed() -> int:
+    """A new seed for each "More varied" reply, so two of them differ; a test hands ChatController
+    its own source to know which seed a reply was sampled with."""
+    return random.SystemRandom().getrandbits(63)
 
 
 @dataclass
@@ -50,10 +58,17 @@ class ChatController(QObject):
     turnFinished = Signal(object)  # TurnDone
 
     def __init__(
-        self, history: History, bridge: EngineBridge, prefs: Preferences, model: MessageListModel, parent=None
+        self,
+        history: History,
+        bridge: EngineBridge,
+        prefs: Preferences,
+        model: MessageListModel,
+        parent=None,
+        seeds: Callable[[], int] = fresh_seed,
     ):
         super().__init__(parent)
         self.history, self.bridge, self.prefs, self.model = history, bridge, prefs, model
+        self.seeds = seeds  # where a "More varied" reply's sampling seed comes from
         self.current_id: str | None = None
         self._active: dict[int, ActiveReply] = {}
         self._notes: dict[int, str] = {}  # reply message id -> its last-turn line (this session's replies)
@@ -150,7 +165,8 @@ class ChatController(QObject):
 
     def regenerate(self, message_id: int | None = None, varied: bool = False) -> int | None:
         """Drop the reply (default: the last one) and everything after it; ask again. `varied`:
-        sample this one reply (Settings' temperature and top-p) even when replies are greedy."""
+        sample this one reply (Settings' temperature and top-p, a seed from `seeds`) even when
+        replies are greedy."""
         cid = self.current_id
         if cid is None:
             return None
@@ -168,7 +184,7 @@ class ChatController(QObject):
             return None
         sampling = self.prefs.sampling()
         if varied:
-            sampling = replace(sampling, greedy=False, seed=None)
+            sampling = replace(sampling, greedy=False, seed=self.seeds())
         turn_id = self._start_reply(cid, sampling)
         if sampling.greedy and old is not None and old.role == "assistant":
             self._active[turn_id].replaced = old.text

@@ -1,15 +1,8 @@
-"""How sizes and a download's progress read on the Models page: decimal units (1 GB = 10^9 B),
-as the Hub and disk tools show download sizes (the memory dock uses binary units: memory_bar)."""
+"""How a download's progress reads on the Models page (sizes in app.sizes' units)."""
 
 from __future__ import annotations
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+from .sizes import human_bytes
 
 
 def progress_text(p) -> str:

@@ -76,6 +76,7 @@ class History:
         self.pictures = PictureStore(self.pictures_dir)  # shared with the API (engine/pictures/store.py)
         self.db_path = self.data_dir / "history.sqlite3"
         self._lock = threading.RLock()
+        self._last_stamp = 0.0
         self._fts = True
         # a damaged database is set aside and replaced; `recovery` says so (None when all was well)
         self._db, self.recovery = open_database(self.db_path, int(busy_timeout_s * 1000), self._setup)
@@ -124,6 +125,13 @@ class History:
             finally:
                 self.h._lock.release()
 
+    def _now(self) -> float:
+        """Wall time, strictly after the last stamp this History gave: chats keep the order their
+        activity happened in where the clock ticks coarsely (about 16 ms on Windows)."""
+        with self._lock:
+            self._last_stamp = max(time.time(), self._last_stamp + 1e-6)
+            return self._last_stamp
+
     def _tx(self, durable: bool = False) -> History._Tx:
         return History._Tx(self, durable)
 
@@ -142,7 +150,7 @@ class History:
     # ------------------------------------------------------------ conversations
 
     def create_conversation(self, title: str = DEFAULT_TITLE, system_prompt: str | None = None) -> Conversation:
-        now = time.time()
+        now = self._now()
         conv = Conversation(uuid.uuid4().hex, title, now, now, system_prompt)
         with self._tx(durable=True) as db:
             db.execute(
@@ -171,7 +179,7 @@ class History:
     def delete_conversation(self, conversation_id: str) -> None:
         """Soft delete: hidden from lists and search until restore() or purge_deleted()."""
         with self._tx(durable=True) as db:
-            db.execute("UPDATE conversations SET deleted = ? WHERE id = ?", (time.time(), conversation_id))
+            db.execute("UPDATE conversations SET deleted = ? WHERE id = ?", (self._now(), conversation_id))
 
     def restore_conversation(self, conversation_id: str) -> None:
         with self._tx(durable=True) as db:
@@ -179,7 +187,7 @@ class History:
 
     def purge_deleted(self, before: float | None = None) -> list[str]:
         """Really remove soft-deleted conversations (deleted before `before`, default: all)."""
-        cutoff = time.time() if before is None else before
+        cutoff = self._now() if before is None else before
         with self._tx(durable=True) as db:
             ids = [
                 r[0]
@@ -208,7 +216,7 @@ class History:
         refs = tuple(pictures)
         for ref in refs:
             self._check_ref(ref)
-        now = time.time()
+        now = self._now()
         with self._tx(durable=status == COMPLETE) as db:
             cur = db.execute(
                 "INSERT INTO messages(conversation, role, text, pictures, status, created) VALUES (?, ?, ?, ?, ?, ?)",
@@ -228,7 +236,7 @@ class History:
 
     def finish_reply(self, message_id: int, text: str, stopped: bool = False) -> None:
         status = INTERRUPTED if stopped else COMPLETE
-        now = time.time()
+        now = self._now()
         with self._tx(durable=True) as db:
             db.execute("UPDATE messages SET text = ?, status = ? WHERE id = ?", (text, status, message_id))
             db.execute(
@@ -238,7 +246,7 @@ class History:
 
     def edit_message(self, message_id: int, text: str, pictures: Iterable[str] | None = None) -> StoredMessage:
         """Change a message and drop everything after it (edit-and-resend)."""
-        now = time.time()
+        now = self._now()
         with self._tx(durable=True) as db:
             row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:

@@ -6,6 +6,8 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
+from .sizes import exact_bytes
+
 COLORS = {
     "language_model": "#4f7cff",
     "vision_encoder": "#a259d9",
@@ -24,23 +26,6 @@ def color_for(key: str) -> QColor:
     if key in COLORS:
         return QColor(COLORS[key])
     return QColor(_SPARE[sum(map(ord, key)) % len(_SPARE)])
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "—"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def exact_bytes(n: int | None) -> str:
-    if n is None:
-        return "—"
-    return f"{int(n):,} B" if abs(n) < 1024 else f"{human_bytes(n)} ({int(n):,} B)"
 
 
 class MemoryBar(QWidget):

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from engine.protocol.events import (
     STATELESS_PREFIX,
+    ChatMemory,
     EncoderState,
     EncoderStatus,
     KVPlace,
@@ -40,9 +41,10 @@ from engine.protocol.events import (
 )
 from engine.protocol.turn_stats import LocalTurnStats, TurnStats
 
-from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
-from .memory_marks import ChatMemoryMarks
-from .turn_line import estimate, turn_line
+from .memory_bar import MemoryBar, color_for
+from .memory_marks import ChatMemoryMarks, where_brief, where_words
+from .sizes import exact_bytes, human_bytes
+from .turn_line import turn_line
 
 COMPONENT_NAMES = {
     "language_model": "Language model weights",
@@ -438,28 +440,8 @@ class MemoryDock(QDockWidget):
         self.words.set("turn", "Last turn", turn_line(last) if last is not None else "—")
 
     def _chat_words(self) -> str:
-        if not self.current_id:
-            return "—"
-        chat = self.marks.chat(self.current_id)
-        if chat is None:
-            return "—"
-        size = human_bytes(chat.kv_bytes)
-        if chat.place == KVPlace.HOT:
-            return f"in memory: {chat.tokens:,} tokens of KV ({size}); the next turn starts at once"
-        if chat.place == KVPlace.SPILLING:
-            return f"being saved to the SSD ({size}); it stays in memory until that is done"
-        if chat.place == KVPlace.RESTORING:
-            return f"restoring from the SSD: {chat.restored_tokens:,} of {chat.tokens:,} tokens read back…"
-        if chat.place == KVPlace.ON_SSD:
-            text = f"on the SSD: {chat.tokens:,} tokens of KV ({size})"
-            if chat.resume_s is not None:
-                text += f"; resumes in {estimate(chat.resume_s)}"
-                if chat.reread_s is not None:
-                    text += f" instead of {estimate(chat.reread_s)} re-reading it"
-            if chat.held_back:
-                text += f" (not restored ahead: {chat.held_back})"
-            return text
-        return "not cached: the next turn reads the whole conversation"
+        chat = self.marks.chat(self.current_id) if self.current_id else None
+        return "—" if chat is None else where_words(chat)
 
     def _store_words(self, r: MemoryReport | None, store: dict) -> str:
         if r is None:
@@ -487,17 +469,10 @@ class MemoryDock(QDockWidget):
         order = sorted(hot, key=lambda c: -hot[c]) + [c for c in chats if c not in hot]
         lines = []
         for cid in order:
-            chat = chats.get(cid)
-            if chat is not None and chat.place == KVPlace.ON_SSD:
-                where = f"on the SSD ({human_bytes(chat.kv_bytes)})"
-            elif chat is not None and chat.place == KVPlace.RESTORING:
-                where = "restoring from the SSD…"
-            elif chat is not None and chat.place == KVPlace.SPILLING:
-                where = f"{exact_bytes(hot.get(cid, chat.kv_bytes))}, being saved to the SSD"
-            elif cid in hot:
-                where = exact_bytes(hot[cid])
-            else:
+            chat = chats.get(cid) or ChatMemory(cid, KVPlace.HOT)  # in the report, or hot only
+            if cid not in hot and chat.place in (KVPlace.HOT, KVPlace.NOT_CACHED):
                 continue
+            where = where_brief(chat, hot.get(cid))
             lines.append(f"{self.title(cid)}: {where}")
         return "\n".join(lines) or "none"
 

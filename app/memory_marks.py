@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.protocol.events import ChatMemory, ChatMemoryReport, KVPlace, PictureMarks, PicturePlace
 
-from .memory_bar import human_bytes
+from .sizes import exact_bytes, human_bytes
 from .turn_line import estimate
 
 
@@ -35,31 +35,51 @@ def _resume(chat: ChatMemory) -> str:
     return "resumes without re-reading it (restore speed not measured yet on this computer)"
 
 
-def mark_of(chat: ChatMemory) -> Mark:
+def where_words(chat: ChatMemory) -> str:
+    """Where a chat's memory is and what that means for its next turn, with the figures: the one
+    wording of it, shown as the Memory dock's "This chat" line and a sidebar mark's tooltip."""
     size = human_bytes(chat.kv_bytes)
     if chat.place == KVPlace.HOT:
-        return Mark(
-            chat.place, "in memory", f"In memory: {chat.tokens:,} tokens of KV ({size}). Its next turn starts at once."
-        )
+        return f"in memory: {chat.tokens:,} tokens of KV ({size}); the next turn starts at once"
     if chat.place == KVPlace.SPILLING:
-        return Mark(
-            chat.place,
-            "saving to SSD…",
-            f"Saving to SSD: its KV ({size}) is being written to the SSD store; it stays in memory until that is done.",
+        return f"being saved to the SSD ({size}); it stays in memory until that is done"
+    if chat.place == KVPlace.RESTORING:
+        return (
+            f"restoring from the SSD: {chat.restored_tokens:,} of {chat.tokens:,} tokens read back ({size}); "
+            "the next turn starts from them"
         )
     if chat.place == KVPlace.ON_SSD:
-        tip = f"On SSD: {chat.tokens:,} tokens of KV ({size}); {_resume(chat)}."
-        if chat.held_back:
-            tip += f"\nNot restored ahead of its next turn: {chat.held_back}."
-        return Mark(chat.place, "on SSD", tip)
+        text = f"on the SSD: {chat.tokens:,} tokens of KV ({size}); {_resume(chat)}"
+        return text + (f" (not restored ahead: {chat.held_back})" if chat.held_back else "")
+    return "not cached: the next turn re-reads the whole conversation"
+
+
+def where_brief(chat: ChatMemory, hot_bytes: int | None) -> str:
+    """The same, in short for a line of the dock's Details; `hot_bytes`: what the engine's memory
+    report counts for it in memory (exact), when it has any there."""
+    if chat.place == KVPlace.ON_SSD:
+        return f"on the SSD ({human_bytes(chat.kv_bytes)})"
     if chat.place == KVPlace.RESTORING:
-        return Mark(
-            chat.place,
-            "restoring…",
-            f"Restoring from SSD: {chat.restored_tokens:,} of {chat.tokens:,} tokens read back "
-            f"({size}); the next turn starts from them.",
-        )
-    return Mark(KVPlace.NOT_CACHED, "not cached", "Not cached: its next turn re-reads the whole conversation.")
+        return "restoring from the SSD…"
+    in_memory = exact_bytes(chat.kv_bytes if hot_bytes is None else hot_bytes)
+    if chat.place == KVPlace.SPILLING:
+        return f"{in_memory}, being saved to the SSD"
+    return in_memory
+
+
+# the sidebar row's few words for each place
+MARK_WORDS = {
+    KVPlace.HOT: "in memory",
+    KVPlace.SPILLING: "saving to SSD…",
+    KVPlace.ON_SSD: "on SSD",
+    KVPlace.RESTORING: "restoring…",
+    KVPlace.NOT_CACHED: "not cached",
+}
+
+
+def mark_of(chat: ChatMemory) -> Mark:
+    words = where_words(chat)
+    return Mark(chat.place, MARK_WORDS[chat.place], f"{words[0].upper()}{words[1:]}.")
 
 
 class ChatMemoryMarks(QObject):

@@ -32,7 +32,8 @@ from engine.library import token_store
 from engine.library.catalog import CatalogEntry, load_catalog
 from engine.library.hub import LibraryError, NetworkUnreachable, is_repo_id, offline_forced
 
-from .download_text import human_bytes, progress_text
+from .download_text import progress_text
+from .sizes import human_bytes
 
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed", "Speed here"]
 COL_FIT, COL_INSTALLED, COL_SPEED = 4, 5, 6
@@ -160,7 +161,7 @@ class ModelsPage(QDialog):
         lay.addLayout(buttons)
 
         for e in self.catalog:
-            self._add_row(e.repo_id, e.family, e.params, f"{'~' if e.approx else ''}{e.download_gb:.2f} GB")
+            self._add_row(e.repo_id, e.family, e.params, f"{'~' if e.approx else ''}{human_bytes(e.download_gb * 1e9)}")
         for folder in recent or []:
             self._add_folder(Path(folder))
         from engine.library.installed import installed_models

@@ -11,6 +11,7 @@ from typing import Any
 from PySide6.QtCore import QSettings
 
 from app.secrets import Secrets, settings_file
+from engine.api import ApiConfigError, check_bind
 from engine.pictures.video import FrameSampling
 from engine.platform.paths import private_dir, private_file
 from engine.protocol.events import Sampling
@@ -40,6 +41,30 @@ class ApiConfig:
     host: str = API_HOST
     port: int = API_PORT
     token: str = ""  # "" = none (allowed on loopback only)
+
+
+# the API server's states, as ApiControl.stateChanged says them and the status bar shows them
+OFF, LISTENING, FAILED = "off", "listening", "failed"
+
+
+def config_problem(cfg: ApiConfig) -> str | None:
+    """Why `cfg` cannot be served (checked before binding), or None. A disabled server is fine."""
+    if not cfg.enabled:
+        return None
+    if not cfg.host:
+        return "Enter the address to listen on (127.0.0.1 serves this machine only)."
+    if not 0 < cfg.port < 65536:
+        return f"The port must be between 1 and 65535 (not {cfg.port})."
+    try:
+        check_bind(cfg.host, cfg.token or None)
+    except ApiConfigError as exc:
+        if cfg.token:
+            return str(exc)
+        return (
+            f"An API token is required to listen on {cfg.host}: other machines can reach it. "
+            f"Enter a token, or use 127.0.0.1."
+        )
+    return None
 
 
 class Preferences:

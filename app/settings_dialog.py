@@ -30,10 +30,9 @@ from PySide6.QtWidgets import (
 from engine.pictures.video import FrameSampling
 from engine.protocol.events import Sampling
 
-from .api_control import config_problem
 from .engine_box import EngineBox
 from .engine_choice import load_choice, save_choice
-from .preferences import ApiConfig, Preferences
+from .preferences import ApiConfig, Preferences, config_problem
 
 MIB = 1 << 20
 # the language model's weight format (engine/model/weights.py); labels say what each costs

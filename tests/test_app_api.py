@@ -153,7 +153,7 @@ def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot)
     )
     assert "not running" in w.status.api_label.text()
     # with a token it is accepted by the dialog's check (no bind here: a test must not open the network)
-    from app.api_control import config_problem
+    from app.preferences import config_problem
 
     assert config_problem(settings(qtbot, w, True, host="0.0.0.0", token="s3cret").api_config()) is None
 

@@ -66,7 +66,7 @@ def test_a_chats_mark_follows_its_kv_to_the_ssd_and_back(make_window, qtbot, tmp
     # measured here: the restore speed (a one-blob probe, the first time) and this model's prefill speed
     qtbot.waitUntil(lambda: "; resumes in ~" in tooltip_of(w, a), timeout=TIMEOUT_MS)
     tip = tooltip_of(w, a)
-    assert "On SSD: " in tip and " instead of ~" in tip and tip.endswith(" re-reading it.")
+    assert "On the SSD: " in tip and " instead of ~" in tip and tip.endswith(" re-reading it.")
     qtbot.waitUntil(lambda: w.memory_dock.chat_words.text().startswith("on the SSD: "), timeout=5000)
 
     w.new_chat()  # away, and back: selecting it restores it before anything is sent
@@ -95,7 +95,7 @@ def test_selecting_a_spilled_chat_after_a_restart_restores_it_before_any_turn(ma
     qtbot.waitUntil(
         lambda: mark_of(w2, a) is not None and mark_of(w2, a).place == KVPlace.ON_SSD, timeout=TIMEOUT_MS
     )  # the store says what it holds after a restart
-    assert "On SSD: " in tooltip_of(w2, a)
+    assert "On the SSD: " in tooltip_of(w2, a)
     seen = follow(w2.chat_marks, a)
     click_chat(qtbot, w2, a)
     qtbot.waitUntil(lambda: mark_of(w2, a).place == KVPlace.HOT, timeout=TIMEOUT_MS)

@@ -128,8 +128,14 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     )
     w.bridge.inject(ChatMemoryReport([ChatMemory(other, KVPlace.RESTORING, 8_190, 240 << 20, restored_tokens=2_048)]))
     qtbot.waitUntil(
-        lambda: dock.chat_words.text() == "restoring from the SSD: 2,048 of 8,190 tokens read back…", timeout=5000
+        lambda: (
+            dock.chat_words.text()
+            == "restoring from the SSD: 2,048 of 8,190 tokens read back (240.0 MiB); the next turn starts from them"
+        ),
+        timeout=5000,
     )
+    # the sidebar's mark says it in the same words (memory_marks.where_words), as a sentence
+    assert w.chat_marks.mark(other).tooltip == f"R{dock.chat_words.text()[1:]}."
 
     legend_widgets = list(dock._legend_rows.values())
     w.bridge.inject(EncoderState(EncoderStatus.UNLOADED))

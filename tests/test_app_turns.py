@@ -4,11 +4,14 @@ its first reply found (the window title follows)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
 from app.chat_titles import title_from_reply
+from engine.protocol.events import Sampling
 from tests.test_app_support import click_action, make_window, send, wait_reply  # noqa: F401
 
 
@@ -49,10 +52,17 @@ def test_editing_an_earlier_message_names_what_goes_and_asks_first(make_window, 
     assert len(w.history.messages(w.controller.current_id)) == 2
 
 
-def test_regenerate_more_varied_samples_once_and_a_greedy_repeat_says_why(make_window, qtbot):
+# A seed whose sample, on the tiny llava model, leaves the greedy reply after eight tokens (measured:
+# the model is peaked enough that an unseeded sample matched the greedy reply once in CI).
+VARIED_SEED = 1
+
+
+def test_regenerate_more_varied_samples_once_and_a_greedy_repeat_says_why(make_window, qtbot, monkeypatch):
     w = make_window(max_new_tokens=24)
-    sent = []
-    w.bridge.turnStarted.connect(lambda ev: sent.append(ev))
+    w.controller.seeds = iter([VARIED_SEED, VARIED_SEED]).__next__  # what "More varied" samples with
+    sent: list[Sampling] = []  # each turn's sampling, as the window hands it to the engine
+    submit = w.bridge.submit
+    monkeypatch.setattr(w.bridge, "submit", lambda turn: (sent.append(turn.sampling), submit(turn))[1])
     send(qtbot, w, "How many people can you see?")
     wait_reply(qtbot, w)
     first = w.messages.items()[-1]
@@ -60,19 +70,24 @@ def test_regenerate_more_varied_samples_once_and_a_greedy_repeat_says_why(make_w
     click_action(qtbot, w, first.id, "regenerate")
     wait_reply(qtbot, w)
     again = w.messages.items()[-1]
-    assert again.text == first.text  # greedy decoding: the same words
+    assert again.text == first.text and sent[-1] == w.prefs.sampling()  # greedy decoding: the same words
     assert "greedy" in w.statusBar().currentMessage() and "More varied" in w.statusBar().currentMessage()
 
     click_action(qtbot, w, again.id, "varied")
     wait_reply(qtbot, w)
     varied = w.messages.items()[-1]
+    assert sent[-1] == replace(w.prefs.sampling(), greedy=False, seed=VARIED_SEED)  # Settings' temperature, top-p
     assert varied.text != first.text
     assert len(w.messages.items()) == 2
     assert w.prefs.sampling().greedy  # only that one regeneration sampled
 
-    click_action(qtbot, w, varied.id, "regenerate")  # and the next plain one is greedy again
+    click_action(qtbot, w, varied.id, "varied")  # the seed decides the words, not chance
     wait_reply(qtbot, w)
-    assert w.messages.items()[-1].text == first.text
+    assert w.messages.items()[-1].text == varied.text and sent[-1].seed == VARIED_SEED
+
+    click_action(qtbot, w, w.messages.items()[-1].id, "regenerate")  # and the next plain one is greedy again
+    wait_reply(qtbot, w)
+    assert w.messages.items()[-1].text == first.text and sent[-1] == w.prefs.sampling()
 
 
 def test_a_chat_is_named_from_its_first_reply_and_the_window_title_follows(make_window, qtbot):

@@ -30,12 +30,11 @@ def test_database_is_wal(history):
     assert mode == "wal"
 
 
-def test_conversations_newest_first_rename_and_system_prompt(history):
+def test_conversations_newest_first_rename_and_system_prompt(history, monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)  # a clock that does not tick between them
     a = history.create_conversation("first")
-    time.sleep(0.01)
     b = history.create_conversation("second", system_prompt="be brief")
     assert [c.id for c in history.list_conversations()] == [b.id, a.id]
-    time.sleep(0.01)
     history.add_message(a.id, "user", "hello")  # activity moves a conversation to the top
     assert [c.id for c in history.list_conversations()] == [a.id, b.id]
     history.rename(a.id, "renamed")

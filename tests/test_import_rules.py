@@ -193,3 +193,45 @@ def test_app_imports_only_the_engine_rooms_meant_for_it():
             if room not in APP_ROOMS:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not bad, "\n".join(bad)
+
+
+def _circles(folder: str, scripts: bool = False) -> list[list[str]]:
+    """Groups of modules under `folder` that import each other round a circle (Tarjan's strongly
+    connected components). `scripts`: the folder's files import each other by bare name."""
+    paths = {_module_name(p)[0]: p for p in _sources(folder)}
+    bare = {name.rpartition(".")[2]: name for name in paths} if scripts else {}
+    graph = {
+        name: {m for m in (bare.get(m, m) for m, _ in imports_of(path)) if m in paths and m != name}
+        for name, path in paths.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    return circles
+
+
+@pytest.mark.parametrize("folder, scripts", [("engine", False), ("app", False), ("packaging/demo_model", True)])
+def test_no_two_modules_import_each_other(folder, scripts):
+    """A circle (kvstore.index and spill_job once, through TYPE_CHECKING) means neither module can be
+    read alone; the records both need go to a leaf module."""
+    assert _circles(folder, scripts) == []

@@ -61,7 +61,7 @@ def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
     hub.faults.hold_at[BIG] = (1 << 20, go_on)  # the stand-in pauses the big file after 1 MiB
     with qtbot.waitSignal(page.sig.progress, timeout=30_000, check_params_cb=lambda *a: a[4] == BIG):
         page.download_selected()
-    assert page.bar.value() > 0 and "MB" in page.bar_text.text()
+    assert page.bar.value() > 0 and " of 4.0 MiB at " in page.bar_text.text()
     assert page.btn_cancel.isEnabled()
     with qtbot.waitSignal(page.sig.done, timeout=30_000):
         page.cancel_download()
@@ -143,7 +143,7 @@ def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub)
     qtbot.addWidget(p)
     qtbot.waitUntil(lambda: p.table.item(0, COL_INSTALLED).text() == "cannot be used", timeout=60_000)
     assert p.table.item(0, COL_INSTALLED).toolTip().startswith("unsupported architecture 'llava_next'")
-    assert p.table.item(0, 3).text() == "1.0 MB"  # the live size replaced the catalog's ~15.1 GB
+    assert p.table.item(0, 3).text() == "1.0 MiB"  # the live size replaced the catalog's ~14.1 GiB
     assert p.wait_idle()
     p.table.selectRow(0)
     with qtbot.waitSignal(p.sig.done, timeout=30_000):
@@ -194,6 +194,9 @@ def test_offline_catalog_rows_are_estimated_from_the_catalog(qtbot, hub, monkeyp
     assert fit.text().startswith(("fits · needs ~", "tight · needs ~", "does not fit · needs ~")), fit.text()
     assert fit.text().endswith("(estimated from the catalog)")
     assert "estimated from the catalog" in fit.toolTip() and "KV" in fit.toolTip()
+    # the catalog's decimal download size, in the one unit the window shows sizes in (app.sizes)
+    assert p.table.item(0, 3).text() == f"~{qwen.download_gb * 1e9 / 2**30:.1f} GiB"
+    assert "GiB" in fit.text() and " GB" not in fit.text()
     assert p.wait_idle()
 
 

@@ -89,16 +89,13 @@ def test_idle_timer_spills_and_the_next_turn_restores(tiny_model, tmp_path):
     model = tiny_model("qwen2_vl")
     ref = Reference(model)
     engine = open_engine(model, tmp_path / "d", block_tokens=B, spill_idle_s=0.3)
-    states: list[str] = []
-    engine.add_listener(lambda e: states.append(e.state) if isinstance(e, SpillState) else None)
+    spilled = threading.Event()
+    engine.add_listener(lambda e: spilled.set() if isinstance(e, SpillState) and e.state == "spilled" else None)
     try:
         (t1, i1), (t2, i2) = conversation(tmp_path)[:2]
         msgs = [Message("user", t1, i1)]
         d1 = expect_done(ask(engine, "c", msgs, NEW))
-        deadline = time.monotonic() + 10
-        while "spilled" not in states and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "spilled" in states and engine.sessions["c"].cache is None
+        assert spilled.wait(30) and engine.sessions["c"].cache is None
         msgs += [Message("assistant", d1.reply), Message("user", t2, i2)]
         d2 = expect_done(ask(engine, "c", msgs, NEW))
         assert d2.stats.restored_tokens >= d1.stats.prompt_tokens - B

@@ -17,7 +17,8 @@ from .keys import BlockKey, block_keys, namespace_digest
 from .layout import KVLayout, model_refusal
 from .restore import RestoreResult
 from .session_restore import SessionRestore, SessionRestoreJob
-from .spill_job import SpillJob, SpillResult
+from .spill_job import SpillJob
+from .spill_records import SpillResult
 from .store import KVStore, StoredSession
 
 __all__ = [

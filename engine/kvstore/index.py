@@ -17,18 +17,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from .blob import blob_path
 from .errors import KVStoreError
 from .keys import BlockKey
 from .manifest import Manifest, SessionRow
 from .restore import RestoreChoice, choose_blobs
+from .spill_records import BlobPlan, SpillResult
 from .sweep import free_bytes, list_blob_files
 from .writer import unlink_quiet
-
-if TYPE_CHECKING:  # spill_job imports this module; only the checker needs its types here
-    from .spill_job import BlobPlan, SpillResult
 
 log = logging.getLogger(__name__)
 

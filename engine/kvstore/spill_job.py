@@ -27,44 +27,12 @@ from ..pictures.span import PictureSpan
 from ..platform.files import AtomicFile, sync_dir
 from .blob import KIND_BLOCK, KIND_TAIL, encode_header, header_len
 from .index import StoreIndex
-from .keys import BlockKey
 from .layout import KVLayout
 from .manifest import SessionRow
+from .spill_records import BlobPlan, SpillResult
 from .writer import BufferPool, WriterThread
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SpillResult:
-    ok: bool
-    session_id: str
-    n_tokens: int = 0
-    error: str | None = None
-    blocks_written: int = 0  # full blocks written (the tail is counted in tail_written)
-    tail_written: int = 0
-    reused_blobs: int = 0  # blocks/tail referenced from disk: not copied, not written
-    reused_bytes: int = 0
-    missing_blobs: int = 0  # named by the manifest but gone from disk: rewritten here
-    bytes_written: int = 0
-    evicted_sessions: int = 0
-    copy_seconds: float = 0.0  # owner-thread time spent in device->host copies
-    seconds: float = 0.0  # begin_spill -> manifest commit
-
-
-@dataclass
-class BlobPlan:
-    key: BlockKey
-    kind: int
-    start: int
-    end: int
-    size: int
-    path: str
-    write: bool = True
-
-    @property
-    def n(self) -> int:
-        return self.end - self.start
 
 
 class _Piece(NamedTuple):

@@ -34,7 +34,8 @@ from .manifest import encode_state
 from .reader import BlobReader, read_layout, read_prefix
 from .restore import RestoreResult, RestoreStats, plan_reads
 from .session_restore import SessionRestoreJob, kv_bytes
-from .spill_job import BlobPlan, SpillJob, SpillResult
+from .spill_job import SpillJob
+from .spill_records import BlobPlan, SpillResult
 from .sweep import free_bytes, is_damage, open_manifest, unavailable_reason, verify
 from .writer import BufferPool, WriterThread
 

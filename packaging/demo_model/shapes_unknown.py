@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
-from shapes_world import Scene
+from shapes_scene import Scene
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 TRAIN_FONTS = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansCondensed.ttf"]

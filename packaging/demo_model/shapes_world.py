@@ -18,10 +18,11 @@ import colorsys
 import io
 import math
 import random
-from dataclasses import dataclass
 
 import numpy as np
+import shapes_unknown
 from PIL import Image, ImageDraw, ImageFilter
+from shapes_scene import Obj, Scene  # part of this module's face: world.Scene, world.Obj
 
 SHAPES = ["circle", "square", "triangle", "star", "diamond", "heart"]
 
@@ -57,43 +58,6 @@ BACKGROUND_NAMES = list(BACKGROUNDS)
 # sat within half a pixel of a line.
 LINE_MARGIN = 0.03
 STYLES = ["fill", "fill", "fill", "edged", "outline", "hand"]  # how a shape is drawn
-
-
-@dataclass
-class Obj:
-    kind: str
-    colour: str
-    cell: int  # 0..8, row-major in the 3x3 grid: where the centre is
-    cx: float  # centre, as a fraction of width / height
-    cy: float
-    half: float  # half-size, as a fraction of the picture's shorter side
-    angle: float = 0.0
-    outline: bool = False  # drawn as an outline only (kept for hand-built scenes)
-    style: str = "fill"  # one of STYLES
-    rgb: tuple[int, int, int] | None = None  # None: a typical shade of the colour
-    form: float = 0.0  # -1..1: how this hand draws the kind (a star's inner radius, a diamond's width...)
-    stretch: float = 0.0  # log of width / height: a shape drawn a little wide or tall
-
-
-@dataclass
-class Scene:
-    objects: list[Obj]
-    background: list[str]  # one name, or two for a two-tone background
-    split: str = "none"  # "none" | "vertical" (left | right) | "horizontal" (top / bottom)
-    size: tuple[int, int] | None = None  # None: render picks one
-    noise: float = 0.0  # std of per-pixel noise, in grey levels
-    blur: float = 0.0  # Gaussian blur radius, as a fraction of the shorter side
-    jpeg: int = 0  # JPEG quality the picture went through; 0: none
-    unknown: str = ""  # not shapes at all: "photo" | "screen" (see shapes_unknown.py)
-
-    def pixels(self) -> tuple[int, int]:
-        """(width, height) of a scene whose size was chosen (every scene drawn at its own size)."""
-        if self.size is None:
-            raise ValueError("this scene has no size: render() picks one, a drawer cannot")
-        return self.size
-
-    def sorted_objects(self) -> list[Obj]:
-        return sorted(self.objects, key=lambda o: o.cell)
 
 
 def cell_of(cx: float, cy: float) -> int:
@@ -258,8 +222,6 @@ def _background(rng: random.Random, name: str) -> tuple[int, int, int]:
 def render(scene: Scene, rng: random.Random, size: tuple[int, int] | None = None) -> Image.Image:
     """Draw the scene at its size (or `size`); the processor then squashes it to its input."""
     if scene.unknown:
-        import shapes_unknown
-
         return shapes_unknown.render(scene, rng)
     size = size or scene.size
     if size is None:

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 
 from .bridge import EngineBridge
-from .chat_titles import title_from, title_from_reply
+from .chat_titles import title_from, unique_title
 from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 from .message_model import MessageItem, MessageListModel
 from .preferences import Preferences
@@ -137,7 +137,8 @@ class ChatController(QObject):
         first = not any(m.role == "user" for m in self.history.messages(cid))
         msg = self.history.add_message(cid, "user", text, picture_refs)
         if first and conv.title == DEFAULT_TITLE:
-            self.history.rename(cid, title_from(text, len(picture_refs)))
+            taken = (c.title for c in self.history.list_conversations() if c.id != cid)
+            self.history.rename(cid, unique_title(title_from(text, len(picture_refs)), taken))
         self.model.append(self._item(msg))
         turn_id = self._start_reply(cid)
         self.conversationsChanged.emit()
@@ -266,7 +267,6 @@ class ChatController(QObject):
         self.model.update(
             a.message_id, text=text, streaming=False, status=INTERRUPTED if ev.stopped else "complete", note=note
         )
-        self._name_from_first_reply(a.conversation_id, text)
         if a.replaced is not None and text == a.replaced and not ev.stopped:
             self.note.emit(
                 "The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
@@ -291,23 +291,6 @@ class ChatController(QObject):
         self.turnFailed.emit(a.conversation_id)
         if a.conversation_id == self.current_id:
             self.generatingChanged.emit(self.is_generating())
-
-    def _name_from_first_reply(self, cid: str, reply: str) -> None:
-        """Rename a chat still called after its first question by what its first reply found
-        (chat_titles); a name the person gave is kept. Two chats never share a name this way."""
-        msgs = self.history.messages(cid)
-        users = [m for m in msgs if m.role == "user"]
-        conv = self.history.get_conversation(cid)
-        if len(users) != 1 or conv is None or conv.title != title_from(users[0].text, len(users[0].pictures)):
-            return
-        title = title_from_reply(users[0].text, reply)
-        if title is None:
-            return
-        taken = {c.title for c in self.history.list_conversations() if c.id != cid}
-        n, named = 2, title
-        while named in taken:
-            named, n = f"{title} ({n})", n + 1
-        self.history.rename(cid, named)
 
     # ------------------------------------------------------------ helpers
 

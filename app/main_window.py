@@ -179,7 +179,7 @@ class MainWindow(QMainWindow):
         c.generatingChanged.connect(self.composer.set_generating)
         c.problem.connect(self.show_notice)
         c.note.connect(lambda text: self.statusBar().showMessage(text, 12000))
-        c.conversationsChanged.connect(self._update_title)  # a chat named after its first reply
+        c.conversationsChanged.connect(self._update_title)  # a chat named after its first question
         self.retry.clicked.connect(self.notice.hide)
         self.sidebar.conversationActivated.connect(self._open)
         self.sidebar.newRequested.connect(self.new_chat)

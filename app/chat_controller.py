@@ -56,7 +56,6 @@ class ChatController(QObject):
         self.history, self.bridge, self.prefs, self.model = history, bridge, prefs, model
         self.current_id: str | None = None
         self._active: dict[int, ActiveReply] = {}
-        self._notes: dict[int, str] = {}  # reply message id -> its last-turn line (this session's replies)
         bridge.tokens.connect(self._on_tokens)
         bridge.turnDone.connect(self._on_done)
         bridge.turnFailed.connect(self._on_failed)
@@ -262,8 +261,8 @@ class ChatController(QObject):
         if a is None or a.discarded:
             return
         text = ev.reply or a.text()
-        self.history.finish_reply(a.message_id, text, stopped=ev.stopped)
-        note = self._notes[a.message_id] = turn_line(ev.stats)
+        note = turn_line(ev.stats)
+        self.history.finish_reply(a.message_id, text, stopped=ev.stopped, note=note)
         self.model.update(
             a.message_id, text=text, streaming=False, status=INTERRUPTED if ev.stopped else "complete", note=note
         )
@@ -304,7 +303,7 @@ class ChatController(QObject):
             False,
             m.edited is not None,
             digests=[self.history.picture_ref(r).digest for r in m.pictures],
-            note=self._notes.get(m.id, ""),
+            note=m.note,
         )
 
     def tokens_so_far(self, turn_id: int) -> int:

@@ -57,6 +57,7 @@ class StoredMessage:
     status: str  # complete | interrupted
     created: float
     edited: float | None = None
+    note: str = ""  # a reply's turn line ("Continued 69 tokens from memory · …"), kept across restarts
 
 
 @dataclass(frozen=True)
@@ -226,11 +227,14 @@ class History:
         with self._tx() as db:
             db.execute("UPDATE messages SET text = ? WHERE id = ? AND text != ?", (text, message_id, text))
 
-    def finish_reply(self, message_id: int, text: str, stopped: bool = False) -> None:
+    def finish_reply(self, message_id: int, text: str, stopped: bool = False, note: str = "") -> None:
+        """The reply's final text and status, and its turn line (`note`, app/turn_line.py)."""
         status = INTERRUPTED if stopped else COMPLETE
         now = time.time()
         with self._tx(durable=True) as db:
-            db.execute("UPDATE messages SET text = ?, status = ? WHERE id = ?", (text, status, message_id))
+            db.execute(
+                "UPDATE messages SET text = ?, status = ?, note = ? WHERE id = ?", (text, status, note, message_id)
+            )
             db.execute(
                 "UPDATE conversations SET updated = ? WHERE id = (SELECT conversation FROM messages WHERE id = ?)",
                 (now, message_id),
@@ -384,6 +388,7 @@ def _message(r: sqlite3.Row) -> StoredMessage:
         r["status"],
         r["created"],
         r["edited"],
+        r["note"],
     )
 
 

@@ -183,3 +183,21 @@ def test_no_model_means_no_send_and_a_hint(make_window, qtbot, tmp_path):
     assert not w.composer.send.isEnabled()
     send(qtbot, w, "hello?")
     assert w.messages.rowCount() == 0 and w.composer.text() == "hello?"
+
+
+def test_a_replys_turn_line_is_still_there_after_a_restart(make_window, qtbot, tmp_path):
+    """Each reply keeps its line ("Read 50 tokens … · 12 tok/s") when the app starts again."""
+    data = tmp_path / "data"
+    w = make_window(data_dir=data, max_new_tokens=4)
+    send(qtbot, w, "first question")
+    wait_reply(qtbot, w)
+    send(qtbot, w, "second question")
+    wait_reply(qtbot, w)
+    lines = [m.note for m in w.messages.items() if m.role == "assistant"]
+    assert len(lines) == 2 and all(lines) and lines[0] != lines[1]
+    cid = w.controller.current_id
+    w.shutdown()
+
+    again = make_window(data_dir=data, load=False)  # before any model: the lines come from history
+    assert again.controller.current_id == cid
+    assert [m.note for m in again.messages.items() if m.role == "assistant"] == lines

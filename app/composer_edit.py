@@ -9,6 +9,9 @@ from PySide6.QtWidgets import QPlainTextEdit, QSizePolicy
 
 from .picture_intake import mime_has_pictures
 
+# the longest that fits on the box's one line is shown; a cut hint reads as a broken window
+PLACEHOLDERS = ("Message — Enter to send, Shift+Enter for a new line", "Message — Enter to send", "Message")
+
 
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
@@ -17,7 +20,7 @@ class ComposerEdit(QPlainTextEdit):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("composerEdit")
-        self.setPlaceholderText("Message — Enter to send, Shift+Enter for a new line")
+        self.setPlaceholderText(PLACEHOLDERS[0])
         self.setTabChangesFocus(True)
         self.document().contentsChanged.connect(self.updateGeometry)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -27,6 +30,12 @@ class ComposerEdit(QPlainTextEdit):
             self.submit.emit()
             return
         super().keyPressEvent(e)
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        room = self.viewport().width() - 2 * int(self.document().documentMargin())
+        fits = [p for p in PLACEHOLDERS if self.fontMetrics().horizontalAdvance(p) <= room]
+        self.setPlaceholderText(fits[0] if fits else PLACEHOLDERS[-1])
 
     def sizeHint(self) -> QSize:
         fm = self.fontMetrics()

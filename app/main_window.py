@@ -55,7 +55,7 @@ HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the
 # On a small screen the memory dock gives way before the conversation does: the conversation keeps
 # room for a ~40-character bubble beside the picture thumbnails, the sidebar for a title.
 CHAT_MIN_WIDTH = 420
-SIDEBAR_MIN_WIDTH = 170
+SIDEBAR_MIN_WIDTH = 160
 
 
 class MainWindow(QMainWindow):

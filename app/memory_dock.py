@@ -16,11 +16,11 @@ from dataclasses import asdict
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QDockWidget,
     QFormLayout,
     QGridLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QPushButton,
     QScrollArea,
@@ -44,6 +44,9 @@ from .memory_bar import MemoryBar, color_for, exact_bytes, human_bytes
 from .memory_marks import ChatMemoryMarks
 from .turn_line import estimate, turn_line
 
+# An 800-px-wide window holds the sidebar, the conversation and this dock side by side (see
+# main_window.CHAT_MIN_WIDTH); wider windows give the dock more (380 px at the start).
+DOCK_MIN_WIDTH = 190
 COMPONENT_NAMES = {
     "language_model": "Language model weights",
     "vision_encoder": "Vision encoder",
@@ -153,7 +156,9 @@ class _Rows:
             label.setObjectName(f"value_{key}")
             label.setWordWrap(True)
             self.labels[key] = label
-            self.form.addRow(title, label)
+            name = QLabel(title)
+            name.setWordWrap(True)  # a long name ("Not written again …") wraps in a narrow dock
+            self.form.addRow(name, label)
         if label.text() != text:
             label.setText(text)
         label.setToolTip(tooltip)
@@ -205,7 +210,8 @@ class MemoryDock(QDockWidget):
         self.encoder.setObjectName("encoderLabel")
         self.chat_words = self.words.labels["chat"]
         lay.addWidget(words)
-        buttons = QHBoxLayout()
+        # side by side, or one above the other when the dock is too narrow for both
+        self.buttons = buttons = QBoxLayout(QBoxLayout.Direction.LeftToRight)
         self.unload = QPushButton("Unload encoder")
         self.unload.setToolTip("Give the vision encoder's memory back now; a new picture loads it again")
         self.unload.setEnabled(False)  # until the engine reports a resident encoder
@@ -285,7 +291,7 @@ class MemoryDock(QDockWidget):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(270)  # values wrap under their names; the dock yields to the chat first
+        scroll.setMinimumWidth(DOCK_MIN_WIDTH)  # values wrap under their names; the dock yields to the chat first
         scroll.setWidget(body)
         self.setWidget(scroll)
 
@@ -352,6 +358,14 @@ class MemoryDock(QDockWidget):
         self.device.setText(f"{name} on {device}")
         self.model_words = f"{name}, {dtype} on {device}" if dtype else f"{name} on {device}"
         self._dirty = True
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        room = self.widget().width() - 16 - self.buttons.spacing()  # the body's margins
+        side_by_side = self.unload.sizeHint().width() + self.spill.sizeHint().width() <= room
+        direction = QBoxLayout.Direction.LeftToRight if side_by_side else QBoxLayout.Direction.TopToBottom
+        if self.buttons.direction() != direction:
+            self.buttons.setDirection(direction)
 
     def stop(self) -> None:
         """No more refreshes or polls (the window is closing)."""

@@ -3,6 +3,7 @@ marks where that chat's memory is (in memory, on SSD, restoring…, not cached: 
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -109,6 +110,17 @@ class ConversationListModel(QAbstractListModel):
         return None
 
 
+def elide_title(title: str, fm: QFontMetrics, width: int) -> str:
+    """A title cut at its end, as a sentence is read ("What shape is on th…"); the number that
+    tells two chats named alike apart stays ("What shape is on… (2)")."""
+    if fm.horizontalAdvance(title) <= width:
+        return title
+    m = re.search(r" \(\d+\)$", title)
+    suffix = m.group(0) if m else ""
+    head = title[: len(title) - len(suffix)]
+    return fm.elidedText(head, Qt.TextElideMode.ElideRight, max(0, width - fm.horizontalAdvance(suffix))) + suffix
+
+
 class TwoLineDelegate(QStyledItemDelegate):
     def sizeHint(self, option, index) -> QSize:
         fm = QFontMetrics(option.font)
@@ -133,8 +145,7 @@ class TwoLineDelegate(QStyledItemDelegate):
         f = QFont(option.font)
         f.setBold(True)
         painter.setFont(f)
-        # elided in the middle: two chats named alike differ at the end ("… (2)")
-        title = QFontMetrics(f).elidedText(index.data() or "", Qt.TextElideMode.ElideMiddle, r.width())
+        title = elide_title(index.data() or "", QFontMetrics(f), r.width())
         painter.drawText(QRect(r.left(), r.top(), r.width(), fm.height()), Qt.AlignmentFlag.AlignLeft, title)
         painter.setFont(option.font)
         line = QRect(r.left(), r.top() + fm.height() + 2, r.width(), fm.height())

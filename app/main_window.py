@@ -45,7 +45,7 @@ from .retry_button import RetryButton
 from .settings_dialog import SettingsDialog
 from .sidebar import Sidebar
 from .theme import apply_theme
-from .window_chrome import StatusLine, WindowMenus
+from .window_chrome import StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
     from .models_page import ModelsPage
@@ -64,6 +64,7 @@ class MainWindow(QMainWindow):
         self.bridge, self.history, self.prefs, self.data_dir = bridge, history, prefs, Path(data_dir)
         self.setWindowTitle("Parley")
         self.setWindowIcon(app_icon())
+        self.setStatusBar(StatusBar())  # messages cut before the engine and model labels
         self.resize(1200, 800)
         self.model_ready = False
         self.model_path: str | None = None

@@ -165,3 +165,24 @@ def test_a_long_chat_title_is_cut_at_its_end_and_keeps_its_number(qapp):
     cut = elide_title(title, fm, width)
     assert cut.startswith("What shape is") and cut.endswith("… (2)") and fm.horizontalAdvance(cut) <= width
     assert elide_title("Short", fm, width) == "Short"
+
+
+def test_a_long_status_message_ends_before_the_engine_label(make_window, qtbot):
+    """Issue 40: "…More varied samples a different one." ran into "Built-in engine"."""
+    w = make_window()
+    w.resize(900, 600)
+    qtbot.waitUntil(lambda: w.width() == 900)
+    QApplication.processEvents()
+    long = (
+        "The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its most likely "
+        "words each time. More varied samples a different one."
+    )
+    w.statusBar().showMessage(long, 12000)
+    shown = w.statusBar().currentMessage()
+    engine = w.engines.label
+    assert engine.isVisible()
+    assert shown.endswith("…") and long.startswith(shown[:-1])
+    assert w.statusBar().fontMetrics().horizontalAdvance(shown) < engine.geometry().left()
+    assert w.statusBar().toolTip() == long  # the whole message is still there to read
+    w.statusBar().showMessage("Copied", 1500)  # a short one is shown whole
+    assert w.statusBar().currentMessage() == "Copied"

@@ -6,6 +6,8 @@ access beyond the bridge.
 
 from __future__ import annotations
 
+import html
+import platform
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -506,7 +508,7 @@ class MainWindow(QMainWindow):
         self.sidebar.new_button.setIcon(icon("new-chat"))
 
     def show_about(self) -> None:
-        QMessageBox.about(self, "About Parley", "Parley — chat with a local vision-language model about pictures.")
+        QMessageBox.about(self, "About Parley", about_text(self.data_dir))
 
     # ------------------------------------------------------------ layout and closing
 
@@ -540,6 +542,31 @@ class MainWindow(QMainWindow):
         self.bridge.shutdown()
         self.history.close()
         self.prefs.sync()
+
+
+def about_text(data_dir: Path) -> str:
+    """The version and what it runs on: what a bug report needs, copied from Help ▸ About."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    import PySide6
+
+    runs_on = " · ".join(
+        [f"PySide6 {PySide6.__version__}"] + [f"{name} {of(name)}" for name in ("torch", "transformers")]
+    )
+    return (
+        f"<p><b>Parley {__version__}</b></p>"
+        "<p>Chat with a local vision-language model about pictures.</p>"
+        f"<p>Python {platform.python_version()} · {runs_on}<br>"
+        f"Data folder: {html.escape(str(data_dir))}</p>"
+    )
 
 
 def _application() -> QApplication:

@@ -16,6 +16,7 @@ No Qt here: the UI calls this from its own thread; a lock makes it safe from any
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -393,9 +394,11 @@ def _message(r: sqlite3.Row) -> StoredMessage:
 
 
 def _snippet(text: str, query: str, width: int = 80) -> str:
-    i = text.lower().find(query.lower())
-    if i < 0:
-        return text[:width].replace("\n", " ")
-    start = max(0, i - width // 3)
-    s = text[start : start + width].replace("\n", " ")
-    return ("…" if start else "") + s + ("…" if start + width < len(text) else "")
+    """One line of `text` that begins with the word the match is in: the sidebar cuts a
+    snippet at its right end, so words shown before the match could push it out of sight."""
+    flat = " ".join(text.split())
+    m = re.search(re.escape(" ".join(query.split())), flat, re.IGNORECASE)
+    if m is None:
+        return flat[:width]
+    start = flat.rfind(" ", 0, m.start()) + 1
+    return ("…" if start else "") + flat[start : start + width] + ("…" if start + width < len(flat) else "")

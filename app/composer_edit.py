@@ -4,7 +4,7 @@ videos pasted or dropped into the text go to the composer (mimeOffered), not int
 from __future__ import annotations
 
 from PySide6.QtCore import QMimeData, QSize, Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QKeySequence
 from PySide6.QtWidgets import QPlainTextEdit, QSizePolicy
 
 from .picture_intake import mime_has_pictures
@@ -16,6 +16,7 @@ PLACEHOLDERS = ("Message — Enter to send, Shift+Enter for a new line", "Messag
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
     mimeOffered = Signal(QMimeData, str)  # pictures pasted or dropped into the text
+    nothingToUndo = Signal()  # Ctrl+Z with no typing left to undo: the window's last action is undone
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -28,6 +29,9 @@ class ComposerEdit(QPlainTextEdit):
     def keyPressEvent(self, e: QKeyEvent) -> None:
         if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
             self.submit.emit()
+            return
+        if e.matches(QKeySequence.StandardKey.Undo) and not self.document().isUndoAvailable():
+            self.nothingToUndo.emit()
             return
         super().keyPressEvent(e)
 

@@ -45,7 +45,7 @@ from .picture_intake import PictureIntake, mime_has_pictures
 from .preferences import ApiConfig, Preferences
 from .retry_button import RetryButton
 from .settings_dialog import SettingsDialog
-from .sidebar import Sidebar
+from .sidebar import UNDO_SECONDS, Sidebar
 from .theme import apply_theme
 from .window_chrome import StatusBar, StatusLine, WindowMenus
 
@@ -187,6 +187,9 @@ class MainWindow(QMainWindow):
         self.sidebar.conversationActivated.connect(self._open)
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.deleteRequested.connect(c.delete_conversation)
+        self.sidebar.deleteRequested.connect(self._say_deleted)
+        # Ctrl+Z in the composer undoes typing first; with none left, it brings a deleted chat back
+        self.composer.edit.nothingToUndo.connect(self.sidebar.undo_delete)
         self.sidebar.undoRequested.connect(c.restore_conversation)
         self.sidebar.renameRequested.connect(c.rename)
         self.composer.sendRequested.connect(self._send)
@@ -338,6 +341,11 @@ class MainWindow(QMainWindow):
     def delete_current(self) -> None:
         if self.controller.current_id:
             self.sidebar.delete(self.controller.current_id)
+
+    def _say_deleted(self, _conversation_id: str) -> None:
+        self.statusBar().showMessage(
+            f"{self.sidebar.undo_label.text()}. Ctrl+Z or Undo (under the chats) brings it back.", UNDO_SECONDS * 1000
+        )
 
     def edit_chat_prompt(self) -> None:
         """This conversation's own system prompt (empty: use the one from Settings)."""

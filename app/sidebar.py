@@ -241,6 +241,7 @@ class Sidebar(QWidget):
         ub.setContentsMargins(8, 4, 4, 4)
         self.undo_label = QLabel()
         self.undo_button = QPushButton("Undo")
+        self.undo_button.setToolTip("Bring the deleted chat back (Ctrl+Z)")
         self.undo_button.clicked.connect(self.undo_delete)
         ub.addWidget(self.undo_label, 1)
         ub.addWidget(self.undo_button)
@@ -312,8 +313,8 @@ class Sidebar(QWidget):
         row = self.model.row_of(conversation_id)
         title = self.model.rows[row].title if row is not None else "chat"
         self._deleted.append((conversation_id, title))
+        self.undo_label.setText(f"Deleted “{title}”")  # before the signal: the window repeats it
         self.deleteRequested.emit(conversation_id)
-        self.undo_label.setText(f"Deleted “{title}”")
         self.undo_bar.show()
         self._undo_timer.start(UNDO_SECONDS * 1000)
 

@@ -201,3 +201,27 @@ def test_a_replys_turn_line_is_still_there_after_a_restart(make_window, qtbot, t
     again = make_window(data_dir=data, load=False)  # before any model: the lines come from history
     assert again.controller.current_id == cid
     assert [m.note for m in again.messages.items() if m.role == "assistant"] == lines
+
+
+def test_a_deleted_chat_says_how_to_undo_and_ctrl_z_in_the_composer_undoes_typing_first(make_window, qtbot):
+    """Issue 40: deleting a chat gave no hint, and Ctrl+Z did nothing while the composer had focus.
+    Ctrl+Z undoes the composer's typing first; with no typing left, it brings the deleted chat back."""
+    w = make_window(max_new_tokens=2)
+    send(qtbot, w, "keep me")
+    wait_reply(qtbot, w)
+    kept = w.controller.current_id
+    w.delete_current()
+    assert w.controller.current_id != kept and w.history.get_conversation(kept).deleted is not None
+    hint = w.statusBar().currentMessage()
+    assert "Deleted “keep me”" in hint and "Ctrl+Z" in hint
+    assert w.sidebar.undo_bar.isVisible() and "Ctrl+Z" in w.sidebar.undo_button.toolTip()
+
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "a new draft")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert w.composer.text() == ""  # the typing went first
+    assert w.history.get_conversation(kept).deleted is not None
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert w.history.get_conversation(kept).deleted is None  # then the delete
+    assert w.controller.current_id == kept and [m.text for m in w.messages.items()][0] == "keep me"
+    assert not w.sidebar.undo_bar.isVisible()

@@ -243,6 +243,7 @@ class MainWindow(QMainWindow):
         self.picture_marks.clear()
         self.status.progress.show()
         self.status.model_label.setText(f"Loading {Path(ev.path).name}…")
+        self.memory_dock.on_model_loading(Path(ev.path).name)
         self.composer.set_ready(False, "The model is loading")
         self._update_hints(f"Loading {Path(ev.path).name}…")
 
@@ -404,7 +405,8 @@ class MainWindow(QMainWindow):
     def _on_current_changed(self, conversation_id: str) -> None:
         self.composer.switch_draft(conversation_id or None)
         self.sidebar.select(conversation_id or None)
-        self.memory_dock.on_current_chat(conversation_id or None)
+        replies = [m for m in self.controller.stored_messages() if m.role == "assistant"]
+        self.memory_dock.on_current_chat(conversation_id or None, replies[-1].note if replies else "")
         self.bridge.open_chat(conversation_id or None)  # on the SSD: restored before the next turn
         self._check_chat_pictures()
 
@@ -446,7 +448,7 @@ class MainWindow(QMainWindow):
         self._turn_t0.pop(ev.turn_id, None)
         if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
             self.status.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
-        self.memory_dock.on_turn_stats(ev.stats)
+        self.memory_dock.on_turn_stats(ev.stats, ev.conversation_id)
         if ev.conversation_id == self.controller.current_id:
             self._check_chat_pictures()  # its pictures are encoded and cached now
 

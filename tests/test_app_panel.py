@@ -43,8 +43,11 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     # last turn timings arrived with TurnDone
     assert "tok/s" in w.memory_dock.turn_rows.labels["tokens_per_s"].text()
     taken = w.memory_dock.last_stats
+    kept = round(taken.draft_acceptance * taken.draft_tokens)
     assert w.memory_dock.turn_rows.labels["draft_acceptance"].text() == (
-        f"{taken.draft_acceptance * 100:.0f} % of {taken.draft_tokens}"
+        f"{taken.draft_tokens:,}, {kept:,} kept ({taken.draft_acceptance * 100:.0f} %)"
+        if taken.draft_tokens
+        else "none"
     )
     assert "ms" in w.memory_dock.turn_rows.labels["prefill_s"].text()
 
@@ -110,7 +113,7 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     assert "2,048 B" in dock.store_details.labels["host_buffer_bytes"].text()
     assert dock.counter_rows.labels["hits"].text() == "3"
     titles = [dock.counter_rows.form.labelForField(label).text() for label in dock.counter_rows.labels.values()]
-    assert titles == ["Pictures found in the cache", "… in memory"]
+    assert titles == ["Pictures found in the cache", "Pictures found in memory"]
     assert "reused_blobs" not in dock.counter_rows.labels
     # disk-resident components are listed, not stacked in the device bar
     assert "image_cache_disk" not in dict(dock.bar.segments)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from . import pyside_refcount_fix
 
+__version__ = "0.1.0"  # Help ▸ About; packaging/parley.spec's CFBundleShortVersionString says the same
+
 pyside_refcount_fix.apply()  # before any signal is emitted: see the module
 
 

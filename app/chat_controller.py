@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 
 from .bridge import EngineBridge
-from .chat_titles import title_from, title_from_reply
+from .chat_titles import title_from, unique_title
 from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
 from .message_model import MessageItem, MessageListModel
 from .preferences import Preferences
@@ -71,7 +71,6 @@ class ChatController(QObject):
         self.seeds = seeds  # where a "More varied" reply's sampling seed comes from
         self.current_id: str | None = None
         self._active: dict[int, ActiveReply] = {}
-        self._notes: dict[int, str] = {}  # reply message id -> its last-turn line (this session's replies)
         bridge.tokens.connect(self._on_tokens)
         bridge.turnDone.connect(self._on_done)
         bridge.turnFailed.connect(self._on_failed)
@@ -152,7 +151,8 @@ class ChatController(QObject):
         first = not any(m.role == "user" for m in self.history.messages(cid))
         msg = self.history.add_message(cid, "user", text, picture_refs)
         if first and conv.title == DEFAULT_TITLE:
-            self.history.rename(cid, title_from(text, len(picture_refs)))
+            taken = (c.title for c in self.history.list_conversations() if c.id != cid)
+            self.history.rename(cid, unique_title(title_from(text, len(picture_refs)), taken))
         self.model.append(self._item(msg))
         turn_id = self._start_reply(cid)
         self.conversationsChanged.emit()
@@ -277,12 +277,11 @@ class ChatController(QObject):
         if a is None or a.discarded:
             return
         text = ev.reply or a.text()
-        self.history.finish_reply(a.message_id, text, stopped=ev.stopped)
-        note = self._notes[a.message_id] = turn_line(ev.stats)
+        note = turn_line(ev.stats)
+        self.history.finish_reply(a.message_id, text, stopped=ev.stopped, note=note)
         self.model.update(
             a.message_id, text=text, streaming=False, status=INTERRUPTED if ev.stopped else "complete", note=note
         )
-        self._name_from_first_reply(a.conversation_id, text)
         if a.replaced is not None and text == a.replaced and not ev.stopped:
             self.note.emit(
                 "The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
@@ -308,23 +307,6 @@ class ChatController(QObject):
         if a.conversation_id == self.current_id:
             self.generatingChanged.emit(self.is_generating())
 
-    def _name_from_first_reply(self, cid: str, reply: str) -> None:
-        """Rename a chat still called after its first question by what its first reply found
-        (chat_titles); a name the person gave is kept. Two chats never share a name this way."""
-        msgs = self.history.messages(cid)
-        users = [m for m in msgs if m.role == "user"]
-        conv = self.history.get_conversation(cid)
-        if len(users) != 1 or conv is None or conv.title != title_from(users[0].text, len(users[0].pictures)):
-            return
-        title = title_from_reply(users[0].text, reply)
-        if title is None:
-            return
-        taken = {c.title for c in self.history.list_conversations() if c.id != cid}
-        n, named = 2, title
-        while named in taken:
-            named, n = f"{title} ({n})", n + 1
-        self.history.rename(cid, named)
-
     # ------------------------------------------------------------ helpers
 
     def _item(self, m: StoredMessage) -> MessageItem:
@@ -337,7 +319,7 @@ class ChatController(QObject):
             False,
             m.edited is not None,
             digests=[self.history.picture_ref(r).digest for r in m.pictures],
-            note=self._notes.get(m.id, ""),
+            note=m.note,
         )
 
     def tokens_so_far(self, turn_id: int) -> int:

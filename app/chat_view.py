@@ -7,7 +7,7 @@ view) and leaves the scroll position alone once they scroll up to read.
 from __future__ import annotations
 
 from PySide6.QtCore import QElapsedTimer, QMimeData, QModelIndex, QPoint, Qt, QTimer, Signal
-from PySide6.QtGui import QPainter, QPalette
+from PySide6.QtGui import QGuiApplication, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle
 
 from .message_delegate import MessageDelegate
@@ -73,6 +73,7 @@ class ChatView(QListView):
 
     def _on_reset(self) -> None:
         self.delegate.hover = None
+        self.delegate.selection = None  # another chat: its text is not what was selected
         self._follow = True
         self._relayout()
         self.scrollToBottom()
@@ -163,7 +164,14 @@ class ChatView(QListView):
             return
         mid = int(index.data(MessageIdRole))
         menu = QMenu(self)
-        menu.addAction("Copy", lambda: self.actionTriggered.emit("copy", mid))
+        selected = (
+            self.delegate.selected_text() if self.delegate.selection and self.delegate.selection[0] == mid else ""
+        )
+        if selected:
+            menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(selected))
+            menu.addAction("Copy message", lambda: self.actionTriggered.emit("copy", mid))
+        else:
+            menu.addAction("Copy", lambda: self.actionTriggered.emit("copy", mid))
         if index.data(RoleRole) == "user":
             menu.addAction("Edit and resend", lambda: self.actionTriggered.emit("edit", mid))
         elif index.data(IsLastRole) and not index.data(StreamingRole):
@@ -171,6 +179,12 @@ class ChatView(QListView):
             if self.delegate.offer_varied:
                 menu.addAction("Regenerate (more varied)", lambda: self.actionTriggered.emit("varied", mid))
         menu.exec(event.globalPos())
+
+    def keyPressEvent(self, event) -> None:
+        if event.matches(QKeySequence.StandardKey.Copy) and self.delegate.selected_text():
+            QGuiApplication.clipboard().setText(self.delegate.selected_text())
+            return
+        super().keyPressEvent(event)
 
     def offer_varied_regenerate(self, offer: bool) -> None:
         """Show "More varied" beside Regenerate (while replies are greedy, a plain one repeats)."""

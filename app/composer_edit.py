@@ -4,20 +4,24 @@ videos pasted or dropped into the text go to the composer (mimeOffered), not int
 from __future__ import annotations
 
 from PySide6.QtCore import QMimeData, QSize, Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QKeySequence
 from PySide6.QtWidgets import QPlainTextEdit, QSizePolicy
 
 from .picture_intake import mime_has_pictures
+
+# the longest that fits on the box's one line is shown; a cut hint reads as a broken window
+PLACEHOLDERS = ("Message — Enter to send, Shift+Enter for a new line", "Message — Enter to send", "Message")
 
 
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
     mimeOffered = Signal(QMimeData, str)  # pictures pasted or dropped into the text
+    nothingToUndo = Signal()  # Ctrl+Z with no typing left to undo: the window's last action is undone
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("composerEdit")
-        self.setPlaceholderText("Message — Enter to send, Shift+Enter for a new line")
+        self.setPlaceholderText(PLACEHOLDERS[0])
         self.setTabChangesFocus(True)
         self.document().contentsChanged.connect(self.updateGeometry)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -26,7 +30,16 @@ class ComposerEdit(QPlainTextEdit):
         if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
             self.submit.emit()
             return
+        if e.matches(QKeySequence.StandardKey.Undo) and not self.document().isUndoAvailable():
+            self.nothingToUndo.emit()
+            return
         super().keyPressEvent(e)
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        room = self.viewport().width() - 2 * int(self.document().documentMargin())
+        fits = [p for p in PLACEHOLDERS if self.fontMetrics().horizontalAdvance(p) <= room]
+        self.setPlaceholderText(fits[0] if fits else PLACEHOLDERS[-1])
 
     def sizeHint(self) -> QSize:
         fm = self.fontMetrics()

@@ -16,6 +16,7 @@ No Qt here: the UI calls this from its own thread; a lock makes it safe from any
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -57,6 +58,7 @@ class StoredMessage:
     status: str  # complete | interrupted
     created: float
     edited: float | None = None
+    note: str = ""  # a reply's turn line ("Continued 69 tokens from memory · …"), kept across restarts
 
 
 @dataclass(frozen=True)
@@ -234,11 +236,14 @@ class History:
         with self._tx() as db:
             db.execute("UPDATE messages SET text = ? WHERE id = ? AND text != ?", (text, message_id, text))
 
-    def finish_reply(self, message_id: int, text: str, stopped: bool = False) -> None:
+    def finish_reply(self, message_id: int, text: str, stopped: bool = False, note: str = "") -> None:
+        """The reply's final text and status, and its turn line (`note`, app/turn_line.py)."""
         status = INTERRUPTED if stopped else COMPLETE
         now = self._now()
         with self._tx(durable=True) as db:
-            db.execute("UPDATE messages SET text = ?, status = ? WHERE id = ?", (text, status, message_id))
+            db.execute(
+                "UPDATE messages SET text = ?, status = ?, note = ? WHERE id = ?", (text, status, note, message_id)
+            )
             db.execute(
                 "UPDATE conversations SET updated = ? WHERE id = (SELECT conversation FROM messages WHERE id = ?)",
                 (now, message_id),
@@ -392,13 +397,16 @@ def _message(r: sqlite3.Row) -> StoredMessage:
         r["status"],
         r["created"],
         r["edited"],
+        r["note"],
     )
 
 
 def _snippet(text: str, query: str, width: int = 80) -> str:
-    i = text.lower().find(query.lower())
-    if i < 0:
-        return text[:width].replace("\n", " ")
-    start = max(0, i - width // 3)
-    s = text[start : start + width].replace("\n", " ")
-    return ("…" if start else "") + s + ("…" if start + width < len(text) else "")
+    """One line of `text` that begins with the word the match is in: the sidebar cuts a
+    snippet at its right end, so words shown before the match could push it out of sight."""
+    flat = " ".join(text.split())
+    m = re.search(re.escape(" ".join(query.split())), flat, re.IGNORECASE)
+    if m is None:
+        return flat[:width]
+    start = flat.rfind(" ", 0, m.start()) + 1
+    return ("…" if start else "") + flat[start : start + width] + ("…" if start + width < len(flat) else "")

@@ -21,7 +21,7 @@ from engine.platform.paths import private_file
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: messages.note, a reply's turn line kept across restarts
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS messages (
     pictures     TEXT NOT NULL DEFAULT '[]',
     status       TEXT NOT NULL CHECK (status IN ('complete', 'interrupted')),
     created      REAL NOT NULL,
-    edited       REAL
+    edited       REAL,
+    note         TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
 CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
@@ -69,7 +70,12 @@ def create_schema(db: sqlite3.Connection) -> bool:
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA foreign_keys=ON")
     # executescript manages its own transaction, so each script carries BEGIN/COMMIT.
-    db.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+    # A database an older Parley wrote gains the newer columns in the same transaction;
+    # `user_version` only ever rises (a newer Parley's database is left as it is).
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    db.executescript(
+        "BEGIN;" + _SCHEMA + _migrations(db) + f"PRAGMA user_version={max(version, SCHEMA_VERSION)};COMMIT;"
+    )
     try:
         db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
     except sqlite3.OperationalError:  # SQLite built without FTS5 or its trigram tokenizer
@@ -77,6 +83,15 @@ def create_schema(db: sqlite3.Connection) -> bool:
             db.execute("ROLLBACK")
         return False
     return True
+
+
+def _migrations(db: sqlite3.Connection) -> str:
+    """The statements that bring an existing database's tables up to `_SCHEMA`: columns added
+    with a default, so every row an older version wrote reads as before."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(messages)")}
+    if columns and "note" not in columns:  # an empty set: a new database, CREATE TABLE has it
+        return "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';"
+    return ""
 
 
 DAMAGED_SUFFIX = ".damaged"
@@ -181,10 +196,14 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
     try:
         convs = _readable_rows(src, "SELECT id, title, created, updated, system_prompt, deleted FROM conversations")
         ids = {r[0] for r in convs}
+        columns = {r[1] for r in _readable_rows(src, "PRAGMA table_info(messages)")}
+        note = "note" if "note" in columns else "''"  # a database from before the note column
         msgs = [
             r
             for r in _readable_rows(
-                src, "SELECT id, conversation, role, text, pictures, status, created, edited FROM messages ORDER BY id"
+                src,
+                f"SELECT id, conversation, role, text, pictures, status, created, edited, {note} FROM messages"
+                " ORDER BY id",
             )
             if r[1] in ids
         ]
@@ -203,8 +222,8 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
         for r in msgs:
             try:
                 db.execute(
-                    "INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited, note)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     r,
                 )
                 kept_msgs += 1

@@ -6,6 +6,8 @@ access beyond the bridge.
 
 from __future__ import annotations
 
+import html
+import platform
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,9 +45,9 @@ from .picture_intake import PictureIntake, mime_has_pictures
 from .preferences import ApiConfig, Preferences
 from .retry_button import RetryButton
 from .settings_dialog import SettingsDialog
-from .sidebar import Sidebar
+from .sidebar import UNDO_SECONDS, Sidebar
 from .theme import apply_theme
-from .window_chrome import StatusLine, WindowMenus
+from .window_chrome import StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
     from .models_page import ModelsPage
@@ -55,7 +57,7 @@ HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the
 # On a small screen the memory dock gives way before the conversation does: the conversation keeps
 # room for a ~40-character bubble beside the picture thumbnails, the sidebar for a title.
 CHAT_MIN_WIDTH = 420
-SIDEBAR_MIN_WIDTH = 170
+SIDEBAR_MIN_WIDTH = 160
 
 
 class MainWindow(QMainWindow):
@@ -64,6 +66,7 @@ class MainWindow(QMainWindow):
         self.bridge, self.history, self.prefs, self.data_dir = bridge, history, prefs, Path(data_dir)
         self.setWindowTitle("Parley")
         self.setWindowIcon(app_icon())
+        self.setStatusBar(StatusBar())  # messages cut before the engine and model labels
         self.resize(1200, 800)
         self.model_ready = False
         self.model_path: str | None = None
@@ -179,11 +182,14 @@ class MainWindow(QMainWindow):
         c.generatingChanged.connect(self.composer.set_generating)
         c.problem.connect(self.show_notice)
         c.note.connect(lambda text: self.statusBar().showMessage(text, 12000))
-        c.conversationsChanged.connect(self._update_title)  # a chat named after its first reply
+        c.conversationsChanged.connect(self._update_title)  # a chat named after its first question
         self.retry.clicked.connect(self.notice.hide)
         self.sidebar.conversationActivated.connect(self._open)
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.deleteRequested.connect(c.delete_conversation)
+        self.sidebar.deleteRequested.connect(self._say_deleted)
+        # Ctrl+Z in the composer undoes typing first; with none left, it brings a deleted chat back
+        self.composer.edit.nothingToUndo.connect(self.sidebar.undo_delete)
         self.sidebar.undoRequested.connect(c.restore_conversation)
         self.sidebar.renameRequested.connect(c.rename)
         self.composer.sendRequested.connect(self._send)
@@ -237,6 +243,7 @@ class MainWindow(QMainWindow):
         self.picture_marks.clear()
         self.status.progress.show()
         self.status.model_label.setText(f"Loading {Path(ev.path).name}…")
+        self.memory_dock.on_model_loading(Path(ev.path).name)
         self.composer.set_ready(False, "The model is loading")
         self._update_hints(f"Loading {Path(ev.path).name}…")
 
@@ -336,6 +343,11 @@ class MainWindow(QMainWindow):
         if self.controller.current_id:
             self.sidebar.delete(self.controller.current_id)
 
+    def _say_deleted(self, _conversation_id: str) -> None:
+        self.statusBar().showMessage(
+            f"{self.sidebar.undo_label.text()}. Ctrl+Z or Undo (under the chats) brings it back.", UNDO_SECONDS * 1000
+        )
+
     def edit_chat_prompt(self) -> None:
         """This conversation's own system prompt (empty: use the one from Settings)."""
         cid = self.controller.current_id
@@ -393,7 +405,8 @@ class MainWindow(QMainWindow):
     def _on_current_changed(self, conversation_id: str) -> None:
         self.composer.switch_draft(conversation_id or None)
         self.sidebar.select(conversation_id or None)
-        self.memory_dock.on_current_chat(conversation_id or None)
+        replies = [m for m in self.controller.stored_messages() if m.role == "assistant"]
+        self.memory_dock.on_current_chat(conversation_id or None, replies[-1].note if replies else "")
         self.bridge.open_chat(conversation_id or None)  # on the SSD: restored before the next turn
         self._check_chat_pictures()
 
@@ -435,7 +448,7 @@ class MainWindow(QMainWindow):
         self._turn_t0.pop(ev.turn_id, None)
         if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
             self.status.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
-        self.memory_dock.on_turn_stats(ev.stats)
+        self.memory_dock.on_turn_stats(ev.stats, ev.conversation_id)
         if ev.conversation_id == self.controller.current_id:
             self._check_chat_pictures()  # its pictures are encoded and cached now
 
@@ -505,7 +518,7 @@ class MainWindow(QMainWindow):
         self.sidebar.new_button.setIcon(icon("new-chat"))
 
     def show_about(self) -> None:
-        QMessageBox.about(self, "About Parley", "Parley — chat with a local vision-language model about pictures.")
+        QMessageBox.about(self, "About Parley", about_text(self.data_dir))
 
     # ------------------------------------------------------------ layout and closing
 
@@ -539,6 +552,31 @@ class MainWindow(QMainWindow):
         self.bridge.shutdown()
         self.history.close()
         self.prefs.sync()
+
+
+def about_text(data_dir: Path) -> str:
+    """The version and what it runs on: what a bug report needs, copied from Help ▸ About."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    import PySide6
+
+    runs_on = " · ".join(
+        [f"PySide6 {PySide6.__version__}"] + [f"{name} {of(name)}" for name in ("torch", "transformers")]
+    )
+    return (
+        f"<p><b>Parley {__version__}</b></p>"
+        "<p>Chat with a local vision-language model about pictures.</p>"
+        f"<p>Python {platform.python_version()} · {runs_on}<br>"
+        f"Data folder: {html.escape(str(data_dir))}</p>"
+    )
 
 
 def _application() -> QApplication:

@@ -16,11 +16,11 @@ from dataclasses import asdict
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QDockWidget,
     QFormLayout,
     QGridLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QPushButton,
     QScrollArea,
@@ -46,6 +46,9 @@ from .memory_marks import ChatMemoryMarks, where_brief, where_words
 from .sizes import exact_bytes, human_bytes
 from .turn_line import turn_line
 
+# An 800-px-wide window holds the sidebar, the conversation and this dock side by side (see
+# main_window.CHAT_MIN_WIDTH); wider windows give the dock more (380 px at the start).
+DOCK_MIN_WIDTH = 190
 COMPONENT_NAMES = {
     "language_model": "Language model weights",
     "vision_encoder": "Vision encoder",
@@ -82,14 +85,15 @@ STORE_DETAILS = [
 ]
 STORE_KEYS = STORE_MAIN + STORE_DETAILS
 # the image gate's counters
+# (listed in this order: a counter the engine gained since follows, named from its key)
 PICTURE_COUNTERS = {
     "hits": "Pictures found in the cache",
-    "ram_hits": "… in memory",
-    "disk_hits": "… on disk",
+    "ram_hits": "Pictures found in memory",
+    "disk_hits": "Pictures found on disk",
     "misses": "Pictures not in the cache",
     "encodes": "Pictures encoded",
-    "encoder_loads": "Times the encoder loaded",
-    "encoder_unloads": "Times the encoder unloaded",
+    "encoder_loads": "Encoder loaded for new pictures",
+    "encoder_unloads": "Encoder unloaded to free memory",
     "image_cache_ram_entries": "Pictures cached in memory",
     "image_cache_disk_entries": "Pictures cached on disk",
     "image_cache_evictions": "Pictures dropped from memory (cache full)",
@@ -102,11 +106,11 @@ TURN_KEYS = [
     ("restore_s", "Restoring from SSD", "s"),
     ("first_token_s", "First word after", "s"),
     ("tokens_per_s", "Speed", "tok/s"),
-    ("draft_acceptance", "Drafted words kept", "%"),
+    ("draft_acceptance", "Words guessed ahead", "%"),
     ("prompt_tokens", "Prompt tokens", ""),
-    ("reused_tokens", "… already in memory", ""),
-    ("restored_tokens", "… restored from SSD", ""),
-    ("prefill_tokens", "… read now", ""),
+    ("reused_tokens", "Prompt tokens already in memory", ""),
+    ("restored_tokens", "Prompt tokens restored from SSD", ""),
+    ("prefill_tokens", "Prompt tokens read now", ""),
     ("generated_tokens", "Reply tokens", ""),
     ("image_cache_hits", "Pictures from the cache", ""),
     ("image_cache_misses", "Pictures encoded", ""),
@@ -122,6 +126,13 @@ def _ago(seconds: float) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)} min ago"
     return f"{seconds / 3600:.1f} h ago"
+
+
+def _counted(key: str, count) -> str:
+    """A count in words where its name is an event: "1 time", "2 times"."""
+    if key.startswith("encoder_") and isinstance(count, int):
+        return "1 time" if count == 1 else f"{count:,} times"
+    return _num(count)
 
 
 def _num(v) -> str:
@@ -155,7 +166,9 @@ class _Rows:
             label.setObjectName(f"value_{key}")
             label.setWordWrap(True)
             self.labels[key] = label
-            self.form.addRow(title, label)
+            name = QLabel(title)
+            name.setWordWrap(True)  # a long name ("Not written again …") wraps in a narrow dock
+            self.form.addRow(name, label)
         if label.text() != text:
             label.setText(text)
         label.setToolTip(tooltip)
@@ -182,7 +195,9 @@ class MemoryDock(QDockWidget):
         self._idle_stamp = time.monotonic()
         self.spill_states: dict[str, SpillState] = {}
         self.last_spill: tuple[float, str, str] | None = None  # (when, conversation, detail)
-        self.last_stats: TurnStats | None = None  # the latest finished turn's
+        self.last_stats: TurnStats | None = None  # the open chat's latest turn (this session)
+        self.turn_stats: dict[str, TurnStats] = {}  # conversation id -> its latest turn's stats
+        self.stored_line = ""  # the open chat's last reply line from history (before any turn now)
         self.api_state, self.api_detail = "off", ""
         self.api_activity: dict = {}
         self._dirty = False
@@ -207,7 +222,8 @@ class MemoryDock(QDockWidget):
         self.encoder.setObjectName("encoderLabel")
         self.chat_words = self.words.labels["chat"]
         lay.addWidget(words)
-        buttons = QHBoxLayout()
+        # side by side, or one above the other when the dock is too narrow for both
+        self.buttons = buttons = QBoxLayout(QBoxLayout.Direction.LeftToRight)
         self.unload = QPushButton("Unload encoder")
         self.unload.setToolTip("Give the vision encoder's memory back now; a new picture loads it again")
         self.unload.setEnabled(False)  # until the engine reports a resident encoder
@@ -287,7 +303,7 @@ class MemoryDock(QDockWidget):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(270)  # values wrap under their names; the dock yields to the chat first
+        scroll.setMinimumWidth(DOCK_MIN_WIDTH)  # values wrap under their names; the dock yields to the chat first
         scroll.setWidget(body)
         self.setWidget(scroll)
 
@@ -329,16 +345,24 @@ class MemoryDock(QDockWidget):
             self.last_spill = (time.time(), s.conversation_id, s.detail)
         self._dirty = True
 
-    def on_turn_stats(self, stats: TurnStats) -> None:
+    def on_turn_stats(self, stats: TurnStats, conversation_id: str | None = None) -> None:
         """The built-in engine's turns only: a server's turn says nothing of this machine's memory
-        (the server dock shows it), and its figures would sit next to the last local ones."""
+        (the server dock shows it), and its figures would sit next to the last local ones.
+        "Last turn" is the open chat's: another chat's turn is kept for when that chat is opened."""
         if not isinstance(stats, LocalTurnStats):
             return
-        self.last_stats = stats
+        if conversation_id is not None:
+            self.turn_stats[conversation_id] = stats
+        if conversation_id is None or conversation_id == self.current_id:
+            self.last_stats = stats
         self._dirty = True
 
-    def on_current_chat(self, conversation_id: str | None) -> None:
+    def on_current_chat(self, conversation_id: str | None, stored_line: str = "") -> None:
+        """The chat the window shows; `stored_line` is its last reply's line from history, shown as
+        "Last turn" until a turn of this session replaces it."""
         self.current_id = conversation_id or None
+        self.last_stats = self.turn_stats.get(conversation_id) if conversation_id else None
+        self.stored_line = stored_line
         self._dirty = True
 
     def on_api_state(self, state: str, detail: str) -> None:
@@ -350,10 +374,22 @@ class MemoryDock(QDockWidget):
         self.api_activity = dict(snapshot)
         self._dirty = True
 
+    def on_model_loading(self, name: str) -> None:
+        self.model_words = f"loading {name}…"
+        self._dirty = True
+
     def on_model(self, device: str, name: str, dtype: str = "") -> None:
         self.device.setText(f"{name} on {device}")
         self.model_words = f"{name}, {dtype} on {device}" if dtype else f"{name} on {device}"
         self._dirty = True
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        room = self.widget().width() - 16 - self.buttons.spacing()  # the body's margins
+        side_by_side = self.unload.sizeHint().width() + self.spill.sizeHint().width() <= room
+        direction = QBoxLayout.Direction.LeftToRight if side_by_side else QBoxLayout.Direction.TopToBottom
+        if self.buttons.direction() != direction:
+            self.buttons.setDirection(direction)
 
     def stop(self) -> None:
         """No more refreshes or polls (the window is closing)."""
@@ -389,8 +425,13 @@ class MemoryDock(QDockWidget):
             for k, v in r.components.items():
                 self._legend(k, int(v))
             self.store_rows.set("store_state", "State", r.store_status or "in use")
-            for key, count in sorted(r.counters.items()):
-                self.counter_rows.set(key, PICTURE_COUNTERS.get(key, key.replace("_", " ")), _num(count))
+            order = list(PICTURE_COUNTERS)
+            for key, count in sorted(
+                r.counters.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])
+            ):
+                self.counter_rows.set(
+                    key, PICTURE_COUNTERS.get(key, key.replace("_", " ").capitalize()), _counted(key, count)
+                )
             known = {k for k, _, _ in STORE_KEYS}
             for key, v in sorted(store.items()):
                 if key not in known:  # a counter the store gained since this list was written
@@ -415,8 +456,9 @@ class MemoryDock(QDockWidget):
         for key, title, unit in TURN_KEYS:
             if key in st:
                 v = st[key]
-                if unit == "%":  # a share of draft tokens the model kept (prompt-lookup decoding)
-                    text = f"{v * 100:.0f} % of {_num(st.get('draft_tokens', 0))}"
+                if unit == "%":  # prompt-lookup decoding: words guessed from the prompt, and how many the model kept
+                    drafted = int(st.get("draft_tokens", 0))
+                    text = f"{drafted:,}, {round(v * drafted):,} kept ({v * 100:.0f} %)" if drafted else "none"
                 elif unit == "s":
                     text = f"{v * 1000:.1f} ms"
                 else:
@@ -437,7 +479,7 @@ class MemoryDock(QDockWidget):
         self.words.set("chat", "This chat", self._chat_words())
         self.words.set("store", "SSD store", self._store_words(r, store))
         last = self.last_stats
-        self.words.set("turn", "Last turn", turn_line(last) if last is not None else "—")
+        self.words.set("turn", "Last turn", turn_line(last) if last is not None else (self.stored_line or "—"))
 
     def _chat_words(self) -> str:
         chat = self.marks.chat(self.current_id) if self.current_id else None

@@ -21,6 +21,7 @@ from PySide6.QtGui import (
     QFontMetrics,
     QPainter,
     QPalette,
+    QTextCursor,
     QTextDocument,
 )
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QToolTip
@@ -84,6 +85,10 @@ class MessageDelegate(QStyledItemDelegate):
         self.offer_varied = False  # set through ChatView.offer_varied_regenerate
         # picture digest -> (badge word, tooltip) or None: memory_marks.PictureMarkBook.words
         self.picture_words: Callable[[str], tuple[str, str] | None] = lambda digest: None
+        # text selected with the mouse, within one message: (message id, anchor, position) in the
+        # message's document; painted by paint(), copied by ChatView (Ctrl+C, context menu)
+        self.selection: tuple[int, int, int] | None = None
+        self._selecting = False
 
     def clear_caches(self) -> None:
         self._docs.clear()
@@ -285,6 +290,12 @@ class MessageDelegate(QStyledItemDelegate):
             painter.translate(geo.doc_origin)
             ctx = QAbstractTextDocumentLayout.PaintContext()
             ctx.palette.setColor(QPalette.ColorRole.Text, text)
+            if self.selection is not None and self.selection[0] == mid:
+                chosen = QAbstractTextDocumentLayout.Selection()
+                chosen.cursor = self._cursor(geo.doc, self.selection)
+                chosen.format.setBackground(pal.color(QPalette.ColorRole.Highlight))
+                chosen.format.setForeground(pal.color(QPalette.ColorRole.HighlightedText))
+                ctx.selections = [chosen]
             geo.doc.documentLayout().draw(painter, ctx)
             painter.restore()
         elif it.streaming and not it.pictures:
@@ -380,8 +391,80 @@ class MessageDelegate(QStyledItemDelegate):
                 return rect
         return None
 
+    # ------------------------------------------------------------ selecting text with the mouse
+
+    @staticmethod
+    def _cursor(doc: QTextDocument, selection: tuple[int, int, int]) -> QTextCursor:
+        last = max(0, doc.characterCount() - 1)
+        cursor = QTextCursor(doc)
+        cursor.setPosition(min(selection[1], last))
+        cursor.setPosition(min(selection[2], last), QTextCursor.MoveMode.KeepAnchor)
+        return cursor
+
+    def selected_text(self) -> str:
+        """The text selected with the mouse (plain, as it reads), or ""."""
+        if self.selection is None:
+            return ""
+        row = next((i for i, it in enumerate(self._view.msg_model._items) if it.id == self.selection[0]), None)
+        if row is None:
+            return ""
+        doc = self.geometry(self._view.msg_model.index(row)).doc
+        return self._cursor(doc, self.selection).selection().toPlainText() if doc is not None else ""
+
+    def clear_selection(self) -> None:
+        if self.selection is not None:
+            self.selection = None
+            self._view.viewport().update()
+
+    def _text_position(self, geo: Geometry, pos: QPointF, exact: bool) -> int:
+        """The document position under `pos` (item coordinates); -1 off the text when `exact`."""
+        if geo.doc is None or not geo.doc.characterCount() > 1:
+            return -1
+        accuracy = Qt.HitTestAccuracy.ExactHit if exact else Qt.HitTestAccuracy.FuzzyHit
+        inside = geo.bubble.contains(pos)
+        return geo.doc.documentLayout().hitTest(pos - geo.doc_origin, accuracy) if inside or not exact else -1
+
+    def _select_event(self, event, t, index, pos: QPointF, mid: int) -> bool:
+        """Press, drag and double-click on a message's text select it, as in any text view."""
+        geo = self.geometry(index)
+        if t == QEvent.Type.MouseButtonPress and event.button() == Qt.MouseButton.LeftButton:
+            at = self._text_position(geo, pos, exact=False) if geo.bubble.contains(pos) else -1
+            self.selection = (mid, at, at) if at >= 0 else None
+            self._selecting = at >= 0
+            self._view.viewport().update()
+            return False  # a press on a link or a picture still acts on release
+        if t == QEvent.Type.MouseButtonDblClick and event.button() == Qt.MouseButton.LeftButton:
+            at = self._text_position(geo, pos, exact=False) if geo.bubble.contains(pos) else -1
+            if at < 0 or geo.doc is None:
+                return False
+            cursor = QTextCursor(geo.doc)
+            cursor.setPosition(at)
+            cursor.select(QTextCursor.SelectionType.WordUnderCursor)
+            self.selection = (mid, cursor.anchor(), cursor.position())
+            self._selecting = False
+            self._view.viewport().update()
+            return True
+        if t == QEvent.Type.MouseMove and self._selecting and event.buttons() & Qt.MouseButton.LeftButton:
+            if self.selection is not None and self.selection[0] == mid:
+                at = self._text_position(geo, pos, exact=False)
+                if at >= 0 and at != self.selection[2]:
+                    self.selection = (mid, self.selection[1], at)
+                    self._view.viewport().update()
+            return True
+        return False
+
     def editorEvent(self, event, model, option, index) -> bool:
         t = event.type()
+        mouse = (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick, QEvent.Type.MouseMove)
+        if t in mouse:
+            item_pos = event.position() - QPointF(option.rect.topLeft())
+            if self._select_event(event, t, index, item_pos, self._item(index)[0].id):
+                return True
+        if t == QEvent.Type.MouseButtonRelease and self._selecting:
+            self._selecting = False
+            if self.selection is not None and self.selection[1] != self.selection[2]:
+                return True  # the end of a drag, not a click on what lies under it
+            self.selection = None
         if t not in (QEvent.Type.MouseButtonRelease, QEvent.Type.MouseMove):
             return False
         pos = event.position() - QPointF(option.rect.topLeft())
@@ -393,8 +476,11 @@ class MessageDelegate(QStyledItemDelegate):
                 self.hover = hover
                 self._view.viewport().update()
             pointing = what is not None
+            on_text = self._text_position(self.geometry(index), pos, exact=True) >= 0
             self._view.viewport().setCursor(
-                Qt.CursorShape.PointingHandCursor if pointing else Qt.CursorShape.ArrowCursor
+                Qt.CursorShape.PointingHandCursor
+                if pointing
+                else (Qt.CursorShape.IBeamCursor if on_text else Qt.CursorShape.ArrowCursor)
             )
             return False
         if event.button() != Qt.MouseButton.LeftButton or what is None:

@@ -18,7 +18,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData
 from PySide6.QtGui import QImage
 
 from engine.pictures import parts
-from engine.pictures.attach import AttachmentKind, attach, kind_of
+from engine.pictures.attach import AttachmentKind, attach, kind_of, not_attachable
 from engine.pictures.document import MAX_DOCUMENT_BYTES, Document
 from engine.pictures.file import MAX_PIXELS, Cancelled, PictureError, check, decode_work
 from engine.pictures.video import FrameSampling, Video
@@ -117,7 +117,12 @@ class PictureIntake:
             data = p.read_bytes()
         except OSError as exc:
             raise PictureRejected(f"{name} cannot be read ({exc.strerror or exc})") from None
-        check_picture_bytes(data, name)
+        try:
+            check_picture_bytes(data, name)
+        except PictureRejected as exc:  # a file attached can be a PDF or a video too: say so
+            if "is not a picture" in str(exc):
+                raise PictureRejected(not_attachable(name)) from None
+            raise
         ref = self.history.add_picture_bytes(data, p.suffix)  # the bytes just checked; no second read
         return self._attachment(ref, name)
 

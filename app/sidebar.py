@@ -3,6 +3,7 @@ marks where that chat's memory is (in memory, on SSD, restoring…, not cached: 
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -109,6 +110,17 @@ class ConversationListModel(QAbstractListModel):
         return None
 
 
+def elide_title(title: str, fm: QFontMetrics, width: int) -> str:
+    """A title cut at its end, as a sentence is read ("What shape is on th…"); the number that
+    tells two chats named alike apart stays ("What shape is on… (2)")."""
+    if fm.horizontalAdvance(title) <= width:
+        return title
+    m = re.search(r" \(\d+\)$", title)
+    suffix = m.group(0) if m else ""
+    head = title[: len(title) - len(suffix)]
+    return fm.elidedText(head, Qt.TextElideMode.ElideRight, max(0, width - fm.horizontalAdvance(suffix))) + suffix
+
+
 class TwoLineDelegate(QStyledItemDelegate):
     def sizeHint(self, option, index) -> QSize:
         fm = QFontMetrics(option.font)
@@ -133,8 +145,7 @@ class TwoLineDelegate(QStyledItemDelegate):
         f = QFont(option.font)
         f.setBold(True)
         painter.setFont(f)
-        # elided in the middle: two chats named alike differ at the end ("… (2)")
-        title = QFontMetrics(f).elidedText(index.data() or "", Qt.TextElideMode.ElideMiddle, r.width())
+        title = elide_title(index.data() or "", QFontMetrics(f), r.width())
         painter.drawText(QRect(r.left(), r.top(), r.width(), fm.height()), Qt.AlignmentFlag.AlignLeft, title)
         painter.setFont(option.font)
         line = QRect(r.left(), r.top() + fm.height() + 2, r.width(), fm.height())
@@ -230,6 +241,7 @@ class Sidebar(QWidget):
         ub.setContentsMargins(8, 4, 4, 4)
         self.undo_label = QLabel()
         self.undo_button = QPushButton("Undo")
+        self.undo_button.setToolTip("Bring the deleted chat back (Ctrl+Z)")
         self.undo_button.clicked.connect(self.undo_delete)
         ub.addWidget(self.undo_label, 1)
         ub.addWidget(self.undo_button)
@@ -301,8 +313,8 @@ class Sidebar(QWidget):
         row = self.model.row_of(conversation_id)
         title = self.model.rows[row].title if row is not None else "chat"
         self._deleted.append((conversation_id, title))
+        self.undo_label.setText(f"Deleted “{title}”")  # before the signal: the window repeats it
         self.deleteRequested.emit(conversation_id)
-        self.undo_label.setText(f"Deleted “{title}”")
         self.undo_bar.show()
         self._undo_timer.start(UNDO_SECONDS * 1000)
 

@@ -18,6 +18,27 @@ if TYPE_CHECKING:  # types only: the window builds both
     from .sidebar import Sidebar
 
 
+class StatusBar(QStatusBar):
+    """A status bar whose passing messages end before its permanent labels: a long message is
+    cut with "…" (the whole of it in the tooltip) instead of being drawn under "Built-in engine"."""
+
+    def showMessage(self, text: str, timeout: int | None = 0) -> None:
+        room = self.message_room()
+        fm = self.fontMetrics()
+        shown = text if fm.horizontalAdvance(text) <= room else fm.elidedText(text, Qt.TextElideMode.ElideRight, room)
+        self.setToolTip(text if shown != text else "")
+        super().showMessage(shown, timeout or 0)
+
+    def message_room(self) -> int:
+        """Pixels from the bar's left edge to its first shown permanent label, less a gap."""
+        lefts = [
+            w.geometry().left()
+            for w in self.findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly)
+            if w.isVisible() and w.geometry().left() > 0
+        ]
+        return max(0, min(lefts, default=self.width()) - 16)
+
+
 class StatusLine:
     """Busy bar, API address, engine, model, device and speed, right-aligned in the status bar."""
 

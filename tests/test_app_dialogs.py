@@ -141,3 +141,19 @@ def test_run_app_loads_the_model_and_closes_cleanly(qtbot, tmp_path, tiny_model)
     assert seen == {"title": "Parley", "desktop": "parley", "model": seen["model"], "icon": True}
     assert "llava" in seen["model"]
     assert (tmp_path / "data" / "history.sqlite3").is_file()
+
+
+def test_about_says_the_version_and_what_it_runs_on(tmp_path):
+    """Issue 40: About showed no version."""
+    import re
+    from pathlib import Path
+
+    import app
+    from app.main_window import about_text
+
+    text = about_text(tmp_path / "my <data>")
+    assert f"Parley {app.__version__}" in text and re.fullmatch(r"\d+\.\d+\.\d+", app.__version__)
+    assert "PySide6 6." in text and "torch 2." in text and "transformers 5." in text
+    assert "my &lt;data&gt;" in text  # a folder name is shown as text, never as markup
+    spec = (Path(__file__).resolve().parents[1] / "packaging" / "parley.spec").read_text()
+    assert f'"CFBundleShortVersionString": "{app.__version__}"' in spec  # one version everywhere

@@ -105,3 +105,84 @@ def test_the_narrow_dock_and_sidebar_need_no_sideways_scrolling(make_window, qtb
     scroll = w.memory_dock.widget()
     assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width()
     assert not w.sidebar.list.horizontalScrollBar().isVisible()
+
+
+def _inside(w, widget) -> bool:
+    """`widget` lies wholly inside the window's visible area."""
+    from PySide6.QtCore import QRect
+
+    top_left = widget.mapTo(w, widget.rect().topLeft())
+    return w.rect().contains(QRect(top_left, widget.size()))
+
+
+def _uncovered(w, widget) -> bool:
+    """No part of the memory dock lies over `widget`."""
+    from PySide6.QtCore import QRect
+
+    if not w.memory_dock.isVisible():
+        return True
+    dock = QRect(w.memory_dock.mapTo(w, w.memory_dock.rect().topLeft()), w.memory_dock.size())
+    mine = QRect(widget.mapTo(w, widget.rect().topLeft()), widget.size())
+    return not dock.intersects(mine)
+
+
+def test_an_800x500_window_keeps_send_in_sight_with_the_dock_shown_hidden_and_shown(make_window, qtbot):
+    """Issue 40: at 800×500 the dock covered the chat and Send; after Ctrl+M twice the window's
+    content ran past its right edge (the three parts needed 870 px)."""
+    from app.composer_edit import PLACEHOLDERS
+
+    w = make_window(load=False)
+    toggle = w.memory_dock.toggleViewAction()
+    for step in ("shown", "hidden", "shown again"):
+        if step != "shown":
+            toggle.trigger()
+        w.resize(800, 500)
+        qtbot.waitUntil(lambda: w.size() == QSize(800, 500))
+        QApplication.processEvents()
+        assert w.memory_dock.isVisible() == (step != "hidden")
+        assert w.minimumSizeHint().width() <= 800, step  # the window need not be wider than the screen
+        for part in (w.composer.send, w.composer.edit, w.composer.attach, w.chat, w.sidebar.search):
+            assert part.isVisible() and _inside(w, part) and _uncovered(w, part), (step, part)
+        assert w.chat.width() >= CHAT_MIN_WIDTH
+        # the composer's hint fits its one line instead of being cut in half
+        edit = w.composer.edit
+        assert edit.placeholderText() in PLACEHOLDERS
+        assert edit.fontMetrics().horizontalAdvance(edit.placeholderText()) <= edit.viewport().width()
+        # the dock's words wrap rather than run past its right edge
+        scroll = w.memory_dock.widget()
+        if w.memory_dock.isVisible():
+            assert scroll.widget().minimumSizeHint().width() <= scroll.viewport().width(), step
+
+
+def test_a_long_chat_title_is_cut_at_its_end_and_keeps_its_number(qapp):
+    from PySide6.QtGui import QFontMetrics
+
+    from app.sidebar import elide_title
+
+    fm = QFontMetrics(qapp.font())
+    title = "What shape is on the left side of the second picture? (2)"
+    width = fm.horizontalAdvance("What shape is on the left")
+    cut = elide_title(title, fm, width)
+    assert cut.startswith("What shape is") and cut.endswith("… (2)") and fm.horizontalAdvance(cut) <= width
+    assert elide_title("Short", fm, width) == "Short"
+
+
+def test_a_long_status_message_ends_before_the_engine_label(make_window, qtbot):
+    """Issue 40: "…More varied samples a different one." ran into "Built-in engine"."""
+    w = make_window()
+    w.resize(900, 600)
+    qtbot.waitUntil(lambda: w.width() == 900)
+    QApplication.processEvents()
+    long = (
+        "The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its most likely "
+        "words each time. More varied samples a different one."
+    )
+    w.statusBar().showMessage(long, 12000)
+    shown = w.statusBar().currentMessage()
+    engine = w.engines.label
+    assert engine.isVisible()
+    assert shown.endswith("…") and long.startswith(shown[:-1])
+    assert w.statusBar().fontMetrics().horizontalAdvance(shown) < engine.geometry().left()
+    assert w.statusBar().toolTip() == long  # the whole message is still there to read
+    w.statusBar().showMessage("Copied", 1500)  # a short one is shown whole
+    assert w.statusBar().currentMessage() == "Copied"

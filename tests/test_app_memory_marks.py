@@ -111,7 +111,7 @@ def test_selecting_a_spilled_chat_after_a_restart_restores_it_before_any_turn(ma
     stats = w2.memory_dock.last_stats
     assert stats.restored_tokens > 0 and stats.reused_tokens == 0
     w2.memory_dock.refresh_now()
-    rows = w2.memory_dock.turn_rows.labels  # "… restored from SSD", never "Reused tokens 0" alone
+    rows = w2.memory_dock.turn_rows.labels  # "Prompt tokens restored from SSD", never "Reused tokens 0" alone
     assert rows["restored_tokens"].text() == f"{stats.restored_tokens:,}" and rows["reused_tokens"].text() == "0"
     assert w2.memory_dock.words.labels["turn"].text() == reply.note
 
@@ -165,3 +165,75 @@ def test_pictures_say_whether_they_are_cached_and_a_new_one_wakes_the_encoder_ea
     assert line.startswith("Continued ") and " tokens from memory" in line and " · new picture encoded in " in line
     assert ", the other from cache" in line
     qtbot.waitUntil(lambda: picture_mark(w, 2) is not None and picture_mark(w, 2)[0] == "cached", timeout=TIMEOUT_MS)
+
+
+def _rows(rows) -> list[tuple[str, str]]:
+    """(name, value) of a dock section's rows, top to bottom."""
+    form = rows.form
+    out = []
+    for i in range(form.rowCount()):
+        name = form.itemAt(i, form.ItemRole.LabelRole)
+        value = form.itemAt(i, form.ItemRole.FieldRole)
+        if name is not None and value is not None:
+            out.append((name.widget().text(), value.widget().text()))
+    return out
+
+
+def test_the_dock_speaks_of_the_open_chat_in_plain_words(make_window, qtbot, tmp_path, tiny_model):
+    """Issue 40: "Last turn" showed another chat's turn; counters read "Times the encoder loaded 1",
+    an unlabelled "… on disk 0" and "Drafted words kept 0 % of 7"; after a restart "Last turn" was
+    empty; and the dock said "No model loaded" while the model loaded."""
+    import re
+
+    data = tmp_path / "data"
+    w = make_window(data_dir=data, max_new_tokens=6, load=False)
+    dock = w.memory_dock
+    with qtbot.waitSignal(w.bridge.modelLoading, timeout=TIMEOUT_MS):
+        w.load_model(str(tiny_model("llava")))
+    dock.refresh_now()
+    assert dock.words.labels["model"].text().startswith("loading ")  # said when the status bar says it
+    qtbot.waitUntil(lambda: w.model_ready, timeout=TIMEOUT_MS)
+    dock.refresh_now()
+    assert w.model_name and dock.words.labels["model"].text().startswith(w.model_name)
+    assert "No model" not in dock.device.text()
+
+    w.composer.take_files([str(make_picture(tmp_path / "a.png", seed=2))])
+    send(qtbot, w, "first chat")
+    wait_reply(qtbot, w)
+    a, a_line = w.controller.current_id, w.messages.items()[-1].note
+    w.new_chat()
+    send(qtbot, w, "second chat")
+    wait_reply(qtbot, w)
+    b, b_line = w.controller.current_id, w.messages.items()[-1].note
+    assert a_line and b_line and a_line != b_line
+    dock.refresh_now()
+    assert dock.words.labels["turn"].text() == b_line
+    click_chat(qtbot, w, a)
+    dock.refresh_now()
+    assert dock.words.labels["turn"].text() == a_line  # the open chat's turn, not the latest of any chat
+
+    with qtbot.waitSignal(w.bridge.memoryReport, timeout=TIMEOUT_MS):
+        w.bridge.request_memory_report()
+    dock.refresh_now()
+    counters = _rows(dock.counter_rows)
+    names = [n for n, _ in counters]
+    assert names and not [n for n in names if n.startswith("…")]  # every row says what it counts
+    hits = names.index("Pictures found in the cache")
+    assert names[hits + 1 : hits + 3] == ["Pictures found in memory", "Pictures found on disk"]
+    for name, value in counters:
+        if name.startswith("Encoder "):
+            assert re.fullmatch(r"[\d,]+ times?", value), (name, value)
+    turn = dict(_rows(dock.turn_rows))
+    assert not [n for n in turn if n.startswith("…")]
+    if "Words guessed ahead" in turn:
+        assert re.fullmatch(r"none|[\d,]+, [\d,]+ kept \(\d+ %\)", turn["Words guessed ahead"])
+    w.shutdown()
+
+    again = make_window(data_dir=data, load=False)  # a relaunch: the lines come from history
+    again.memory_dock.refresh_now()
+    shown = {again.controller.current_id: again.memory_dock.words.labels["turn"].text()}
+    other = a if again.controller.current_id == b else b
+    click_chat(qtbot, again, other)
+    again.memory_dock.refresh_now()
+    shown[other] = again.memory_dock.words.labels["turn"].text()
+    assert shown == {a: a_line, b: b_line}

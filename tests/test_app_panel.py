@@ -36,15 +36,18 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     assert f"({report.components['vision_encoder']:,} B)" in w.memory_dock.component_text("vision_encoder")
     cid = w.controller.current_id
     assert report.sessions_kv[cid] > 0
-    title = w.history.get_conversation(cid).title  # named from its first reply (app/chat_titles.py)
+    title = w.history.get_conversation(cid).title  # named from its first question (app/chat_titles.py)
     assert f"{title}: " in w.memory_dock.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.memory_dock.kv.text()
     assert w.memory_dock.device.text() == report.device_name  # "CPU (x86_64)", not "… (cpu)" again
     assert w.memory_dock.bar.total == report.total_bytes
     # last turn timings arrived with TurnDone
     assert "tok/s" in w.memory_dock.turn_rows.labels["tokens_per_s"].text()
     taken = w.memory_dock.last_stats
+    kept = round(taken.draft_acceptance * taken.draft_tokens)
     assert w.memory_dock.turn_rows.labels["draft_acceptance"].text() == (
-        f"{taken.draft_acceptance * 100:.0f} % of {taken.draft_tokens}"
+        f"{taken.draft_tokens:,}, {kept:,} kept ({taken.draft_acceptance * 100:.0f} %)"
+        if taken.draft_tokens
+        else "none"
     )
     assert "ms" in w.memory_dock.turn_rows.labels["prefill_s"].text()
 
@@ -110,7 +113,7 @@ def test_panel_follows_events_through_the_bridge(make_window, qtbot):
     assert "2,048 B" in dock.store_details.labels["host_buffer_bytes"].text()
     assert dock.counter_rows.labels["hits"].text() == "3"
     titles = [dock.counter_rows.form.labelForField(label).text() for label in dock.counter_rows.labels.values()]
-    assert titles == ["Pictures found in the cache", "… in memory"]
+    assert titles == ["Pictures found in the cache", "Pictures found in memory"]
     assert "reused_blobs" not in dock.counter_rows.labels
     # disk-resident components are listed, not stacked in the device bar
     assert "image_cache_disk" not in dict(dock.bar.segments)

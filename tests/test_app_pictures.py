@@ -193,3 +193,15 @@ def test_a_picture_from_the_window_and_from_the_api_is_one_file(make_window, qtb
     assert w.history.picture_path(name).read_bytes() == pic.read_bytes()
     assert not w.history.pictures.is_transient(name)  # still the conversation's, whatever the API's cap
     assert not (w.data_dir / "api-pictures").exists()
+
+
+def test_a_file_of_no_kind_parley_takes_names_pdfs_and_videos_too(make_window, qtbot, tmp_path):
+    """Issue 40: the refusal listed only picture formats, though PDFs and videos are taken."""
+    w = make_window(load=False)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shopping: eggs, milk\n")
+    assert drop(w.composer.edit.viewport(), file_mime(notes))
+    problem = w.composer.problem.text()
+    assert w.composer.problem.isVisible() and "notes.txt is not a picture, PDF or video" in problem
+    assert "PNG" in problem and "PDF" in problem and "MP4" in problem
+    assert w.composer.attachments() == []

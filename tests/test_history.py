@@ -250,3 +250,17 @@ def test_a_damaged_stored_picture_is_healed_by_the_next_import(history, tmp_path
     history.picture_path(ref).write_bytes(data[:100])  # cut short outside Parley
     assert history.add_picture_bytes(data, ".png") == ref
     assert history.picture_path(ref).read_bytes() == data
+
+
+def test_a_search_snippet_begins_at_the_matched_word(history):
+    """Issue 40: the snippet began a third of its width before the match, and the sidebar, which
+    cuts it at the right, showed only the words before it."""
+    c = history.create_conversation("Long reply")
+    before = "The picture shows, from the left edge to the right one, several shapes drawn on paper:"
+    history.add_message(c.id, "assistant", f"{before}\na small\n\nTriangle-shaped kite and a blue circle further on.")
+    for query in ("triangle", "angle-sha", "tri"):  # a whole word, inside a word, a short (LIKE) query
+        snippet = history.search(query)[0].snippet
+        assert snippet.startswith("…Triangle-shaped kite and a blue circle"), (query, snippet)
+    # a match at the very start keeps the start, without a leading "…"
+    assert history.search("The picture")[0].snippet.startswith("The picture shows, from the left")
+    assert "\n" not in history.search("kite")[0].snippet

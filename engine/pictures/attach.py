@@ -75,6 +75,14 @@ def kind_of(path: str | Path) -> AttachmentKind:
     return AttachmentKind.PICTURE
 
 
+def not_attachable(name: str) -> str:
+    """The refusal for a file that is none of the kinds Parley takes: all of them named."""
+    return (
+        f"{name} is not a picture, PDF or video ({PICTURE_NAMES}; PDF; "
+        f"{', '.join(e[1:].upper() for e in VIDEO_EXTENSIONS[:4])}…)"
+    )
+
+
 def attach(path: str | Path, cancelled: Callable[[], bool] | None = None) -> Attachment:
     """Check a file someone attached and type it (one PictureError sentence when it cannot be
     used). `cancelled`: stops the hashing of a large PDF or video (file.Cancelled)."""
@@ -90,10 +98,7 @@ def attach(path: str | Path, cancelled: Callable[[], bool] | None = None) -> Att
         check(data, name)
     except PictureError as exc:
         if "is not a picture" in str(exc):
-            raise PictureError(
-                f"{name} is not a picture, PDF or video ({PICTURE_NAMES}; PDF; "
-                f"{', '.join(e[1:].upper() for e in VIDEO_EXTENSIONS[:4])}…)"
-            ) from None
+            raise PictureError(not_attachable(name)) from None
         raise
     return Attachment(kind, name, picture=PictureRef(str(p), digest_of(data)))
 

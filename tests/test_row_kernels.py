@@ -76,9 +76,11 @@ def _reference(fmt: str, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         blocks = x.double().reshape(len(x), -1, 32)
         scale = blocks.abs().amax(2, keepdim=True) / 127
         xq = (blocks / scale).round() * scale
-        q = m.nibbles.transpose(1, 2).long()  # (n, blocks, 16)
+        _, per, blocks = m.scales.shape  # `per` output rows side by side (Int4Weights)
+        q = m.nibbles.transpose(1, 2).reshape(-1, blocks, 16)[: m.out_features].long()
         values = torch.cat([q & 15, q >> 4], 2).double() - 8
-        w = (values * m.scales.view(torch.float16).double()[..., None]).reshape(m.out_features, -1)
+        scales = m.scales.reshape(-1, blocks)[: m.out_features].view(torch.float16).double()
+        w = (values * scales[..., None]).reshape(m.out_features, -1)[:, : x.shape[1]]
         y = xq.reshape(len(x), -1) @ w.T
     return y if m.bias is None else y + m.bias.double()
 
@@ -140,10 +142,10 @@ def test_int4_holds_q4_0s_bytes_and_rounding():
     q = Int4Weights.of(w)
     assert q.nbytes == 6 * 96 * 18 // 32  # 16 bytes of nibbles and a 2-byte scale per 32 weights
     want_q, want_d = _q4_0_reference(w.numpy())
-    nib = q.nibbles.transpose(1, 2).long()  # (n, blocks, 16)
+    nib = q.nibbles.transpose(1, 2).reshape(-1, 3, 16)[:6].long()  # (rows, blocks, 16)
     got_q = torch.cat([nib & 15, nib >> 4], 2).reshape(6, 96).numpy()
     assert np.array_equal(got_q, want_q)
-    assert np.array_equal(q.scales.view(torch.float16).float().numpy(), want_d)
+    assert np.array_equal(q.scales.reshape(-1, 3)[:6].view(torch.float16).float().numpy(), want_d)
 
 
 def test_int4_prompt_and_decoded_rows_compute_the_same_product(kernels):

@@ -101,7 +101,9 @@ def _int4_layer(weights: list[torch.Tensor], dtype: torch.dtype, kernels=None):
     def make() -> list[nn.Module]:
         return [
             row_kernels.Int4Linear(
-                row_kernels.Int4Weights(q.nibbles.clone(), q.scales.clone(), q.in_features), None, kernels
+                row_kernels.Int4Weights(q.nibbles.clone(), q.scales.clone(), q.in_features, q.out_features),
+                None,
+                kernels,
             )
             for q in quantized
         ]

@@ -98,36 +98,62 @@ def rows_int8(x, w, scale, out):
             out[r, j] = acc * scale[j]
 
 
-@serial
-def _int4_row(lo, hi, xd, q, d, s):
-    """One weight row's dot with one activation row in 4-bit x int8 blocks of 32.
-
-    q: the row's nibbles, uint8 (16, blocks): byte [i, b] holds weight i (low) and i + 16 (high)
-    of block b, each 0..15 standing for -8..7; d: the blocks' fp16 scales (bits); lo, hi: int16
-    (16, blocks), the activation row's int8 values matching the low and high nibbles; xd: fp32
-    per block. s: int16 scratch (blocks). A block's 32 products sum to at most 32 * 8 * 127 =
-    32512 in magnitude, so 16-bit lanes are exact; 16 of them per AVX2 instruction."""
-    blocks = q.shape[1]
-    for b in range(blocks):
-        s[b] = 0
-    for i in range(16):
-        for b in range(blocks):
-            v = np.int16(q[i, b])
-            s[b] = np.int16(s[b] + np.int16((v & 15) - 8) * lo[i, b] + np.int16((v >> 4) - 8) * hi[i, b])
-    acc = np.float32(0)
-    for b in range(blocks):
-        acc += np.float32(s[b]) * (_f16_to_f32(d[b]) * xd[b])
-    return acc
-
-
 @parallel
 def rows_int4(lo, hi, xd, q, d, out):
-    """q: uint8 (n, 16, blocks); d: int16 (n, blocks) fp16 bits; lo, hi: int16 (m, 16, blocks);
-    xd: fp32 (m, blocks). Output rows in chunks of 16 per thread task (one scratch each)."""
-    n, m = q.shape[0], lo.shape[0]
-    chunks = (n + 15) // 16
-    for c in prange(chunks):
-        s = np.empty(q.shape[2], np.int16)
-        for j in range(c * 16, min(n, c * 16 + 16)):
-            for r in range(m):
-                out[r, j] = _int4_row(lo[r], hi[r], xd[r], q[j], d[j], s)
+    """Rows of activations against 4-bit weights in int8 x int4 blocks of 32 (llama.cpp's Q4_0 x Q8_0).
+
+    q: uint8 (groups, 16, R * blocks): R output rows side by side, byte [g, i, c] holding weight i
+    (low nibble) and i + 16 (high) of block c % blocks of output row g * R + c // blocks, each
+    0..15 standing for -8..7. lo, hi:
+    int16 (m, 16, R * blocks), each activation row's int8 values matching the low and high
+    nibbles, repeated R times; xd: fp32 (m, blocks) the activation blocks' scales; d: their fp16
+    scales' bits, int16 (groups, R, blocks). out: (m, groups * R). A block's 32 products sum to at most 32 * 8 * 127 = 32512 in magnitude, so
+    16-bit lanes are exact: 16 per AVX2 instruction. R rows side by side make the vectorized loop
+    long enough to run at speed (1536 wide, 48 blocks, one row: 10.6 G weights/s a core, 8960
+    wide 17.2; 2-core AVX2 EPYC, in cache)."""
+    groups, m = q.shape[0], lo.shape[0]
+    width = q.shape[2]
+    per, blocks = d.shape[1], d.shape[2]
+    for g in prange(groups):
+        s = np.empty(width, np.int16)
+        sums = s.reshape(per, blocks)
+        for r in range(m):
+            for c in range(width):
+                s[c] = 0
+            for i in range(16):
+                for c in range(width):
+                    v = np.int16(q[g, i, c])
+                    s[c] = np.int16(s[c] + np.int16((v & 15) - 8) * lo[r, i, c] + np.int16((v >> 4) - 8) * hi[r, i, c])
+            for jj in range(per):
+                acc = np.float32(0)
+                for b in range(blocks):
+                    acc += np.float32(sums[jj, b]) * (_f16_to_f32(d[g, jj, b]) * xd[r, b])
+                out[r, g * per + jj] = acc
+
+
+@serial
+def quantize_int4_activations(x, lo, hi, xd):
+    """x: fp32 (m, k) -> int8 values per block of 32 (x times 1 / scale, scale = amax / 127,
+    rounded half to even: as row_kernels.fake_quantized_activations computes a prompt's) in lo/hi
+    (m, 16, per * blocks) int16, repeated `per` times as rows_int4 reads them, and the scales in
+    xd (m, blocks). Zero past k."""
+    m, k = x.shape
+    blocks = xd.shape[1]
+    per = lo.shape[2] // blocks
+    for r in range(m):
+        for b in range(blocks):
+            amax = np.float32(0)
+            for i in range(32):
+                c = b * 32 + i
+                if c < k:
+                    amax = max(amax, abs(x[r, c]))
+            scale = amax / np.float32(127)
+            xd[r, b] = scale
+            inverse = np.float32(1) / scale if scale > 0 else np.float32(0)
+            for i in range(16):
+                c = b * 32 + i
+                low = np.int16(np.round(x[r, c] * inverse)) if c < k else np.int16(0)
+                high = np.int16(np.round(x[r, c + 16] * inverse)) if c + 16 < k else np.int16(0)
+                for p in range(per):
+                    lo[r, i, p * blocks + b] = low
+                    hi[r, i, p * blocks + b] = high

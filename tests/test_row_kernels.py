@@ -209,3 +209,15 @@ def test_without_numba_torch_serves_and_one_line_says_so(tmp_path, tiny_model):
     assert sum("numba unavailable" in line and "torch's kernels run" in line for line in lines) == 1
     assert any(line.startswith("refused: int4 weights need numba's kernels") for line in lines)
     assert "fp32 loaded fp32" in lines
+
+
+def test_int4_decoded_rows_quantize_activations_exactly_as_prompts_do(kernels):
+    """The same int8 values and scales on both paths (numba's loop and torch's ops): a decoded
+    token's KV then differs from a prompt's only by the order of its additions."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(PROMPT_ROWS - 1, 1000, generator=g) * torch.logspace(-3, 2, 1000)  # 1000: not a multiple of 32
+    blocks = -(-1000 // 32)
+    lo, hi, xd = row_kernels.quantized_activations(x, blocks, 1, kernels)
+    q = torch.cat([torch.from_numpy(lo).transpose(1, 2), torch.from_numpy(hi).transpose(1, 2)], 2)  # (m, blocks, 32)
+    decoded = (q.float() * torch.from_numpy(xd)[..., None]).reshape(len(x), -1)[:, :1000]
+    assert torch.equal(decoded, row_kernels.fake_quantized_activations(x))

@@ -164,12 +164,8 @@ def load_model(
 
         speeds = speeds_for(config, speed_dir)
     plan = plan_weights(folder, family, dev, dtype, weights, free, speeds)
-    if plan.rows and row_kernels.load(speed_dir) is None:  # numba cannot serve here: one line logged
-        if plan.format == "int4":
-            raise ModelLoadError(
-                f"int4 weights need numba's kernels, which do not run here ({row_kernels.unavailable()})"
-            )
-        plan = replace(plan, rows=False)
+    if plan.rows:
+        row_kernels.prepare(speed_dir)  # ready by the time the weights are: joined below
     dt, fmt = plan.dtype, plan.format
     try:
         processor, processor_bytes = growth_during(lambda: AutoProcessor.from_pretrained(folder))
@@ -186,6 +182,12 @@ def load_model(
             )
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc
+    if plan.rows and row_kernels.load(speed_dir) is None:  # numba cannot serve here: one line logged
+        if plan.format == "int4":
+            raise ModelLoadError(
+                f"int4 weights need numba's kernels, which do not run here ({row_kernels.unavailable()})"
+            )
+        plan = replace(plan, rows=False)
     try:
         finish_load(model, plan, family, dev, elastic, speed_dir)
     except ModelLoadError:

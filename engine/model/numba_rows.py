@@ -51,87 +51,147 @@ def _f16_to_f32(typingctx, bits):
     return types.float32(bits), codegen
 
 
+# One output row's products per format (inlined into a parallel and a serial kernel, so both
+# compute a row with the very same loop).
+
+
+@serial
+def _f32(x, w, out, j):
+    for r in range(x.shape[0]):
+        acc = np.float32(0)
+        for i in range(x.shape[1]):
+            acc += x[r, i] * w[j, i]
+        out[r, j] = acc
+
+
+@serial
+def _bf16(x, w, out, j):
+    """w: bf16 weights' bits (int16)."""
+    for r in range(x.shape[0]):
+        acc = np.float32(0)
+        for i in range(x.shape[1]):
+            acc += x[r, i] * _bf16_to_f32(w[j, i])
+        out[r, j] = acc
+
+
+@serial
+def _f16(x, w, out, j):
+    """w: fp16 weights' bits (int16)."""
+    for r in range(x.shape[0]):
+        acc = np.float32(0)
+        for i in range(x.shape[1]):
+            acc += x[r, i] * _f16_to_f32(w[j, i])
+        out[r, j] = acc
+
+
+@serial
+def _int8(x, w, scale, out, j):
+    """w: int8 (n, k); scale: fp32 per output row."""
+    for r in range(x.shape[0]):
+        acc = np.float32(0)
+        for i in range(x.shape[1]):
+            acc += x[r, i] * np.float32(w[j, i])
+        out[r, j] = acc * scale[j]
+
+
+# Output rows split across threads (`prange`), and the same on the calling thread alone for small
+# weights: a parallel call costs a hand-off to numba's threads (60-80 us on the shared 2-core EPYC,
+# where 1536 x 256 fp32 weights take 33 us on one thread).
+
+
 @parallel
 def rows_f32(x, w, out):
-    m, k = x.shape
     for j in prange(w.shape[0]):
-        for r in range(m):
-            acc = np.float32(0)
-            for i in range(k):
-                acc += x[r, i] * w[j, i]
-            out[r, j] = acc
+        _f32(x, w, out, j)
+
+
+@serial
+def rows_f32_serial(x, w, out):
+    for j in range(w.shape[0]):
+        _f32(x, w, out, j)
 
 
 @parallel
 def rows_bf16(x, w, out):
-    """w: bf16 weights' bits (int16)."""
-    m, k = x.shape
     for j in prange(w.shape[0]):
-        for r in range(m):
-            acc = np.float32(0)
-            for i in range(k):
-                acc += x[r, i] * _bf16_to_f32(w[j, i])
-            out[r, j] = acc
+        _bf16(x, w, out, j)
+
+
+@serial
+def rows_bf16_serial(x, w, out):
+    for j in range(w.shape[0]):
+        _bf16(x, w, out, j)
 
 
 @parallel
 def rows_f16(x, w, out):
-    """w: fp16 weights' bits (int16)."""
-    m, k = x.shape
     for j in prange(w.shape[0]):
-        for r in range(m):
-            acc = np.float32(0)
-            for i in range(k):
-                acc += x[r, i] * _f16_to_f32(w[j, i])
-            out[r, j] = acc
+        _f16(x, w, out, j)
+
+
+@serial
+def rows_f16_serial(x, w, out):
+    for j in range(w.shape[0]):
+        _f16(x, w, out, j)
 
 
 @parallel
 def rows_int8(x, w, scale, out):
-    """w: int8 (n, k); scale: fp32 per output row."""
-    m, k = x.shape
     for j in prange(w.shape[0]):
-        for r in range(m):
+        _int8(x, w, scale, out, j)
+
+
+@serial
+def rows_int8_serial(x, w, scale, out):
+    for j in range(w.shape[0]):
+        _int8(x, w, scale, out, j)
+
+
+@serial
+def _int4(lo, hi, xd, q, d, out, g, s):
+    """Output rows g * R .. g * R + R - 1 for every activation row, in int8 x int4 blocks of 32
+    (llama.cpp's Q4_0 x Q8_0).
+
+    q: uint8 (groups, 16, R * blocks): R output rows side by side, byte [g, i, c] holding weight i
+    (low nibble) and i + 16 (high) of block c % blocks of output row g * R + c // blocks, each
+    0..15 standing for -8..7; d: their fp16 scales' bits, int16 (groups, R, blocks). lo, hi: int16
+    (m, 16, R * blocks), each activation row's int8 values matching the low and high nibbles,
+    repeated R times; xd: fp32 (m, blocks), the activation blocks' scales. out: (m, groups * R);
+    s: int16 scratch (R * blocks). A block's 32 products sum to at most 32 * 8 * 127 = 32512 in
+    magnitude, so 16-bit lanes are exact: 16 per AVX2 instruction. R rows side by side make the
+    vectorized loop long enough to run at speed (1536 wide, 48 blocks, one row: 10.6 G weights/s
+    a core, 8960 wide 17.2; 2-core AVX2 EPYC, in cache)."""
+    width = q.shape[2]
+    per, blocks = d.shape[1], d.shape[2]
+    sums = s.reshape(per, blocks)
+    for r in range(lo.shape[0]):
+        for c in range(width):
+            s[c] = 0
+        for i in range(16):
+            for c in range(width):
+                v = np.int16(q[g, i, c])
+                s[c] = np.int16(s[c] + np.int16((v & 15) - 8) * lo[r, i, c] + np.int16((v >> 4) - 8) * hi[r, i, c])
+        for jj in range(per):
             acc = np.float32(0)
-            for i in range(k):
-                acc += x[r, i] * np.float32(w[j, i])
-            out[r, j] = acc * scale[j]
+            for b in range(blocks):
+                acc += np.float32(sums[jj, b]) * (_f16_to_f32(d[g, jj, b]) * xd[r, b])
+            out[r, g * per + jj] = acc
 
 
 @parallel
 def rows_int4(lo, hi, xd, q, d, out):
-    """Rows of activations against 4-bit weights in int8 x int4 blocks of 32 (llama.cpp's Q4_0 x Q8_0).
-
-    q: uint8 (groups, 16, R * blocks): R output rows side by side, byte [g, i, c] holding weight i
-    (low nibble) and i + 16 (high) of block c % blocks of output row g * R + c // blocks, each
-    0..15 standing for -8..7. lo, hi:
-    int16 (m, 16, R * blocks), each activation row's int8 values matching the low and high
-    nibbles, repeated R times; xd: fp32 (m, blocks) the activation blocks' scales; d: their fp16
-    scales' bits, int16 (groups, R, blocks). out: (m, groups * R). A block's 32 products sum to at most 32 * 8 * 127 = 32512 in magnitude, so
-    16-bit lanes are exact: 16 per AVX2 instruction. R rows side by side make the vectorized loop
-    long enough to run at speed (1536 wide, 48 blocks, one row: 10.6 G weights/s a core, 8960
-    wide 17.2; 2-core AVX2 EPYC, in cache)."""
-    groups, m = q.shape[0], lo.shape[0]
-    width = q.shape[2]
-    per, blocks = d.shape[1], d.shape[2]
-    for g in prange(groups):
-        s = np.empty(width, np.int16)
-        sums = s.reshape(per, blocks)
-        for r in range(m):
-            for c in range(width):
-                s[c] = 0
-            for i in range(16):
-                for c in range(width):
-                    v = np.int16(q[g, i, c])
-                    s[c] = np.int16(s[c] + np.int16((v & 15) - 8) * lo[r, i, c] + np.int16((v >> 4) - 8) * hi[r, i, c])
-            for jj in range(per):
-                acc = np.float32(0)
-                for b in range(blocks):
-                    acc += np.float32(sums[jj, b]) * (_f16_to_f32(d[g, jj, b]) * xd[r, b])
-                out[r, g * per + jj] = acc
+    for g in prange(q.shape[0]):
+        _int4(lo, hi, xd, q, d, out, g, np.empty(q.shape[2], np.int16))
 
 
 @serial
+def rows_int4_serial(lo, hi, xd, q, d, out):
+    s = np.empty(q.shape[2], np.int16)
+    for g in range(q.shape[0]):
+        _int4(lo, hi, xd, q, d, out, g, s)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)  # no fastmath: x / 127 and 1 / scale exactly as torch's
 def quantize_int4_activations(x, lo, hi, xd):
     """x: fp32 (m, k) -> int8 values per block of 32 (x times 1 / scale, scale = amax / 127,
     rounded half to even: as row_kernels.fake_quantized_activations computes a prompt's) in lo/hi

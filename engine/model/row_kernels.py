@@ -44,7 +44,12 @@ log = logging.getLogger(__name__)
 LAYOUT = "numba-rows-v1"  # named in the KV store namespace: change it when a kernel's arithmetic changes
 CACHE_FOLDER = "numba-cache"  # under the data folder
 
+# weights smaller than this go through the serial kernels on the calling thread: handing a call to
+# numba's threads cost 60-80 us on the 2-core EPYC, what one thread takes for 1536 x 256 fp32
+# weights (33 us); a weight's kernel never depends on how many rows come, so rows stay independent
+SERIAL_BYTES = 2 << 20
 _lock = threading.Lock()
+_loading = threading.Lock()
 _state: dict[str, object] = {}  # "kernels": the compiled module, or "why": why there is none
 
 
@@ -55,10 +60,22 @@ def version() -> str:
         return "none"
 
 
+def prepare(data_dir: Path | str | None) -> None:
+    """Start load() on a thread of its own, so importing numba and reading its cache overlap the
+    model's load (0.4-0.5 s on the 2-core EPYC, most of it numba's import); load() joins it."""
+    if "kernels" not in _state and "why" not in _state and not _loading.locked():
+        threading.Thread(target=load, args=(data_dir,), name="numba-kernels", daemon=True).start()
+
+
 def load(data_dir: Path | str | None) -> ModuleType | None:
     """The compiled kernels (numba_rows), compiled or read from the cache in `data_dir` once per
     process; None, with one logged line saying why, where numba cannot serve. The compile (or
     cache read) time is logged: it is part of the model's startup."""
+    with _loading:
+        return _load(data_dir)
+
+
+def _load(data_dir: Path | str | None) -> ModuleType | None:
     if "kernels" in _state or "why" in _state:
         return _state.get("kernels")  # type: ignore[return-value]
     t0 = time.perf_counter()
@@ -96,28 +113,36 @@ def unavailable() -> str:
 
 
 def _warm_up(k: ModuleType) -> None:
-    """Compile (or load from the cache) every kernel for the argument types Parley passes, and
-    check each on a small product against numpy: a kernel that computes wrong on this CPU is
-    no kernel."""
+    """Compile (or load from the cache) every kernel, parallel and serial, for the argument types
+    Parley passes, and check each on a small product against numpy: a kernel that computes wrong
+    on this CPU is no kernel."""
     g = np.random.default_rng(0)
     x = g.standard_normal((2, 64), dtype=np.float32)
     w = g.standard_normal((8, 64), dtype=np.float32)
     checks: list[tuple[np.ndarray, np.ndarray]] = []
-    for fn, dtype in ((k.rows_f32, torch.float32), (k.rows_bf16, torch.bfloat16), (k.rows_f16, torch.float16)):
-        weight = torch.from_numpy(w).to(dtype)
+    for suffix in ("", "_serial"):
+        for name, dtype in (("rows_f32", torch.float32), ("rows_bf16", torch.bfloat16), ("rows_f16", torch.float16)):
+            weight = torch.from_numpy(w).to(dtype)
+            out = np.empty((2, 8), np.float32)
+            bits = weight.numpy() if dtype == torch.float32 else weight.view(torch.int16).numpy()
+            _call(getattr(k, name + suffix), x, bits, out)
+            checks.append((out, x.astype(np.float64) @ weight.double().numpy().T))
         out = np.empty((2, 8), np.float32)
-        _call(fn, x, weight.numpy() if dtype == torch.float32 else weight.view(torch.int16).numpy(), out)
-        checks.append((out, x.astype(np.float64) @ weight.double().numpy().T))
-    out = np.empty((2, 8), np.float32)
-    _call(k.rows_int8, x, np.ones((8, 64), np.int8), np.full(8, 0.5, np.float32), out)
-    checks.append((out, np.repeat(x.sum(1, keepdims=True) * 0.5, 8, 1)))
-    q = Int4Weights.of(torch.from_numpy(w))
-    out = np.empty((2, 8), np.float32)
-    q.rows(torch.from_numpy(x), out, k)
-    checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
+        _call(getattr(k, "rows_int8" + suffix), x, np.ones((8, 64), np.int8), np.full(8, 0.5, np.float32), out)
+        checks.append((out, np.repeat(x.sum(1, keepdims=True) * 0.5, 8, 1)))
+        q = Int4Weights.of(torch.from_numpy(w))
+        lo, hi, xd = quantized_activations(torch.from_numpy(x), q.blocks, q.per, k)
+        out = np.empty((2, 8), np.float32)
+        _call(getattr(k, "rows_int4" + suffix), lo, hi, xd, q.nibbles.numpy(), q.scales.numpy(), out)
+        checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
     for got, want in checks:
         if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
             raise ArithmeticError("a compiled one-row kernel disagrees with numpy on this CPU")
+
+
+def kernel(kernels: ModuleType, name: str, weight_bytes: int):
+    """The kernel `name` for a weight of this many bytes: serial when small (SERIAL_BYTES)."""
+    return getattr(kernels, name + ("_serial" if weight_bytes < SERIAL_BYTES else ""))
 
 
 def _call(fn, *args) -> None:
@@ -152,10 +177,9 @@ class RowLinear(nn.Module):
 
     def _kernel_args(self) -> tuple:
         w = self.weight.detach()
-        if w.dtype == torch.float32:
-            return self._kernels.rows_f32, w.numpy()
-        fn = self._kernels.rows_bf16 if w.dtype == torch.bfloat16 else self._kernels.rows_f16
-        return fn, w.view(torch.int16).numpy()
+        name = {torch.float32: "rows_f32", torch.bfloat16: "rows_bf16"}.get(w.dtype, "rows_f16")
+        fn = kernel(self._kernels, name, w.numel() * w.element_size())
+        return fn, (w.numpy() if w.dtype == torch.float32 else w.view(torch.int16).numpy())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -177,7 +201,8 @@ def int8_rows(flat: torch.Tensor, weight: torch.Tensor, scale32: torch.Tensor, k
     """x @ (weight * scale).T for decoded rows: int8 weights (n, k), fp32 scales, fp32 result."""
     out = torch.empty(len(flat), weight.shape[0], dtype=torch.float32)
     x = flat.detach().to(torch.float32).contiguous().numpy()
-    _call(kernels.rows_int8, x, weight.detach().numpy(), scale32.detach().numpy(), out.numpy())
+    fn = kernel(kernels, "rows_int8", weight.numel())
+    _call(fn, x, weight.detach().numpy(), scale32.detach().numpy(), out.numpy())
     return out
 
 
@@ -244,7 +269,8 @@ class Int4Weights:
             if self.out_features % self.per == 0
             else np.empty((len(flat), len(self.nibbles) * self.per), np.float32)
         )
-        _call(kernels.rows_int4, lo, hi, xd, self.nibbles.numpy(), self.scales.numpy(), padded)
+        fn = kernel(kernels, "rows_int4", self.nbytes)
+        _call(fn, lo, hi, xd, self.nibbles.numpy(), self.scales.numpy(), padded)
         if padded is not out:
             out[:] = padded[:, : self.out_features]
 

@@ -50,6 +50,7 @@ CACHE_FOLDER = "numba-cache"  # under the data folder
 SERIAL_BYTES = 2 << 20
 _lock = threading.Lock()
 _loading = threading.Lock()
+_threads = threading.local()  # the thread count numba was last given on this thread (numba's is per thread)
 _state: dict[str, object] = {}  # "kernels": the compiled module, or "why": why there is none
 
 
@@ -147,12 +148,13 @@ def kernel(kernels: ModuleType, name: str, weight_bytes: int):
 
 def _call(fn, *args) -> None:
     """One kernel call on the caller's thread count (numba's is per calling thread), never two at once."""
-    import numba
-
-    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    threads = torch.get_num_threads()
     with _lock:
-        if numba.get_num_threads() != threads:
-            numba.set_num_threads(threads)
+        if _threads.__dict__.get("n") != threads:
+            import numba
+
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+            _threads.n = threads
         fn(*args)
 
 
@@ -170,25 +172,30 @@ class RowLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight, self.bias = weight, bias
         self._kernels = kernels
+        self._args: tuple = (None, None, None)  # (the weight's address, kernel, its numpy view), made on first use
 
     @classmethod
     def of(cls, linear: nn.Linear, kernels: ModuleType) -> RowLinear:
         return cls(linear.weight, linear.bias, kernels)
 
     def _kernel_args(self) -> tuple:
+        """(kernel, weight as numpy) for the weight as it is now (own_weights may move it after
+        this module is made)."""
         w = self.weight.detach()
-        name = {torch.float32: "rows_f32", torch.bfloat16: "rows_bf16"}.get(w.dtype, "rows_f16")
-        fn = kernel(self._kernels, name, w.numel() * w.element_size())
-        return fn, (w.numpy() if w.dtype == torch.float32 else w.view(torch.int16).numpy())
+        if self._args[0] != w.data_ptr():
+            name = {torch.float32: "rows_f32", torch.bfloat16: "rows_bf16"}.get(w.dtype, "rows_f16")
+            fn = kernel(self._kernels, name, w.numel() * w.element_size())
+            self._args = (w.data_ptr(), fn, w.numpy() if w.dtype == torch.float32 else w.view(torch.int16).numpy())
+        return self._args[1], self._args[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if not rows_served(flat) or not self.weight.is_contiguous():
             return F.linear(x, self.weight, self.bias)
-        out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
+        out = np.empty((len(flat), self.out_features), np.float32)
         fn, w = self._kernel_args()
-        _call(fn, flat.detach().to(torch.float32).contiguous().numpy(), w, out.numpy())
-        y = out.to(x.dtype)
+        _call(fn, flat.detach().to(torch.float32).contiguous().numpy(), w, out)
+        y = torch.from_numpy(out).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

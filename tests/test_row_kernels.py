@@ -125,8 +125,12 @@ def test_a_prompt_chunk_never_takes_a_row_kernel(fmt, kernels, monkeypatch):
     with torch.inference_mode():
         rows = m(chunk[:-1])
 
-        def refuse(*a):
-            raise AssertionError("a prompt chunk went through a one-row kernel")
+        real = row_kernels._call
+
+        def refuse(fn, *a):
+            if fn.py_func.__name__.startswith("rows_"):  # int4's prompt path dequantizes through numba
+                raise AssertionError("a prompt chunk went through a one-row kernel")
+            return real(fn, *a)
 
         monkeypatch.setattr(row_kernels, "_call", refuse)
         y = m(chunk)

@@ -217,3 +217,24 @@ def quantize_int4_activations(x, lo, hi, xd):
                 for p in range(per):
                     lo[r, i, p * blocks + b] = low
                     hi[r, i, p * blocks + b] = high
+
+
+@parallel
+def dequantize_int4(q, d, first, out):
+    """Groups first.. of rows_int4's weights back to fp32 for a prompt's GEMM, in the order they
+    are stored: out (rows, 2, 16, blocks) holds (low nibble's value, high's) x position in the
+    block x block, so every loop reads and writes contiguously; the prompt's activations are put
+    in the same order (row_kernels.Int4Linear)."""
+    per, blocks = d.shape[1], d.shape[2]
+    groups = out.shape[0] // per
+    for gg in prange(groups):
+        g = first + gg
+        values = q[g].reshape(16, per, blocks)
+        for jj in range(per):
+            row = gg * per + jj
+            for i in range(16):
+                for b in range(blocks):
+                    v = np.int16(values[i, jj, b])
+                    scale = _f16_to_f32(d[g, jj, b])
+                    out[row, 0, i, b] = np.float32((v & 15) - 8) * scale
+                    out[row, 1, i, b] = np.float32((v >> 4) - 8) * scale

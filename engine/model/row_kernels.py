@@ -136,6 +136,8 @@ def _warm_up(k: ModuleType) -> None:
         out = np.empty((2, 8), np.float32)
         _call(getattr(k, "rows_int4" + suffix), lo, hi, xd, q.nibbles.numpy(), q.scales.numpy(), out)
         checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
+    prompt = Int4Linear(Int4Weights.of(torch.from_numpy(w)), None, k)._prompt_product(torch.from_numpy(x), q)
+    checks.append((prompt.numpy(), _int4_reference(torch.from_numpy(x), q).numpy()))
     for got, want in checks:
         if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
             raise ArithmeticError("a compiled one-row kernel disagrees with numpy on this CPU")
@@ -344,16 +346,30 @@ class Int4Linear(nn.Module):
             out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
             w.rows(flat.float(), out.numpy(), self._kernels)
         else:
-            xq = fake_quantized_activations(flat.float())
-            step = max(1, self.DEQUANTIZED_BYTES // (4 * self.in_features))
-            out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
-            for a in range(0, self.out_features, step):
-                b = min(self.out_features, a + step)
-                out[:, a:b] = F.linear(xq, w.dequantized(a, b))
+            out = self._prompt_product(flat.float(), w)
         y = out.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+        """The chunk's int8-per-block activations (as decoded rows see them) times the weights
+        turned back into fp32 by numba a few groups of rows at a time (DEQUANTIZED_BYTES), both in
+        the order the weights are stored (numba_rows.dequantize_int4), by the dense GEMM."""
+        xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
+        xq[:, : self.in_features] = fake_quantized_activations(flat)
+        xq = xq.reshape(len(flat), w.blocks, 2, 16).permute(0, 2, 3, 1).reshape(len(flat), -1).contiguous()
+        groups = len(w.nibbles)
+        step = max(1, self.DEQUANTIZED_BYTES // (4 * BLOCK * w.blocks * w.per))  # groups at a time
+        out = torch.empty(len(flat), groups * w.per, dtype=torch.float32)
+        buffer = np.empty((min(step, groups) * w.per, 2, 16, w.blocks), np.float32)
+        nibbles, scales = w.nibbles.numpy(), w.scales.numpy()
+        for g in range(0, groups, step):
+            n = min(step, groups - g)
+            part = buffer[: n * w.per]
+            _call(self._kernels.dequantize_int4, nibbles, scales, g, part)
+            torch.mm(xq, torch.from_numpy(part).reshape(len(part), -1).T, out=out[:, g * w.per : (g + n) * w.per])
+        return out[:, : self.out_features]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 (Q4_0 blocks), numba rows"

@@ -32,7 +32,7 @@ from ..device.process_memory import growth_during
 from . import cpu_attention, row_kernels
 from .families import FAMILIES, Family
 from .folder_check import ModelLoadError, check_folder
-from .weights import finish_load, load_kwargs, plan_weights
+from .weights import finish_load, load_dtype, load_kwargs, plan_weights
 
 __all__ = ["LoadedModel", "ModelLoadError", "check_folder", "check_load", "load_model", "free_device_cache"]
 
@@ -178,7 +178,7 @@ def load_model(
     try:
         with _progress_only_on_a_terminal():
             model = AutoModelForImageTextToText.from_pretrained(
-                folder, dtype=dt, use_safetensors=True, **load_kwargs(plan, family, dev)
+                folder, dtype=load_dtype(plan, folder), use_safetensors=True, **load_kwargs(plan, family, dev)
             )
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc

@@ -289,6 +289,24 @@ def plan_weights(
     )
 
 
+def load_dtype(plan: WeightPlan, folder: Path) -> torch.dtype:
+    """The dtype from_pretrained loads in: the compute dtype, except for int4, which loads in the
+    files' own floating dtype: the weights then stay views of the file mapping until quantized,
+    so loading a bf16 checkpoint to compute in fp32 does not first hold all of it in fp32 (twice
+    its size), and the rest is cast afterwards to exactly what loading in fp32 gives."""
+    if plan.format != "int4":
+        return plan.dtype
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            for key in sf.keys():  # noqa: SIM118 (a safetensors file is not iterable)
+                dtype = DTYPES_BY_NAME.get(
+                    {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(sf.get_slice(key).get_dtype(), "")
+                )
+                if dtype is not None:
+                    return dtype
+    return plan.dtype
+
+
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     """Extra `from_pretrained` arguments: the transformers quantization config for the format."""
     if plan.format == "int8":
@@ -339,6 +357,8 @@ def finish_load(
         row_kernels.pack_int4(model, vision, kernels)
     if plan.format in ("int8", "int4"):
         pack_int8(model, vision, plan.dtype, plan.decode_dtype, kernels)
+    if plan.format == "int4":  # loaded in the files' dtype (load_dtype): the rest now in the compute dtype
+        model.to(plan.dtype)
     model.eval()
     if kernels is not None and not plan.quantized:
         row_kernels.use_rows(model, vision, kernels)

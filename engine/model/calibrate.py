@@ -6,8 +6,10 @@ through the very modules the engine runs (nn.Linear, packed_linear.PackedLinear,
 int8_layers.Int8Linear) and timed for one row (a decoded token) and for PROMPT rows (a prompt chunk). One row is timed
 over enough copies of the layer to fill WORKING_SET bytes, so the weights stream from memory as
 a real model's do, not from the CPU's cache. Full-precision formats are timed plain and packed,
-int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units); the
-faster of each pair is kept. A few seconds in all,
+int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units), and
+each of them with its decoded rows through numba's kernels (row_kernels.py) where numba runs
+here; int4 only runs on those. The fastest of each format is kept, and the record says which
+(FormatSpeed.packed, .decode_dtype, .rows). A few seconds in all,
 once per machine and shape.
 """
 

@@ -17,8 +17,8 @@ def _add_weights(sub) -> None:
     sub.add_argument(
         "--weights",
         choices=WEIGHT_FORMATS,
-        help="language-model weights: auto (default: full precision "
-        "when it fits), bf16, fp16, fp32, int8 or 4bit; the vision encoder stays full precision",
+        help="language-model weights: auto (default: full precision when it fits), bf16, fp16, "
+        "fp32, int8, int4 (CPU) or 4bit (NF4, CUDA); the vision encoder stays full precision",
     )
 
 

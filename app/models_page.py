@@ -99,7 +99,7 @@ class ModelsPage(QDialog):
         self.search.returnPressed.connect(self._search_repo)
         top.addWidget(self.search, 1)
         self.precision = QComboBox()
-        self.precision.addItems(["bfloat16", "float16", "float32", "int8", "4bit"])
+        self.precision.addItems(["bfloat16", "float16", "float32", "int8", "int4", "4bit"])
         self.context = QSpinBox(minimum=512, maximum=1 << 20, singleStep=1024, value=4096, suffix=" tokens")
         for w in (QLabel("Precision"), self.precision, QLabel("Context"), self.context):
             top.addWidget(w)

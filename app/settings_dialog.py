@@ -42,6 +42,7 @@ WEIGHT_CHOICES = (
     ("fp16 (full precision, 2 bytes a weight)", "fp16"),
     ("fp32 (full precision, 4 bytes a weight)", "fp32"),
     ("int8 (about half of bf16)", "int8"),
+    ("int4 (llama.cpp Q4_0's size, about 0.3 of bf16; CPU only)", "int4"),
     ("4-bit NF4 (about a third of bf16; for CUDA: on a CPU it decodes several times slower than bf16)", "4bit"),
 )
 

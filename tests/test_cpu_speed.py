@@ -121,7 +121,8 @@ def test_auto_follows_the_measured_speeds_and_says_why(tiny_model):
     # 4-bit on a CPU loads, and the status bar says plainly what it is for
     assert (
         plan_weights(model, "llava", CPU, "auto", "4bit", 64 * GIB, bf16_fast).note
-        == "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16"
+        == "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16; "
+        "int4 is the CPU's 4-bit format"
     )
 
 

@@ -254,3 +254,52 @@ def test_kv_store_of_other_weights_is_never_restored(family, tiny_model, tmp_pat
         assert d3.token_ids == Reference(model, weights="int8").reply_ids(chat, NEW)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "family"),
+    [("int4", "llava"), ("int4", "qwen2_vl"), ("fp32", "llava"), ("bf16", "qwen2_vl"), ("int8", "llava")],
+)
+def test_numba_decoded_rows_are_exact_on_every_fast_path(fmt, family, tiny_model, tmp_path, monkeypatch):
+    """Decoded rows through numba's kernels (int4's only kernel; the others where the calibration
+    measured them faster, recorded here): the engine's replies equal a fresh prefill's with the
+    same plan, with KV reused, drafts checked, and KV restored from the SSD."""
+    from engine.model import calibrate, speed
+    from engine.model.int8_layers import Int8Linear
+    from engine.model.row_kernels import Int4Linear, RowLinear
+
+    monkeypatch.setattr(calibrate, "MIN_PARAMS", 0)  # the tiny model follows its record like a real one
+    model = tiny_model(family)
+    data = tmp_path / "data"
+    data.mkdir()
+    shape = speed.LayerShape.of_config(json.loads((model / "config.json").read_text()))
+    assert shape is not None
+    dtype = {"bf16": "bfloat16"}.get(fmt, "float32")
+    speed.write(data, shape, [speed.FormatSpeed(fmt, dtype, 4.0, 30.0, rows=True)])
+    engine = open_engine(model, data, weights=fmt, block_tokens=B, spill_idle_s=3600)
+    ref = Reference(model, weights=fmt, speed_dir=data)
+    try:
+        kind = {"int4": Int4Linear, "int8": Int8Linear}.get(fmt, RowLinear)
+        assert any(type(m) is kind for m in engine.loaded.model.modules())
+        if fmt == "int8":
+            assert all(m.rows is not None for m in engine.loaded.model.modules() if type(m) is Int8Linear)
+        assert engine.loaded.fingerprint == ref.loaded.fingerprint
+        chat = [
+            Message("user", "Describe the first picture in a few words.", pics(make_picture(tmp_path / "a.png", 1)))
+        ]
+        d1 = expect_done(ask(engine, "c", chat, NEW))
+        assert d1.token_ids == ref.reply_ids(chat, NEW)
+        assert d1.stats.weights == fmt
+        # repeated text: prompt-lookup drafts go through the kernels as a few rows at once
+        chat += [Message("assistant", d1.reply), Message("user", "Say it again: " + d1.reply + " " + d1.reply)]
+        d2 = expect_done(ask(engine, "c", chat, NEW))
+        assert d2.stats.reused_tokens >= d1.stats.prompt_tokens
+        assert d2.token_ids == ref.reply_ids(chat, NEW)
+        chat += [Message("assistant", d2.reply)]
+        assert spill_now(engine, "c").state == "spilled"
+        chat += [Message("user", "Which colour is it?")]
+        d3 = expect_done(ask(engine, "c", chat, NEW))
+        assert d3.stats.restored_tokens > 0
+        assert d3.token_ids == ref.reply_ids(chat, NEW)
+    finally:
+        engine.shutdown()

@@ -40,17 +40,20 @@ def test_auto_picks_full_precision_when_it_fits_else_the_next_step_down_that_fit
     model = wide_llava
     need = {
         f: estimate_bytes(model, "llava", f, torch.bfloat16 if f == "bf16" else torch.float32)
-        for f in ("fp32", "bf16", "int8", "4bit")
+        for f in ("fp32", "bf16", "int8", "int4", "4bit")
     }
-    assert need["int8"] < need["bf16"] < need["fp32"] and need["4bit"] < need["fp32"]
+    assert need["int4"] < need["int8"] < need["bf16"] < need["fp32"] and need["4bit"] < need["fp32"]
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 64 * GIB)
     assert (plan.format, plan.dtype, plan.note) == ("fp32", torch.float32, "")
     plan = plan_weights(model, "llava", CPU, "auto", "auto", int(need["bf16"] * 1.1) + 1)
     assert (plan.format, plan.dtype) == ("bf16", torch.bfloat16) and plan.note.startswith("Weights: bf16 — fp32 needs")
     plan = plan_weights(model, "llava", CPU, "auto", "auto", int(need["int8"] * 1.1) + 1)
     assert (plan.format, plan.dtype) == ("int8", torch.float32) and plan.note.startswith("Weights: int8 — fp32 needs")
+    # on a CPU the next step down is int4 (numba's kernels), not NF4 (bitsandbytes: for CUDA)
+    plan = plan_weights(model, "llava", CPU, "auto", "auto", int(need["int4"] * 1.1) + 1)
+    assert (plan.format, plan.rows) == ("int4", True) and plan.note.startswith("Weights: int4 — fp32 needs")
     plan = plan_weights(model, "llava", CPU, "auto", "auto", 1000)
-    assert plan.format == min(("int8", "4bit", "bf16"), key=need.get) and "no format fits" in plan.note
+    assert plan.format == min(("int8", "int4", "4bit", "bf16"), key=need.get) and "no format fits" in plan.note
     # an estimate from the safetensors headers matches what a load really takes (within 10%)
     from engine.device.ledger import model_bytes
 
@@ -156,7 +159,7 @@ def test_replay_settings_and_the_weights_option(tiny_model, tmp_path):
     )
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
-        "error: unknown weights format 'int3' (use auto, bf16, fp16, fp32, int8, 4bit)"
+        "error: unknown weights format 'int3' (use auto, bf16, fp16, fp32, int8, int4, 4bit)"
     ]
 
 

@@ -121,7 +121,9 @@ def add_parser(sub) -> None:
     models = sub.add_parser("models", help="list, download (pull) or remove models from the Hugging Face Hub")
     msub = models.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="the catalog and installed models, with whether each fits")
-    ls.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16", "float16", "int8", "4bit"])
+    ls.add_argument(
+        "--precision", default="bfloat16", choices=["float32", "bfloat16", "float16", "int8", "int4", "4bit"]
+    )
     ls.add_argument("--context", type=int, default=4096, help="context length for the KV cache estimate")
     ls.add_argument(
         "--data-dir", default=None, help="the data folder whose measured speeds are shown (default: the app's)"

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from ..model.families import FAMILIES, QKV_BIAS_TEXT_TYPES
 
-BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "4bit": 0.5}
+# int4: llama.cpp Q4_0's 18 bytes per 32 weights (its token embedding and output head are int8:
+# left out here, as NF4's full-precision ones are)
+BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 18 / 32, "4bit": 0.5}
 TIGHT_FROM = 0.8  # need above this share of free memory is "tight"
 
 

@@ -6,8 +6,10 @@ through the very modules the engine runs (nn.Linear, packed_linear.PackedLinear,
 int8_layers.Int8Linear) and timed for one row (a decoded token) and for PROMPT rows (a prompt chunk). One row is timed
 over enough copies of the layer to fill WORKING_SET bytes, so the weights stream from memory as
 a real model's do, not from the CPU's cache. Full-precision formats are timed plain and packed,
-int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units); the
-faster of each pair is kept. A few seconds in all,
+int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units), and
+each of them with its decoded rows through numba's kernels (row_kernels.py) where numba runs
+here; int4 only runs on those. The fastest of each format is kept, and the record says which
+(FormatSpeed.packed, .decode_dtype, .rows). A few seconds in all,
 once per machine and shape.
 """
 
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from ..device.heap_trim import return_freed_heap
-from . import packed_linear, speed
+from . import packed_linear, row_kernels, speed
 from .int8_layers import Int8Linear
 from .speed import FormatSpeed, LayerShape
 
@@ -74,6 +76,43 @@ def _int8_layer(weights: list[torch.Tensor], dtype: torch.dtype, decode_dtype: t
     return make
 
 
+def _row_layer(weights: list[torch.Tensor], dtype: torch.dtype, kernels=None):
+    """A maker of copies of one layer in `dtype` whose decoded rows go through numba's kernels."""
+    cast = [w.to(dtype) for w in weights]
+
+    def make() -> list[nn.Module]:
+        return [row_kernels.RowLinear(nn.Parameter(w.clone(), requires_grad=False), None, kernels) for w in cast]
+
+    return make
+
+
+def _int8_row_layer(weights: list[torch.Tensor], dtype: torch.dtype, kernels=None):
+    """int8 (per-row scales) computing in `dtype`, its decoded rows through numba's kernel."""
+    make8 = _int8_layer(weights, dtype)
+
+    def make() -> list[nn.Module]:
+        return [Int8Linear(m.weight, m.scale, None, None, kernels) for m in make8()]
+
+    return make
+
+
+def _int4_layer(weights: list[torch.Tensor], dtype: torch.dtype, kernels=None):
+    """int4 (Q4_0 blocks) in a model computing in `dtype`."""
+    quantized = [row_kernels.Int4Weights.of(w) for w in weights]
+
+    def make() -> list[nn.Module]:
+        return [
+            row_kernels.Int4Linear(
+                row_kernels.Int4Weights(q.nibbles.clone(), q.scales.clone(), q.in_features, q.out_features),
+                None,
+                kernels,
+            )
+            for q in quantized
+        ]
+
+    return make
+
+
 def _layer_bytes(layer: list[nn.Module]) -> int:
     total = 0
     for m in layer:
@@ -119,32 +158,49 @@ def _time_format(make, weights: list[torch.Tensor], dtype: torch.dtype, shape: L
 
 # what `auto` chooses among (fp32, bf16) and what a quantized format computes in (int8's dtype);
 # fp16 is left out: never auto's choice on a CPU, and each format costs seconds at load
-FORMATS = ("fp32", "bf16", "int8")
+FORMATS = ("fp32", "bf16", "int8", "int4")
 
 
-def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[FormatSpeed]:
-    """Each format's expected whole-model tokens/s at `shape`, on this CPU."""
+def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS, kernels=None) -> list[FormatSpeed]:
+    """Each format's expected whole-model tokens/s at `shape`, on this CPU. `kernels`: numba's
+    compiled one-row kernels (row_kernels.load), timed beside torch's where given; int4 only
+    runs on them."""
     torch.manual_seed(0)
     weights = [torch.randn(o, i) * 0.02 for o, i in shape.linears]
     # the output head: read whole for every token, like one more layer's worth of its size
     head_layers = shape.vocab * shape.hidden / shape.layer_params
-    # (format, compute dtype, packed, maker, dtype of int8's decoded rows where not the compute dtype)
-    runs: list[tuple[str, torch.dtype, bool, Callable[..., Any], torch.dtype | None]] = []
+    # (format, compute dtype, packed, maker, dtype of int8's decoded rows where not the compute dtype, rows)
+    runs: list[tuple[str, torch.dtype, bool, Callable[..., Any], torch.dtype | None, bool]] = []
+    rows: Callable[..., Any] = functools.partial(_row_layer, kernels=kernels)
     for fmt in formats:
         if fmt in ("fp32", "bf16", "fp16"):
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
-            runs.append((fmt, dtype, False, functools.partial(_float_layer, packed=False), None))
+            runs.append((fmt, dtype, False, functools.partial(_float_layer, packed=False), None, False))
             if packed_linear.available(dtype):
-                runs.append((fmt, dtype, True, functools.partial(_float_layer, packed=True), None))
+                runs.append((fmt, dtype, True, functools.partial(_float_layer, packed=True), None, False))
+            if kernels is not None:
+                runs.append((fmt, dtype, False, rows, None, True))
         elif fmt == "int8":
             runs += [
-                ("int8", torch.bfloat16, False, _int8_layer, None),
-                ("int8", torch.float32, False, _int8_layer, None),
+                ("int8", torch.bfloat16, False, _int8_layer, None, False),
+                ("int8", torch.float32, False, _int8_layer, None, False),
                 # fp32 prompts and bf16 decoded rows: both fast on a CPU without bf16 units
-                ("int8", torch.float32, False, _int8_layer, torch.bfloat16),
+                ("int8", torch.float32, False, _int8_layer, torch.bfloat16, False),
+            ]
+            if kernels is not None:
+                make8: Callable[..., Any] = functools.partial(_int8_row_layer, kernels=kernels)
+                runs += [
+                    ("int8", torch.bfloat16, False, make8, None, True),
+                    ("int8", torch.float32, False, make8, None, True),
+                ]
+        elif fmt == "int4" and kernels is not None:
+            make4: Callable[..., Any] = functools.partial(_int4_layer, kernels=kernels)
+            runs += [
+                ("int4", torch.bfloat16, False, make4, None, True),
+                ("int4", torch.float32, False, make4, None, True),
             ]
     best: dict[str, FormatSpeed] = {}
-    for fmt, dtype, packed, make, decode_dtype in runs:
+    for fmt, dtype, packed, make, decode_dtype, by_rows in runs:
         t0 = time.perf_counter()
         try:
             rows = make if decode_dtype is None else functools.partial(make, decode_dtype=decode_dtype)
@@ -159,12 +215,15 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS) -> list[Forma
             prefill_tok_s=PROMPT / (prompt * shape.layers),
             packed=packed,
             decode_dtype=DTYPE_NAMES[decode_dtype] if decode_dtype is not None else "",
+            rows=by_rows,
         )
         log.info(
             "calibration %s (%s%s): decode %.1f tok/s, prefill %.0f tok/s (%.1f s)",
             fmt,
             s.dtype,
-            (", packed" if packed else "") + (f", decoded rows in {s.decode_dtype}" if s.decode_dtype else ""),
+            (", packed" if packed else "")
+            + (f", decoded rows in {s.decode_dtype}" if s.decode_dtype else "")
+            + (", decoded rows by numba" if by_rows else ""),
             s.decode_tok_s,
             s.prefill_tok_s,
             time.perf_counter() - t0,
@@ -183,9 +242,12 @@ def speeds_for(config: dict, data_dir) -> dict[str, FormatSpeed]:
         return {}
     known = speed.read(data_dir, shape)
     if known:
+        if any(s.rows for s in known.values()):
+            row_kernels.load(data_dir)  # read from numba's cache (compiled on the first launch)
         return known
+    kernels = row_kernels.load(data_dir)  # compiled (or read from its cache) here, timed in the log
     t0 = time.perf_counter()
-    measured = measure(shape)
+    measured = measure(shape, kernels=kernels)
     return_freed_heap()  # up to WORKING_SET of layer copies, gone before the model's weights load
     log.info("measured the weight formats' speed at %s in %.1f s", shape.key, time.perf_counter() - t0)
     try:

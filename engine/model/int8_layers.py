@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -176,11 +177,15 @@ class Int8Linear(nn.Module):
         scale: nn.Parameter,
         bias: nn.Parameter | None,
         decode_scale: nn.Parameter | None = None,
+        rows: ModuleType | None = None,
     ):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.weight, self.scale, self.bias = weight, scale, bias
         self.decode_scale = decode_scale
+        # row_kernels' compiled kernels: decoded rows go through numba's int8 kernel in fp32
+        self.rows = rows
+        self.scale32 = None if rows is None else _frozen(scale.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
@@ -189,7 +194,11 @@ class Int8Linear(nn.Module):
         else:
             decode = len(flat) < PROMPT_ROWS  # a decoded token (and its draft): the fused one-row kernel
             row = self.decode_scale
-            if decode and row is not None and _fused(flat, row.dtype):
+            if decode and self.rows is not None and self.scale32 is not None and flat.device.type == "cpu":
+                from .row_kernels import int8_rows
+
+                y = int8_rows(flat, self.weight, self.scale32, self.rows).to(flat.dtype)
+            elif decode and row is not None and _fused(flat, row.dtype):
                 y = torch._weight_int8pack_mm(flat.to(row.dtype), self.weight, row).to(flat.dtype)
             elif decode and _fused(flat):
                 y = torch._weight_int8pack_mm(flat, self.weight, self.scale)
@@ -253,6 +262,7 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         row = "" if self.decode_scale is None else f", decoded rows in {self.decode_scale.dtype}"
+        row += ", decoded rows by numba" if self.rows is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8{row}"
 
 
@@ -298,16 +308,20 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def pack_int8(
-    model: PreTrainedModel, skip: tuple[str, ...], dtype: torch.dtype, decode_dtype: torch.dtype | None = None
+    model: PreTrainedModel,
+    skip: tuple[str, ...],
+    dtype: torch.dtype,
+    decode_dtype: torch.dtype | None = None,
+    rows: ModuleType | None = None,
 ) -> None:
     """Swap torchao's int8 linears for Int8Linear, and quantize the token embedding and the
     output head (one shared table when tied). Modules under `skip` (the vision encoder and
     projector) are never touched. `decode_dtype`: the linears' decoded rows run in it (Int8Linear's
-    decode_scale) when it is not `dtype`."""
+    decode_scale) when it is not `dtype`; `rows`: through row_kernels' numba kernel instead."""
 
     def linear(weight: nn.Parameter, scale: nn.Parameter, bias: nn.Parameter | None) -> Int8Linear:
-        row = None if decode_dtype in (None, dtype) else _frozen(scale.detach().to(decode_dtype))
-        return Int8Linear(weight, scale, bias, row)
+        row = None if decode_dtype in (None, dtype) or rows is not None else _frozen(scale.detach().to(decode_dtype))
+        return Int8Linear(weight, scale, bias, row, rows)
 
     from torchao.quantization import Int8Tensor
 

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,10 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from ..device import choice as devices
 from ..device.heap_trim import return_freed_heap
 from ..device.process_memory import growth_during
-from . import cpu_attention
+from . import cpu_attention, row_kernels
 from .families import FAMILIES, Family
 from .folder_check import ModelLoadError, check_folder
-from .weights import finish_load, load_kwargs, plan_weights
+from .weights import finish_load, load_dtype, load_kwargs, plan_weights
 
 __all__ = ["LoadedModel", "ModelLoadError", "check_folder", "check_load", "load_model", "free_device_cache"]
 
@@ -164,6 +164,8 @@ def load_model(
 
         speeds = speeds_for(config, speed_dir)
     plan = plan_weights(folder, family, dev, dtype, weights, free, speeds)
+    if plan.rows:
+        row_kernels.prepare(speed_dir)  # ready by the time the weights are: joined below
     dt, fmt = plan.dtype, plan.format
     try:
         processor, processor_bytes = growth_during(lambda: AutoProcessor.from_pretrained(folder))
@@ -176,12 +178,18 @@ def load_model(
     try:
         with _progress_only_on_a_terminal():
             model = AutoModelForImageTextToText.from_pretrained(
-                folder, dtype=dt, use_safetensors=True, **load_kwargs(plan, family, dev)
+                folder, dtype=load_dtype(plan, folder), use_safetensors=True, **load_kwargs(plan, family, dev)
             )
     except Exception as exc:
         raise ModelLoadError(f"Cannot load the model weights from {folder} as {plan.format}: {exc}") from exc
+    if plan.rows and row_kernels.load(speed_dir) is None:  # numba cannot serve here: one line logged
+        if plan.format == "int4":
+            raise ModelLoadError(
+                f"int4 weights need numba's kernels, which do not run here ({row_kernels.unavailable()})"
+            )
+        plan = replace(plan, rows=False)
     try:
-        finish_load(model, plan, family, dev, elastic)
+        finish_load(model, plan, family, dev, elastic, speed_dir)
     except ModelLoadError:
         raise
     except RuntimeError as exc:  # e.g. an op or dtype this Mac's GPU lacks, or too little memory

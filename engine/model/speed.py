@@ -24,9 +24,9 @@ from typing import Any
 from ..platform.files import atomic_write
 
 FILE = "speed.json"
-VERSION = 3  # of the measurement: a record of another version is measured again (2: int8 prompts through the
+VERSION = 4  # of the measurement: a record of another version is measured again (2: int8 prompts through the
 # int8 GEMM; 3: only where that GEMM is measured faster than the dense one, wall time, not CPU time, and
-# int8 in fp32 with its decoded rows in bf16 measured too)
+# int8 in fp32 with its decoded rows in bf16 measured too; 4: numba's one-row kernels and int4)
 # the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
 TURN_PROMPT, TURN_REPLY = 512, 128
 
@@ -96,6 +96,7 @@ class FormatSpeed:
     prefill_tok_s: float  # expected for a prompt
     packed: bool = False  # full precision: the oneDNN-packed linears ran faster than plain ones
     decode_dtype: str = ""  # int8: the dtype its decoded rows ran in, where not `dtype` (Int8Linear.decode_scale)
+    rows: bool = False  # decoded rows through numba's kernels ran faster than through torch's (row_kernels.py)
 
     def turn_s(self) -> float:
         """Seconds of the turn `auto` optimises for."""
@@ -188,6 +189,7 @@ def _speeds(rows: list[dict]) -> dict[str, FormatSpeed]:
             float(r["prefill_tok_s"]),
             bool(r.get("packed", False)),
             str(r.get("decode_dtype", "")),
+            bool(r.get("rows", False)),
         )
         for r in rows
     }
@@ -198,5 +200,7 @@ def describe(data_dir: Path | str, config: dict) -> str:
     speeds, exact = expected(data_dir, config)
     if not speeds:
         return ""
-    shown = ", ".join(f"{f} {speeds[f].decode_tok_s:.1f}" for f in ("bf16", "fp32", "fp16", "int8") if f in speeds)
+    shown = ", ".join(
+        f"{f} {speeds[f].decode_tok_s:.1f}" for f in ("bf16", "fp32", "fp16", "int8", "int4") if f in speeds
+    )
     return f"{'' if exact else '~'}{shown} tok/s"

@@ -1,6 +1,7 @@
 """Weight formats of the language model: full precision (bf16/fp16/fp32), int8 weight-only
-(quantized by torchao, run by engine/model/int8_layers.py) and 4-bit NF4 (bitsandbytes); `auto` picks
-the largest that fits free memory.
+(quantized by torchao, run by engine/model/int8_layers.py), int4 (llama.cpp Q4_0's blocks, CPU,
+engine/model/row_kernels.py) and 4-bit NF4 (bitsandbytes, for CUDA); `auto` picks the largest that
+fits free memory.
 
 Only the language model is quantized. The vision tower and projector (the family's
 `vision_modules`) stay in full precision, so the elastic encoder still reloads them from the
@@ -19,7 +20,7 @@ from safetensors import safe_open
 
 from ..device import choice as devices
 from ..protocol.settings import WEIGHT_FORMATS
-from . import packed_linear
+from . import packed_linear, row_kernels
 from .families import FAMILIES
 from .folder_check import ModelLoadError
 from .int8_layers import layout as int8_layout, pack_int8
@@ -36,18 +37,21 @@ def pick_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
 
 FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPES_BY_NAME = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-QUANTIZED_FORMATS = ("int8", "4bit")
+QUANTIZED_FORMATS = ("int8", "int4", "4bit")
 FORMATS = WEIGHT_FORMATS
 # the library behind each quantized format (its version is part of the KV store namespace)
-LIBRARY = {"int8": "torchao", "4bit": "bitsandbytes"}
+LIBRARY = {"int8": "torchao", "int4": "numba", "4bit": "bitsandbytes"}
 # devices each quantized format really runs on in this build (checked by tests on CPU, by the
 # device bench on CUDA); Apple GPUs have neither torchao's int8 kernels nor bitsandbytes
-DEVICES = {"int8": ("cpu", "cuda"), "4bit": ("cpu", "cuda")}
+DEVICES = {"int8": ("cpu", "cuda"), "int4": ("cpu",), "4bit": ("cpu", "cuda")}
 NF4_BLOCK = 64  # bitsandbytes' NF4 block size: one absmax per 64 weights
 # bitsandbytes' NF4 on a CPU decoded at 0.12x bf16 (2-core EPYC, Qwen2-VL-2B shape); torch's fused
 # int4 CPU kernel was measured too: on 2 Sapphire Rapids cores it is compute-bound, no faster per
-# token than packed bf16, so no 4-bit CPU format is offered for speed
-NF4_ON_CPU = "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16"
+# token than packed bf16. The CPU's 4-bit format is int4 (row_kernels.py: numba kernels)
+NF4_ON_CPU = (
+    "Weights: 4bit — NF4 is for CUDA: on a CPU it saves memory but decodes several times slower than bf16; "
+    "int4 is the CPU's 4-bit format"
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class WeightPlan:
     note: str = ""  # auto: which format it chose and why (shown in the status bar)
     packed: bool = False  # full precision on a CPU: linears prepacked for oneDNN (packed_linear.py)
     decode_dtype: torch.dtype | None = None  # int8 on a CPU: its decoded rows' dtype, where not `dtype`
+    rows: bool = False  # on a CPU: decoded rows through numba's kernels (row_kernels.py); int4 always
 
     @property
     def quantized(self) -> bool:
@@ -67,13 +72,14 @@ class WeightPlan:
         Full-precision formats are covered by the dtype, plus the packed kernels' layout when
         packed; quantized ones add the format and the library version, whose rounding the KV
         depends on."""
+        rows = f";rows={row_kernels.LAYOUT};numba={row_kernels.version()}" if self.rows else ""
         if not self.quantized:
-            return f"kernel={packed_linear.LAYOUT}".encode() if self.packed else b""
+            return (f"kernel={packed_linear.LAYOUT}" if self.packed else "").encode() + rows.encode()
         lib = LIBRARY[self.format]
-        layout = f";layout={int8_layout()}" if self.format == "int8" else ""  # how int8 is multiplied
+        layout = f";layout={int8_layout()}" if self.format in ("int8", "int4") else ""  # how int8 is multiplied
         if self.decode_dtype is not None:
             layout += f";decode={self.decode_dtype}"
-        return f"weights={self.format};{lib}={importlib.metadata.version(lib)}{layout}".encode()
+        return f"weights={self.format};{lib}={importlib.metadata.version(lib)}{layout}{rows}".encode()
 
 
 def format_name(dtype: torch.dtype) -> str:
@@ -137,13 +143,20 @@ def estimate_bytes(folder: Path, family: str, fmt: str, dtype: torch.dtype, pack
                     embedding = n * size if key.endswith("embed_tokens.weight") else embedding
                 if _is_vision_key(key, family) or not matrix or fmt in FLOAT_FORMATS:
                     total += n * size
-                elif fmt == "int8":  # int8 values + a scale per row (token embedding and output head too)
-                    total += n + shape[0] * size
+                elif fmt == "int8" or (fmt == "int4" and not _is_layer_key(key)):
+                    total += n + shape[0] * size  # int8 values + a scale per row (int4: embedding and head)
+                elif fmt == "int4":  # 16 bytes of nibbles and an fp16 scale per 32 weights
+                    total += -(-shape[1] // 32) * 18 * shape[0]
                 elif key.endswith("embed_tokens.weight") or key.endswith("lm_head.weight"):
                     total += n * size  # NF4 keeps the token embedding and output head full precision
                 else:  # two weights a byte + one 8-bit absmax per block (nested statistics)
                     total += n // 2 + n // NF4_BLOCK
     return total + (embedding if packed and fmt in FLOAT_FORMATS and not head else 0)
+
+
+def _is_layer_key(key: str) -> bool:
+    """A linear inside the language model's layers (not its token embedding or output head)."""
+    return not (key.endswith("embed_tokens.weight") or key.endswith("lm_head.weight"))
 
 
 def _gib(n: int) -> str:
@@ -156,7 +169,17 @@ def _packed(fmt: str, device: torch.device, speeds: dict[str, FormatSpeed]) -> b
     a plain kernel, neither slower plain on the CPUs measured)."""
     if device.type != "cpu" or fmt not in FLOAT_FORMATS or not packed_linear.available(FLOAT_FORMATS[fmt]):
         return False
+    if _rows(fmt, device, speeds):  # the numba kernels read the plain weights
+        return False
     return speeds[fmt].packed if fmt in speeds else fmt == "bf16"
+
+
+def _rows(fmt: str, device: torch.device, speeds: dict[str, FormatSpeed]) -> bool:
+    """Decoded rows through numba's kernels on the CPU: int4 always (its only kernel), other
+    formats where calibrate.py measured them faster than torch's."""
+    if device.type != "cpu":
+        return False
+    return fmt == "int4" or (fmt in speeds and speeds[fmt].rows)
 
 
 def _plan(
@@ -167,7 +190,8 @@ def _plan(
     note: str = "",
     decode_dtype: torch.dtype | None = None,
 ) -> WeightPlan:
-    return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds), decode_dtype)
+    rows = _rows(fmt, device, speeds)
+    return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds), None if rows else decode_dtype, rows)
 
 
 def _rates(s: FormatSpeed) -> str:
@@ -265,6 +289,24 @@ def plan_weights(
     )
 
 
+def load_dtype(plan: WeightPlan, folder: Path) -> torch.dtype:
+    """The dtype from_pretrained loads in: the compute dtype, except for int4, which loads in the
+    files' own floating dtype: the weights then stay views of the file mapping until quantized,
+    so loading a bf16 checkpoint to compute in fp32 does not first hold all of it in fp32 (twice
+    its size), and the rest is cast afterwards to exactly what loading in fp32 gives."""
+    if plan.format != "int4":
+        return plan.dtype
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            for key in sf.keys():  # noqa: SIM118 (a safetensors file is not iterable)
+                dtype = DTYPES_BY_NAME.get(
+                    {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(sf.get_slice(key).get_dtype(), "")
+                )
+                if dtype is not None:
+                    return dtype
+    return plan.dtype
+
+
 def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     """Extra `from_pretrained` arguments: the transformers quantization config for the format."""
     if plan.format == "int8":
@@ -296,18 +338,33 @@ def load_kwargs(plan: WeightPlan, family: str, device: torch.device) -> dict:
     return {}
 
 
-def finish_load(model, plan: WeightPlan, family: str, device: torch.device, elastic: bool = False) -> None:
+def finish_load(
+    model, plan: WeightPlan, family: str, device: torch.device, elastic: bool = False, data_dir: Path | None = None
+) -> None:
     """Place the model on the device and check that only the language model was quantized.
     `elastic`: the engine releases the encoder's weights right after the load (the residency reads
-    them back, owned, when a picture needs them), so they are not copied here only to be dropped."""
+    them back, owned, when a picture needs them), so they are not copied here only to be dropped.
+    `data_dir`: where numba's compiled kernels are cached (row_kernels.py)."""
     if plan.format != "4bit":  # bitsandbytes already placed it; `.to` is refused on its models
         model.to(device)
-    if plan.format == "int8":
-        pack_int8(model, FAMILIES[family].vision_modules, plan.dtype, plan.decode_dtype)
+    kernels = None
+    if plan.rows:
+        kernels = row_kernels.load(data_dir)
+        if kernels is None and plan.format == "int4":
+            raise ModelLoadError(f"int4 weights need numba's kernels, which failed here ({row_kernels.unavailable()})")
+    vision = FAMILIES[family].vision_modules
+    if plan.format == "int4" and kernels is not None:  # its layers in 4 bits, embedding and head in int8
+        row_kernels.pack_int4(model, vision, kernels)
+    if plan.format in ("int8", "int4"):
+        pack_int8(model, vision, plan.dtype, plan.decode_dtype, kernels)
+    if plan.format == "int4":  # loaded in the files' dtype (load_dtype): the rest now in the compute dtype
+        model.to(plan.dtype)
     model.eval()
+    if kernels is not None and not plan.quantized:
+        row_kernels.use_rows(model, vision, kernels)
     if plan.packed:  # before own_weights: packing reads the file mapping once, copying nothing twice
         packed_linear.pack_linears(model, FAMILIES[family].vision_modules)
-    if device.type == "cpu" and not plan.quantized:
+    if device.type == "cpu" and (not plan.quantized or plan.format == "int4"):
         own_weights(model, skip=tuple(m + "." for m in FAMILIES[family].vision_modules) if elastic else ())
     if plan.quantized:
         check_quantized(model, family, plan.format)

@@ -6,14 +6,16 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 # language-model weight formats (engine/model/weights.py): here so the window and CLI list them without torch
-WEIGHT_FORMATS = ("auto", "bf16", "fp16", "fp32", "int8", "4bit")
+WEIGHT_FORMATS = ("auto", "bf16", "fp16", "fp32", "int8", "int4", "4bit")
 
 
 @dataclass
 class EngineSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    weights: str = "auto"  # language-model weights: auto | bf16 | fp16 | fp32 | int8 | 4bit (engine/model/weights.py)
+    weights: str = (
+        "auto"  # language-model weights: auto | bf16 | fp16 | fp32 | int8 | int4 | 4bit (engine/model/weights.py)
+    )
     memory_budget_bytes: int | None = None  # cap on model + KV memory; None: the device's free memory
     prefill_chunk_tokens: int = 2048  # long prompts prefill in pieces: bounded attention memory
     lookup_decoding: bool = True  # greedy turns draft repeated text from the conversation (exact)

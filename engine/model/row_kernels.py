@@ -1,0 +1,407 @@
+"""Decoded rows (a token alone, or with its prompt-lookup draft) through numba-compiled kernels that
+stream the weights at memory speed; prompts through torch's GEMM as before.
+
+Why: a decode step is a one-row matrix product per linear, so it can go no faster than the
+weights stream from memory. torch 2.14's one-row products reach about half of that (issue #30:
+47-58% on the CPUs measured); a plain numba loop over the output rows, split across threads,
+reached 0.73-0.88 (numba_rows.py has the kernels). numba compiles at run time with no compiler on
+the user's machine; the compiled code is cached on disk in the data folder (the install folder
+may be read-only), so only the first launch compiles.
+
+Where numba is missing, does not import or does not compile, torch's kernels run and one line
+says so; whether it is faster on this CPU is measured by calibrate.py, which records the answer
+(FormatSpeed.rows). Threads: numba's `workqueue` layer, as many as torch uses. Its threads sleep
+between calls; numba's OpenMP layer runs a second OpenMP runtime beside torch's, and the two spun
+against each other on a 2-core EPYC (a stream of fp32 one-row products 2.8 GB/s against 6.7 with
+workqueue, torch's ops between the calls). workqueue must not be entered from two threads at once
+(numba aborts the process), hence the lock.
+
+Exactness: a kernel's row does not depend on the other rows it came with (each dot product is
+one loop whose order depends only on its length), so a token and its draft agree; prompt chunks
+(PROMPT_ROWS rows and more) never take these kernels. Products differ from torch's in the last
+bits, so the KV namespace names the kernel (weights.WeightPlan.fingerprint_part).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .int8_layers import PROMPT_ROWS
+
+log = logging.getLogger(__name__)
+
+LAYOUT = "numba-rows-v1"  # named in the KV store namespace: change it when a kernel's arithmetic changes
+CACHE_FOLDER = "numba-cache"  # under the data folder
+
+# weights smaller than this go through the serial kernels on the calling thread: handing a call to
+# numba's threads cost 60-80 us on the 2-core EPYC, what one thread takes for 1536 x 256 fp32
+# weights (33 us); a weight's kernel never depends on how many rows come, so rows stay independent
+SERIAL_BYTES = 2 << 20
+_lock = threading.Lock()
+_loading = threading.Lock()
+_threads = threading.local()  # the thread count numba was last given on this thread (numba's is per thread)
+_state: dict[str, object] = {}  # "kernels": the compiled module, or "why": why there is none
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def prepare(data_dir: Path | str | None) -> None:
+    """Start load() on a thread of its own, so importing numba and reading its cache overlap the
+    model's load (0.4-0.5 s on the 2-core EPYC, most of it numba's import); load() joins it."""
+    if "kernels" not in _state and "why" not in _state and not _loading.locked():
+        threading.Thread(target=load, args=(data_dir,), name="numba-kernels", daemon=True).start()
+
+
+def load(data_dir: Path | str | None) -> ModuleType | None:
+    """The compiled kernels (numba_rows), compiled or read from the cache in `data_dir` once per
+    process; None, with one logged line saying why, where numba cannot serve. The compile (or
+    cache read) time is logged: it is part of the model's startup."""
+    with _loading:
+        return _load(data_dir)
+
+
+def _load(data_dir: Path | str | None) -> ModuleType | None:
+    if "kernels" in _state or "why" in _state:
+        return _state.get("kernels")  # type: ignore[return-value]
+    t0 = time.perf_counter()
+    try:
+        if data_dir is not None and "NUMBA_CACHE_DIR" not in os.environ:
+            folder = Path(data_dir) / CACHE_FOLDER
+            folder.mkdir(parents=True, exist_ok=True)
+            os.environ["NUMBA_CACHE_DIR"] = str(folder)  # read by numba's config when it is imported
+            import numba
+
+            numba.config.CACHE_DIR = str(folder)  # type: ignore[attr-defined]  # and where numba was imported before
+        import numba
+
+        numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
+        from . import numba_rows
+
+        _warm_up(numba_rows)
+    except Exception as exc:  # ImportError, numba's compile errors, an unwritable cache: torch serves
+        _state["why"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        log.warning("one-row kernels: numba unavailable (%s); torch's kernels run", _state["why"])
+        return None
+    _state["kernels"] = numba_rows
+    log.info(
+        "one-row kernels: numba %s ready in %.2f s (cache %s)",
+        version(),
+        time.perf_counter() - t0,
+        os.environ.get("NUMBA_CACHE_DIR", "next to the code"),
+    )
+    return numba_rows
+
+
+def unavailable() -> str:
+    """Why the kernels are not loaded ("" when they are, or were never asked for)."""
+    return str(_state.get("why", ""))
+
+
+def _warm_up(k: ModuleType) -> None:
+    """Compile (or load from the cache) every kernel, parallel and serial, for the argument types
+    Parley passes, and check each on a small product against numpy: a kernel that computes wrong
+    on this CPU is no kernel."""
+    g = np.random.default_rng(0)
+    x = g.standard_normal((2, 64), dtype=np.float32)
+    w = g.standard_normal((8, 64), dtype=np.float32)
+    checks: list[tuple[np.ndarray, np.ndarray]] = []
+    for suffix in ("", "_serial"):
+        for name, dtype in (("rows_f32", torch.float32), ("rows_bf16", torch.bfloat16), ("rows_f16", torch.float16)):
+            weight = torch.from_numpy(w).to(dtype)
+            out = np.empty((2, 8), np.float32)
+            bits = weight.numpy() if dtype == torch.float32 else weight.view(torch.int16).numpy()
+            _call(getattr(k, name + suffix), x, bits, out)
+            checks.append((out, x.astype(np.float64) @ weight.double().numpy().T))
+        out = np.empty((2, 8), np.float32)
+        _call(getattr(k, "rows_int8" + suffix), x, np.ones((8, 64), np.int8), np.full(8, 0.5, np.float32), out)
+        checks.append((out, np.repeat(x.sum(1, keepdims=True) * 0.5, 8, 1)))
+        q = Int4Weights.of(torch.from_numpy(w))
+        lo, hi, xd = quantized_activations(torch.from_numpy(x), q.blocks, q.per, k)
+        out = np.empty((2, 8), np.float32)
+        _call(getattr(k, "rows_int4" + suffix), lo, hi, xd, q.nibbles.numpy(), q.scales.numpy(), out)
+        checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
+    prompt = Int4Linear(Int4Weights.of(torch.from_numpy(w)), None, k)._prompt_product(torch.from_numpy(x), q)
+    checks.append((prompt.numpy(), _int4_reference(torch.from_numpy(x), q).numpy()))
+    for got, want in checks:
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
+            raise ArithmeticError("a compiled one-row kernel disagrees with numpy on this CPU")
+
+
+def kernel(kernels: ModuleType, name: str, weight_bytes: int):
+    """The kernel `name` for a weight of this many bytes: serial when small (SERIAL_BYTES)."""
+    return getattr(kernels, name + ("_serial" if weight_bytes < SERIAL_BYTES else ""))
+
+
+def _call(fn, *args) -> None:
+    """One kernel call on the caller's thread count (numba's is per calling thread), never two at once."""
+    threads = torch.get_num_threads()
+    with _lock:
+        if _threads.__dict__.get("n") != threads:
+            import numba
+
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+            _threads.n = threads
+        fn(*args)
+
+
+def rows_served(x: torch.Tensor) -> bool:
+    """Whether these flattened rows are decoded ones (fewer than PROMPT_ROWS) on the CPU."""
+    return len(x) < PROMPT_ROWS and x.device.type == "cpu"
+
+
+class RowLinear(nn.Module):
+    """A full-precision linear (fp32, bf16 or fp16 weights as loaded, row-major) whose decoded rows
+    go through the numba kernel in fp32, and whose prompt chunks go through F.linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: ModuleType):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias = weight, bias
+        self._kernels = kernels
+        self._args: tuple = (None, None, None)  # (the weight's address, kernel, its numpy view), made on first use
+
+    @classmethod
+    def of(cls, linear: nn.Linear, kernels: ModuleType) -> RowLinear:
+        return cls(linear.weight, linear.bias, kernels)
+
+    def _kernel_args(self) -> tuple:
+        """(kernel, weight as numpy) for the weight as it is now (own_weights may move it after
+        this module is made)."""
+        w = self.weight.detach()
+        if self._args[0] != w.data_ptr():
+            name = {torch.float32: "rows_f32", torch.bfloat16: "rows_bf16"}.get(w.dtype, "rows_f16")
+            fn = kernel(self._kernels, name, w.numel() * w.element_size())
+            self._args = (w.data_ptr(), fn, w.numpy() if w.dtype == torch.float32 else w.view(torch.int16).numpy())
+        return self._args[1], self._args[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if not rows_served(flat) or not self.weight.is_contiguous():
+            return F.linear(x, self.weight, self.bias)
+        out = np.empty((len(flat), self.out_features), np.float32)
+        fn, w = self._kernel_args()
+        _call(fn, flat.detach().to(torch.float32).contiguous().numpy(), w, out)
+        y = torch.from_numpy(out).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.weight.dtype}, numba rows"
+
+
+def int8_rows(flat: torch.Tensor, weight: torch.Tensor, scale32: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
+    """x @ (weight * scale).T for decoded rows: int8 weights (n, k), fp32 scales, fp32 result."""
+    out = torch.empty(len(flat), weight.shape[0], dtype=torch.float32)
+    x = flat.detach().to(torch.float32).contiguous().numpy()
+    fn = kernel(kernels, "rows_int8", weight.numel())
+    _call(fn, x, weight.detach().numpy(), scale32.detach().numpy(), out.numpy())
+    return out
+
+
+# ------------------------------------------------------------------ 4-bit: llama.cpp Q4_0's bytes
+
+BLOCK = 32  # weights per fp16 scale: 16 bytes of nibbles + 2 of scale, 18 bytes per 32 weights
+
+
+SIDE_BY_SIDE = 256  # blocks of output rows the int4 kernel's vectorized loop runs over at least (numba_rows)
+
+
+class Int4Weights:
+    """One weight matrix in blocks of 32 along its input with one fp16 scale each (Q4_0): a
+    weight is (nibble - 8) * scale, the nibble 0..15. Stored as the kernel streams it
+    (numba_rows.rows_int4): `per` output rows side by side, nibbles (groups, 16, per * blocks),
+    scales (groups, per, blocks) as fp16 bits. Inputs not a multiple of 32 wide are padded with
+    zeros, outputs to a multiple of `per` with zero rows."""
+
+    def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, in_features: int, out_features: int):
+        self.nibbles, self.scales = nibbles, scales
+        self.in_features, self.out_features = in_features, out_features
+        _, self.per, self.blocks = scales.shape
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> Int4Weights:
+        """Quantized as llama.cpp's quantize_row_q4_0 does: the block's value of largest magnitude
+        maps to nibble 0 (-8), the rest rounded to the nearest step."""
+        out, k = weight.shape
+        blocks = -(-k // BLOCK)
+        per = max(1, min(out, -(-SIDE_BY_SIDE // blocks)))
+        groups = -(-out // per)
+        w = torch.zeros(groups * per, blocks * BLOCK, dtype=torch.float32)
+        w[:out, :k] = weight.detach().float()
+        w = w.reshape(groups * per, blocks, BLOCK)
+        extreme = w.gather(2, w.abs().argmax(2, keepdim=True)).squeeze(2)  # signed
+        scale = (extreme / -8).to(torch.float16)
+        inverse = torch.where(scale != 0, 1 / scale.float(), torch.zeros(()))
+        q = (w * inverse[..., None] + 8.5).clamp(0, 15).to(torch.uint8)  # truncation: + 0.5 rounds
+        nibbles = q[:, :, :16] | (q[:, :, 16:] << 4)  # (rows, blocks, 16)
+        nibbles = nibbles.reshape(groups, per * blocks, 16).transpose(1, 2).contiguous()
+        return cls(nibbles, scale.view(torch.int16).reshape(groups, per, blocks).contiguous(), k, out)
+
+    @property
+    def nbytes(self) -> int:
+        return self.nibbles.numel() + 2 * self.scales.numel()
+
+    def dequantized(self, a: int = 0, b: int | None = None) -> torch.Tensor:
+        """Rows a:b of the weight in fp32 (out, in)."""
+        b = self.out_features if b is None else b
+        g0, g1 = a // self.per, -(-b // self.per)
+        q = self.nibbles[g0:g1].transpose(1, 2).reshape(-1, self.blocks, 16)  # (rows, blocks, 16)
+        values = torch.cat([(q & 15), (q >> 4)], 2).to(torch.float32) - 8
+        scales = self.scales[g0:g1].reshape(-1, self.blocks).view(torch.float16).float()
+        w = (values * scales[..., None]).reshape(len(values), -1)
+        first = a - g0 * self.per
+        return w[first : first + b - a, : self.in_features]
+
+    def rows(self, flat: torch.Tensor, out: np.ndarray, kernels: ModuleType) -> None:
+        """out (rows, out_features) fp32 = the decoded rows' products, activations quantized to
+        int8 per block of 32 (as llama.cpp's q8_0) and integer dot products per block."""
+        lo, hi, xd = quantized_activations(flat, self.blocks, self.per, kernels)
+        padded = (
+            out
+            if self.out_features % self.per == 0
+            else np.empty((len(flat), len(self.nibbles) * self.per), np.float32)
+        )
+        fn = kernel(kernels, "rows_int4", self.nbytes)
+        _call(fn, lo, hi, xd, self.nibbles.numpy(), self.scales.numpy(), padded)
+        if padded is not out:
+            out[:] = padded[:, : self.out_features]
+
+
+def quantized_activations(
+    flat: torch.Tensor, blocks: int, per: int, kernels: ModuleType
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of activations as int8 per block of 32 with an fp32 scale (amax / 127), padded with
+    zeros to `blocks`: (low halves, high halves) as int16 (rows, 16, per * blocks), repeated for
+    the `per` weight rows side by side, and the scales (rows, blocks). In numba: the same in
+    torch ops took 130 us a call on the 2-core EPYC, a quarter of a 1536x1536 product."""
+    x = flat.detach().to(torch.float32).contiguous().numpy()
+    lo = np.empty((len(x), 16, per * blocks), np.int16)
+    hi = np.empty_like(lo)
+    xd = np.empty((len(x), blocks), np.float32)
+    kernels.quantize_int4_activations(x, lo, hi, xd)
+    return lo, hi, xd
+
+
+def fake_quantized_activations(flat: torch.Tensor) -> torch.Tensor:
+    """The rows as the int4 kernel sees them (int8 per block of 32 times the block's scale), in
+    fp32: a prompt chunk computes with these, so it agrees with decoded rows up to rounding."""
+    k = flat.shape[1]
+    blocks = -(-k // BLOCK)
+    x = torch.zeros(len(flat), blocks * BLOCK, dtype=torch.float32)
+    x[:, :k] = flat
+    x = x.reshape(len(flat), blocks, BLOCK)
+    scale = x.abs().amax(2, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros(()))  # as numba_rows.quantize_int4_activations
+    return ((x * inverse).round() * scale).reshape(len(flat), -1)[:, :k]
+
+
+def _int4_reference(flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+    return (fake_quantized_activations(flat).double() @ w.dequantized().double().T).float()
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T + bias with W in Int4Weights. Decoded rows: the numba kernel on int8 blocks of
+    activations. Prompt chunks: the same activations (fake_quantized_activations) times W
+    dequantized to fp32 a slice of output rows at a time, by the dense GEMM."""
+
+    DEQUANTIZED_BYTES = 32 << 20  # fp32 weight rows held at once for a prompt chunk
+
+    def __init__(self, weights: Int4Weights, bias: nn.Parameter | None, kernels: ModuleType):
+        super().__init__()
+        self.in_features, self.out_features = weights.in_features, weights.out_features
+        # buffers, so the memory ledger counts them (and .to() would move them)
+        self.register_buffer("nibbles", weights.nibbles, persistent=False)
+        self.register_buffer("scales", weights.scales, persistent=False)
+        self.bias = bias
+        self._kernels = kernels
+
+    nibbles: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def weights(self) -> Int4Weights:
+        return Int4Weights(self.nibbles, self.scales, self.in_features, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).detach()
+        w = self.weights
+        if rows_served(flat):
+            out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
+            w.rows(flat.float(), out.numpy(), self._kernels)
+        else:
+            out = self._prompt_product(flat.float(), w)
+        y = out.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+        """The chunk's int8-per-block activations (as decoded rows see them) times the weights
+        turned back into fp32 by numba a few groups of rows at a time (DEQUANTIZED_BYTES), both in
+        the order the weights are stored (numba_rows.dequantize_int4), by the dense GEMM."""
+        xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
+        xq[:, : self.in_features] = fake_quantized_activations(flat)
+        xq = xq.reshape(len(flat), w.blocks, 2, 16).permute(0, 2, 3, 1).reshape(len(flat), -1).contiguous()
+        groups = len(w.nibbles)
+        step = max(1, self.DEQUANTIZED_BYTES // (4 * BLOCK * w.blocks * w.per))  # groups at a time
+        out = torch.empty(len(flat), groups * w.per, dtype=torch.float32)
+        buffer = np.empty((min(step, groups) * w.per, 2, 16, w.blocks), np.float32)
+        nibbles, scales = w.nibbles.numpy(), w.scales.numpy()
+        for g in range(0, groups, step):
+            n = min(step, groups - g)
+            part = buffer[: n * w.per]
+            _call(self._kernels.dequantize_int4, nibbles, scales, g, part)
+            torch.mm(xq, torch.from_numpy(part).reshape(len(part), -1).T, out=out[:, g * w.per : (g + n) * w.per])
+        return out[:, : self.out_features]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 (Q4_0 blocks), numba rows"
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
+def use_rows(model: nn.Module, skip: tuple[str, ...], kernels: ModuleType) -> int:
+    """Swap every plain full-precision nn.Linear outside `skip` (the vision encoder and projector)
+    for a RowLinear over the same weight (no copy; a tied output head keeps sharing the token
+    embedding's table). Returns how many."""
+    outside = tuple(p + "." for p in skip)
+    count = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and not name.startswith(outside) and module.weight.device.type == "cpu":
+            _replace(model, name, RowLinear.of(module, kernels))
+            count += 1
+    return count
+
+
+def pack_int4(model: nn.Module, skip: tuple[str, ...], kernels: ModuleType) -> int:
+    """Quantize every language-model linear outside `skip` to Int4Linear, one at a time (the
+    full-precision weight let go before the next), except the output head. Returns how many."""
+    outside = tuple(p + "." for p in skip)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    count = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and module is not head and not name.startswith(outside):
+            _replace(model, name, Int4Linear(Int4Weights.of(module.weight), module.bias, kernels))
+            count += 1
+    return count

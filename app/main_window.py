@@ -47,6 +47,7 @@ from .retry_button import RetryButton
 from .settings_dialog import SettingsDialog
 from .sidebar import UNDO_SECONDS, Sidebar
 from .theme import apply_theme
+from .version import VERSION
 from .window_chrome import StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
@@ -119,7 +120,7 @@ class MainWindow(QMainWindow):
         self.memory_dock = MemoryDock(self._title_for, self.chat_marks, self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
         self.engines = EngineSwitch(bridge, prefs.qs, self, self.memory_dock, self.data_dir)  # built-in or a server
-        self.api = ApiControl(bridge.engine, parent=self)  # the API server, off unless Settings say so
+        self.api = ApiControl(bridge.builtin, parent=self)  # serves the built-in engine, off unless Settings say so
         self.resizeDocks([self.memory_dock], [380], Qt.Orientation.Horizontal)
 
         self.status = StatusLine(self.statusBar(), self.engines.label)
@@ -558,8 +559,6 @@ def about_text(data_dir: Path) -> str:
     """The version and what it runs on: what a bug report needs, copied from Help ▸ About."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from . import __version__
-
     def of(package: str) -> str:
         try:
             return version(package)
@@ -572,7 +571,7 @@ def about_text(data_dir: Path) -> str:
         [f"PySide6 {PySide6.__version__}"] + [f"{name} {of(name)}" for name in ("torch", "transformers")]
     )
     return (
-        f"<p><b>Parley {__version__}</b></p>"
+        f"<p><b>Parley {VERSION}</b></p>"
         "<p>Chat with a local vision-language model about pictures.</p>"
         f"<p>Python {platform.python_version()} · {runs_on}<br>"
         f"Data folder: {html.escape(str(data_dir))}</p>"

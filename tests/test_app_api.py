@@ -216,6 +216,28 @@ def test_server_from_saved_settings_starts_with_the_window_and_stops_before_the_
     assert refused(f"http://127.0.0.1:{port}/v1/models")
 
 
+def test_the_api_server_serves_the_built_in_engine_whichever_engine_the_window_uses(qtbot, tmp_path):
+    """The API server shares the built-in engine (its caches and model), never a server the window
+    talks to: a window made while a remote engine is in use still serves the built-in one (it was
+    handed the engine in use, and failed on the remote's missing data folder)."""
+    from app.preferences import ApiConfig
+    from tests.remote_servers import remote
+
+    prefs = make_prefs(tmp_path / "prefs.ini")
+    port = free_port()
+    prefs.set_api_config(ApiConfig(enabled=True, port=port))
+    bridge = EngineBridge.create(prefs.engine_settings(), tmp_path / "data")
+    far = remote(f"http://127.0.0.1:{free_port()}", model="big-vlm")  # nothing listens there
+    bridge.use_engine(far)
+    w = MainWindow(bridge, History(tmp_path / "data"), prefs, tmp_path / "data")
+    qtbot.addWidget(w)
+    try:
+        assert w.api.engine is bridge.builtin
+        assert get(f"http://127.0.0.1:{port}/v1/models") == {"object": "list", "data": []}  # no model loaded here
+    finally:
+        w.shutdown()
+
+
 @pytest.mark.parametrize("stored", [{"api/port": "nonsense"}, {"api/port": 99999}])
 def test_bad_stored_api_settings_fall_back(tmp_path, stored):
     prefs = make_prefs(tmp_path / "p.ini")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import pyside_refcount_fix
-
-__version__ = "0.1.0"  # Help ▸ About; packaging/parley.spec's CFBundleShortVersionString says the same
+from .version import VERSION as __version__
 
 pyside_refcount_fix.apply()  # before any signal is emitted: see the module
 
@@ -17,4 +16,4 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     return _run_app(model_path, data_dir, settings)
 
 
-__all__ = ["run_app"]
+__all__ = ["__version__", "run_app"]

@@ -284,8 +284,8 @@ class ChatController(QObject):
         )
         if a.replaced is not None and text == a.replaced and not ev.stopped:
             self.note.emit(
-                "The same reply again: replies are greedy (Settings ▸ Replies), so the model picks its "
-                "most likely words each time. More varied samples a different one."
+                # short enough for the status bar beside its labels: the cut-off part would be the hint
+                "The same reply: replies are greedy (Settings ▸ Replies). More varied samples another."
             )
         self.turnFinished.emit(ev)
         self.conversationsChanged.emit()

@@ -10,7 +10,8 @@ import torch
 
 from engine.local.lookup_decode import NgramDrafter
 from engine.model import int8_layers
-from engine.model.int8_layers import PROMPT_ROWS, Int8Embedding, Int8Linear
+from engine.model.int8_layers import Int8Embedding, Int8Linear
+from engine.model.prompt_rows import PROMPT_ROWS
 
 
 def _layer(rows: int, cols: int, dtype: torch.dtype, bias: bool = False) -> Int8Linear:

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .prompt_rows import PROMPT_ROWS
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -57,12 +59,6 @@ LAYOUT = "int8pack-rows-v4"  # named in the KV store namespace (with the prompt 
 FUSED_WIDTH_MULTIPLE = {torch.bfloat16: 64}
 
 
-# Rows from which a product goes through a GEMM (int8, else dequantized) instead of the fused one-row kernel:
-# that kernel runs rows one after another (2 tok/s at 32 rows with fp32 activations on a 2-core
-# EPYC, ~86 with bf16), the GEMM at the full-precision prompt speed. Above the longest decode
-# step (a token plus a draft of at most 10, engine/local/lookup_decode.py), so decoding stays
-# on one kernel whose rows do not depend on each other.
-PROMPT_ROWS = 16
 DEQUANTIZED_BYTES = 32 << 20  # weight rows scaled back at a time for a prompt chunk
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .int8_layers import PROMPT_ROWS
+from .prompt_rows import PROMPT_ROWS
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def main() -> int:
     )
     hub.add_folder("acme/tiny-smolvlm", build_tiny_model("smolvlm", work / "tiny"))
 
-    from app.models_page import COL_FIT, ModelsPage
+    from app.models.models_page import COL_FIT, ModelsPage
     from app.theme import apply_theme
     from engine.library.catalog import load_catalog
     from engine.library.pull import plan_pull, pull

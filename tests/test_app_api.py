@@ -12,10 +12,10 @@ import pytest
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
-from app.bridge import EngineBridge
-from app.history import History
-from app.main_window import MainWindow
-from app.settings_dialog import SettingsDialog
+from app.connection.bridge import EngineBridge
+from app.history.history import History
+from app.settings.settings_dialog import SettingsDialog
+from app.shell.main_window import MainWindow
 from tests.test_app_support import make_prefs, make_window, send, wait_reply  # noqa: F401
 
 # no proxy from the environment may stand between the test and 127.0.0.1
@@ -153,7 +153,7 @@ def test_non_loopback_without_token_is_refused_in_the_dialog(make_window, qtbot)
     )
     assert "not running" in w.status.api_label.text()
     # with a token it is accepted by the dialog's check (no bind here: a test must not open the network)
-    from app.preferences import config_problem
+    from app.settings.preferences import config_problem
 
     assert config_problem(settings(qtbot, w, True, host="0.0.0.0", token="s3cret").api_config()) is None
 
@@ -197,7 +197,7 @@ def test_a_busy_port_is_said_and_the_running_server_stays(make_window, qtbot):
 def test_server_from_saved_settings_starts_with_the_window_and_stops_before_the_engine(qtbot, tmp_path):
     prefs = make_prefs(tmp_path / "prefs.ini")
     port = free_port()
-    from app.preferences import ApiConfig
+    from app.settings.preferences import ApiConfig
 
     prefs.set_api_config(ApiConfig(enabled=True, port=port))
     bridge = EngineBridge.create(prefs.engine_settings(), tmp_path / "data")
@@ -220,7 +220,7 @@ def test_the_api_server_serves_the_built_in_engine_whichever_engine_the_window_u
     """The API server shares the built-in engine (its caches and model), never a server the window
     talks to: a window made while a remote engine is in use still serves the built-in one (it was
     handed the engine in use, and failed on the remote's missing data folder)."""
-    from app.preferences import ApiConfig
+    from app.settings.preferences import ApiConfig
     from tests.remote_servers import remote
 
     prefs = make_prefs(tmp_path / "prefs.ini")

@@ -7,7 +7,7 @@ import threading
 from PySide6.QtCore import QThread
 
 import app  # noqa: F401  (PySide6 refcount workaround)
-from app.bridge import EngineBridge
+from app.connection.bridge import EngineBridge
 from engine.protocol.events import Message, Sampling, Turn
 
 

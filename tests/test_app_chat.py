@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
-from app.history import COMPLETE, INTERRUPTED
+from app.history.history import COMPLETE, INTERRUPTED
 from tests.fixtures.pictures import make_picture
 from tests.test_app_support import click_action, make_window, send, wait_reply  # noqa: F401
 

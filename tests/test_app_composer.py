@@ -16,7 +16,7 @@ from tests.test_app_support import make_window  # noqa: F401
 
 
 def test_attach_dialog_and_refusal_name_the_same_formats(make_window, tmp_path):
-    from app.composer import picture_filter
+    from app.composer.composer import picture_filter
     from engine.pictures.file import PICTURE_TYPES, PictureError, check
 
     offered = set(re.findall(r"\*(\.\w+)", picture_filter().split(";;")[1]))
@@ -63,7 +63,7 @@ def _dialog_folder(trigger, choose: Path | None = None) -> str:
 
 
 def test_file_dialogs_open_in_the_home_folder_then_where_the_last_picture_was(make_window, tmp_path, monkeypatch):
-    from app.model_picker import ModelPicker
+    from app.models.model_picker import ModelPicker
 
     home = tmp_path / "home"
     (home / "Pictures").mkdir(parents=True)

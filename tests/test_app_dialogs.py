@@ -9,10 +9,10 @@ from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.bridge import EngineBridge
-from app.model_catalog import scan_hf_cache
-from app.model_picker import ModelPicker, PathRole, ProblemRole
-from app.settings_dialog import SettingsDialog
+from app.connection.bridge import EngineBridge
+from app.models.model_catalog import scan_hf_cache
+from app.models.model_picker import ModelPicker, PathRole, ProblemRole
+from app.settings.settings_dialog import SettingsDialog
 from app.theme import apply_theme, is_dark
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 
@@ -118,7 +118,7 @@ def test_dark_and_light_themes():
 
 def test_run_app_loads_the_model_and_closes_cleanly(qtbot, tmp_path, tiny_model):
     from app import run_app
-    from app.main_window import MainWindow
+    from app.shell.main_window import MainWindow
 
     QSettings.setPath(QSettings.Format.NativeFormat, QSettings.Scope.UserScope, str(tmp_path / "cfg"))
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(tmp_path / "cfg"))
@@ -149,7 +149,7 @@ def test_about_says_the_version_and_what_it_runs_on(tmp_path):
     from pathlib import Path
 
     import app
-    from app.main_window import about_text
+    from app.shell.main_window import about_text
 
     text = about_text(tmp_path / "my <data>")
     assert f"Parley {app.__version__}" in text and re.fullmatch(r"\d+\.\d+\.\d+", app.__version__)

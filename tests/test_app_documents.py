@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import pytest
 from PySide6.QtCore import Qt
 
-from app.attachment_chip import DEFAULT_PAGES, AttachmentChip
-from app.thumbnails import read_scaled
+from app.composer.attachment_chip import DEFAULT_PAGES, AttachmentChip
+from app.composer.thumbnails import read_scaled
 from engine.pictures.video import FrameSampling
 from tests.fixtures.documents import make_encrypted_pdf, make_pdf, make_video
 from tests.test_app_pictures import drop, file_mime
@@ -126,7 +126,7 @@ def test_paste_a_pdf_and_a_video_as_files(make_window, qtbot, tmp_path):
 def test_the_history_keeps_a_document_its_pages_name(tmp_path):
     """A page in a stored message names its document's stored copy: the engine gets the same page
     key as `ask --file`, and the stored PDF is never purged as an orphan while a message holds it."""
-    from app.history import History
+    from app.history.history import History
     from engine.pictures import parts
     from engine.pictures.document import Document
 
@@ -256,7 +256,7 @@ def test_a_pdf_defaults_to_the_pages_the_models_context_holds(make_window, qtbot
     """The window learns the loaded model's context and what a page costs from its ModelReady; a
     PDF's chip then defaults to the pages that fit and says which were left out. A range the
     person typed stays theirs; unknown (no model, a remote engine): the first DEFAULT_PAGES."""
-    from app.attachment_chip import PageBudget
+    from app.composer.attachment_chip import PageBudget
 
     w = make_window(family="qwen2_vl", max_new_tokens=4)
     ready = []

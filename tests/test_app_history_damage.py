@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QMessageBox
 
-from app.history_db import DAMAGED_SUFFIX
+from app.history.history_db import DAMAGED_SUFFIX
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
 
 

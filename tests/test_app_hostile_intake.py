@@ -10,9 +10,9 @@ import time
 import pytest
 from PySide6.QtCore import QTimer
 
-from app.composer import Composer
-from app.history import History
-from app.picture_intake import PictureIntake, PictureRejected
+from app.composer.composer import Composer
+from app.composer.picture_intake import PictureIntake, PictureRejected
+from app.history.history import History
 from engine.pictures import pdfium_process, video
 from tests.fixtures.documents import make_video
 from tests.fixtures.hostile import jpeg_scan_bomb, pdf_bomb
@@ -57,7 +57,7 @@ def test_hostile_files_are_refused_off_the_ui_thread(qtbot, tmp_path, monkeypatc
 
 
 def test_a_picture_slow_to_decode_is_read_off_the_ui_thread(tmp_path):
-    from app.picture_intake import slow_to_decode
+    from app.composer.picture_intake import slow_to_decode
     from tests.fixtures.hostile import progressive_jpeg
     from tests.fixtures.pictures import make_picture
 

@@ -37,9 +37,9 @@ def modal_sizes(trigger) -> list[tuple[str, QSize, QSize]]:
 
 
 def test_every_dialog_fits_a_1280x720_screen(make_window, qtbot, tmp_path, tiny_model):
-    from app.model_picker import ModelPicker
-    from app.models_page import ModelsPage
-    from app.settings_dialog import SettingsDialog
+    from app.models.model_picker import ModelPicker
+    from app.models.models_page import ModelsPage
+    from app.settings.settings_dialog import SettingsDialog
 
     w = make_window(load=False)
     dlg = SettingsDialog(w.prefs, w.data_dir, w, api_apply=w.apply_api)
@@ -129,7 +129,7 @@ def _uncovered(w, widget) -> bool:
 def test_an_800x500_window_keeps_send_in_sight_with_the_dock_shown_hidden_and_shown(make_window, qtbot):
     """Issue 40: at 800×500 the dock covered the chat and Send; after Ctrl+M twice the window's
     content ran past its right edge (the three parts needed 870 px)."""
-    from app.composer_edit import PLACEHOLDERS
+    from app.composer.composer_edit import PLACEHOLDERS
 
     w = make_window(load=False)
     toggle = w.memory_dock.toggleViewAction()
@@ -157,7 +157,7 @@ def test_an_800x500_window_keeps_send_in_sight_with_the_dock_shown_hidden_and_sh
 def test_a_long_chat_title_is_cut_at_its_end_and_keeps_its_number(qapp):
     from PySide6.QtGui import QFontMetrics
 
-    from app.sidebar import elide_title
+    from app.chat.sidebar import elide_title
 
     fm = QFontMetrics(qapp.font())
     title = "What shape is on the left side of the second picture? (2)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.sidebar import MarkRole
+from app.chat.sidebar import MarkRole
 from engine.protocol.events import EncoderStatus, KVPlace
 from tests.fixtures.pictures import make_picture
 from tests.test_app_support import TIMEOUT_MS, make_window, send, wait_reply  # noqa: F401

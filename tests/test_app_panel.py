@@ -36,7 +36,7 @@ def test_panel_shows_the_engines_own_report(make_window, qtbot, tmp_path):
     assert f"({report.components['vision_encoder']:,} B)" in w.memory_dock.component_text("vision_encoder")
     cid = w.controller.current_id
     assert report.sessions_kv[cid] > 0
-    title = w.history.get_conversation(cid).title  # named from its first question (app/chat_titles.py)
+    title = w.history.get_conversation(cid).title  # named from its first question (app/history/chat_titles.py)
     assert f"{title}: " in w.memory_dock.kv.text() and f"({report.sessions_kv[cid]:,} B)" in w.memory_dock.kv.text()
     assert w.memory_dock.device.text() == report.device_name  # "CPU (x86_64)", not "… (cpu)" again
     assert w.memory_dock.bar.total == report.total_bytes

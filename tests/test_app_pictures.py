@@ -145,7 +145,7 @@ def test_remove_an_attachment(make_window, qtbot, tmp_path):
 
 
 def test_chat_thumbnails_decode_off_the_ui_thread(qtbot, tmp_path):
-    from app.thumbnails import ThumbnailCache
+    from app.composer.thumbnails import ThumbnailCache
 
     cache = ThumbnailCache()
     big = make_picture(tmp_path / "big.jpg", seed=3, size=(3000, 2000), fmt="JPEG")

@@ -9,9 +9,9 @@ import base64
 
 import pytest
 
-from app.engine_choice import BUILTIN, REMOTE, load_choice
-from app.history import COMPLETE
-from app.settings_dialog import SettingsDialog
+from app.history.history import COMPLETE
+from app.settings.engine_choice import BUILTIN, REMOTE, load_choice
+from app.settings.settings_dialog import SettingsDialog
 from tests.fixtures.pictures import make_picture
 from tests.remote_servers import ParleyServe
 from tests.test_app_support import make_window, send, wait_reply  # noqa: F401
@@ -163,7 +163,7 @@ def test_several_saved_servers_and_the_chosen_one(make_window, qtbot):
 
 
 def test_a_stream_cut_mid_reply_is_kept_interrupted(make_window, qtbot):
-    from app.history import INTERRUPTED
+    from app.history.history import INTERRUPTED
     from tests.remote_servers import DropsMidStream, StubServer
 
     server = StubServer(DropsMidStream)

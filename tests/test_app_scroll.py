@@ -48,7 +48,7 @@ def test_a_reader_scrolled_up_is_left_where_they_are(make_window, qtbot):
 
 
 def test_the_conversation_open_at_start_shows_its_latest_message(make_window, qtbot, tmp_path):
-    from app.history import History
+    from app.history.history import History
 
     data = tmp_path / "data"
     fill(History(data), "from last time")

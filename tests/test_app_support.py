@@ -12,10 +12,10 @@ import pytest
 from PySide6.QtCore import QPoint, QSettings, Qt
 
 import app  # noqa: F401  (applies the PySide6 refcount workaround before any signal)
-from app.bridge import EngineBridge
-from app.history import History
-from app.main_window import MainWindow
-from app.preferences import Preferences
+from app.connection.bridge import EngineBridge
+from app.history.history import History
+from app.settings.preferences import Preferences
+from app.shell.main_window import MainWindow
 from engine.protocol.events import Sampling
 
 TIMEOUT_MS = 60_000

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from app.chat_titles import title_from, unique_title
+from app.history.chat_titles import title_from, unique_title
 from engine.protocol.events import Sampling
 from tests.test_app_support import click_action, make_window, send, wait_reply  # noqa: F401
 

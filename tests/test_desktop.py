@@ -118,7 +118,7 @@ def test_desktop_entry_is_well_formed_and_matches_the_app():
 
 
 def test_make_application_sets_names_and_icon(qapp):
-    from app.main import make_application
+    from app.shell.main import make_application
 
     app = make_application(["/some/where/main.py"])
     assert (app.applicationName(), app.applicationDisplayName(), app.organizationName()) == ("Parley",) * 3
@@ -244,7 +244,7 @@ def runtime_dir(monkeypatch):
 
 
 def test_server_name_is_per_data_dir(tmp_path, runtime_dir, monkeypatch):
-    from app.single_instance import server_name
+    from app.shell.single_instance import server_name
 
     a, b = server_name(tmp_path / "a"), server_name(tmp_path / "b")
     assert a != b and server_name(tmp_path / "x" / ".." / "a") == a
@@ -256,7 +256,7 @@ def test_server_name_is_per_data_dir(tmp_path, runtime_dir, monkeypatch):
 
 
 def test_second_claim_activates_the_first(qtbot, tmp_path, runtime_dir):
-    from app.single_instance import SingleInstance
+    from app.shell.single_instance import SingleInstance
 
     first, second = SingleInstance.for_data_dir(tmp_path), SingleInstance.for_data_dir(tmp_path)
     assert first.claim()
@@ -269,7 +269,7 @@ def test_second_claim_activates_the_first(qtbot, tmp_path, runtime_dir):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="named pipes leave nothing behind")
 def test_stale_socket_from_a_crash_does_not_block(qtbot, tmp_path, runtime_dir):
-    from app.single_instance import SingleInstance, server_name
+    from app.shell.single_instance import SingleInstance, server_name
 
     path = server_name(tmp_path)
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -288,7 +288,7 @@ def test_bring_to_front_unminimises_and_passes_the_token(qtbot, monkeypatch):
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QWidget
 
-    from app.single_instance import bring_to_front
+    from app.shell.single_instance import bring_to_front
 
     monkeypatch.delenv("XDG_ACTIVATION_TOKEN", raising=False)
     w = QWidget()
@@ -330,7 +330,7 @@ def desktop_env(tmp_path: Path, runtime_dir: Path) -> dict:
 def launch_twice(argv: list[str], env: dict, tmp_path: Path) -> None:
     """Start the app as a desktop would, see it reach ready; a second launch must exit 0 at once
     and bring the first forward; SIGTERM must close the first cleanly."""
-    from app.single_instance import server_name
+    from app.shell.single_instance import server_name
 
     status, log_path, data = tmp_path / "status", tmp_path / "first.log", Path(argv[argv.index("--data-dir") + 1])
 

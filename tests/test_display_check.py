@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app import display_check
+from app.shell import display_check
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the X11 check is for Linux")

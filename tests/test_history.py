@@ -1,4 +1,4 @@
-"""app/history.py: conversations, messages, search, pictures, and surviving a killed process."""
+"""app/history/history.py: conversations, messages, search, pictures, and surviving a killed process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from app.history import COMPLETE, INTERRUPTED, History
+from app.history.history import COMPLETE, INTERRUPTED, History
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -193,7 +193,7 @@ def test_reopen_sees_everything(tmp_path):
 _CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from app.history import History
+    from app.history.history import History
     h = History({data!r})
     c = h.create_conversation("crashy")
     for i in range(3):

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from app.history import History
-from app.history_db import DAMAGED_SUFFIX
+from app.history.history import History
+from app.history.history_db import DAMAGED_SUFFIX
 from tests.fixtures.pictures import make_picture
 
 GARBAGE = b"this is not a database, it is what a bad disk left behind\n" * 200

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.history import COMPLETE, INTERRUPTED, History
-from app.history_db import _FTS_SCHEMA, DAMAGED_SUFFIX, SCHEMA_VERSION
+from app.history.history import COMPLETE, INTERRUPTED, History
+from app.history.history_db import _FTS_SCHEMA, DAMAGED_SUFFIX, SCHEMA_VERSION
 
-# app/history_db.py's _SCHEMA at schema version 1, as released
+# app/history/history_db.py's _SCHEMA at schema version 1, as released
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS conversations (
     id            TEXT PRIMARY KEY,

@@ -34,7 +34,7 @@ def hub(tmp_path, monkeypatch):
 
 @pytest.fixture
 def page(qtbot, hub):
-    from app.models_page import ModelsPage
+    from app.models.models_page import ModelsPage
 
     p = ModelsPage(catalog=[CatalogEntry("acme/listed", "llava", "7B", 14.1, True)])
     qtbot.addWidget(p)
@@ -44,7 +44,7 @@ def page(qtbot, hub):
 
 
 def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
-    from app.models_page import COL_FIT, COL_INSTALLED
+    from app.models.models_page import COL_FIT, COL_INSTALLED
 
     page.search.setText("acme/smol")
     page.search.returnPressed.emit()
@@ -81,7 +81,7 @@ def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
 
 
 def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monkeypatch):
-    from app.models_page import COL_INSTALLED, ModelsPage
+    from app.models.models_page import COL_INSTALLED, ModelsPage
     from engine.library.pull import plan_pull, pull
 
     pull(plan_pull("acme/smol"))
@@ -101,7 +101,7 @@ def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monk
 
 
 def test_recent_folder_is_listed_loadable_and_not_deletable(qtbot, hub, tiny_model):
-    from app.models_page import COL_FIT, COL_INSTALLED, ModelsPage
+    from app.models.models_page import COL_FIT, COL_INSTALLED, ModelsPage
 
     folder = str(tiny_model("smolvlm"))
     p = ModelsPage(catalog=[], recent=[folder])
@@ -119,7 +119,7 @@ def test_recent_folder_is_listed_loadable_and_not_deletable(qtbot, hub, tiny_mod
 
 
 def test_picker_accepts_a_cached_repo_id(qtbot, hub):
-    from app.model_picker import ModelPicker
+    from app.models.model_picker import ModelPicker
     from engine.library.pull import plan_pull, pull
 
     snap = pull(plan_pull("acme/smol"))
@@ -129,7 +129,7 @@ def test_picker_accepts_a_cached_repo_id(qtbot, hub):
 
 
 def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub):
-    from app.models_page import COL_INSTALLED, ModelsPage
+    from app.models.models_page import COL_INSTALLED, ModelsPage
 
     hub.add_repo(
         "acme/next",
@@ -157,7 +157,7 @@ def test_a_failed_download_is_said_and_the_buttons_come_back(qtbot, hub, monkeyp
     """Issue 27: offline, the fit column's "network unreachable" was said first, so the download's
     own failure (the same words) was dropped and "Checking acme/smol…" stayed; an error no library
     call translates (a damaged cache) ended the worker without any answer."""
-    from app.models_page import ModelsPage
+    from app.models.models_page import ModelsPage
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
     p = ModelsPage(catalog=[CatalogEntry("acme/smol", "smolvlm", "256M", 0.51, True)])
@@ -182,7 +182,7 @@ def test_a_failed_download_is_said_and_the_buttons_come_back(qtbot, hub, monkeyp
 
 
 def test_offline_catalog_rows_are_estimated_from_the_catalog(qtbot, hub, monkeypatch):
-    from app.models_page import COL_FIT, ModelsPage
+    from app.models.models_page import COL_FIT, ModelsPage
     from engine.library.catalog import load_catalog
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
@@ -205,7 +205,7 @@ def test_speed_column_shows_this_machines_measured_tokens_per_second(qtbot, hub,
     from it and marked '~'; with nothing measured yet the cell stays empty."""
     import json
 
-    from app.models_page import COL_SPEED, ModelsPage
+    from app.models.models_page import COL_SPEED, ModelsPage
     from engine.model import speed
 
     folder = tiny_model("smolvlm")

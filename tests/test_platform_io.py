@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app.history import History
+from app.history.history import History
 from engine.kvstore import KVStore, KVStoreError
 from engine.kvstore.blob import blob_path
 from engine.platform import files as platform_io
@@ -109,7 +109,7 @@ def test_macos_blobs_and_their_directory_reach_the_platter(tmp_path):
 def test_sqlite_commits_use_full_fsync_where_the_os_needs_it(tmp_path):
     # macOS: SQLite's plain fsync leaves commits in the drive's cache; the store's manifest and
     # the chat history both ask for F_FULLFSYNC there (and only there)
-    from app.history_db import create_schema, open_database
+    from app.history.history_db import create_schema, open_database
     from engine.kvstore.manifest import Manifest
 
     want = 1 if SIMULATED == "macos" else 0

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
-from app.engine_choice import REMOTE, EngineChoice, SavedServer, load_choice, save_choice
-from app.preferences import ApiConfig, Preferences
-from app.secrets import Secrets
+from app.settings.engine_choice import REMOTE, EngineChoice, SavedServer, load_choice, save_choice
+from app.settings.preferences import ApiConfig, Preferences
+from app.settings.secrets import Secrets
 from engine.library.token_store import os_keyring
 
 pytestmark = pytest.mark.skipif(os_keyring() is not None, reason="an OS keyring is in use here; this checks the file")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.startup_trace import TRACE_ENV, read_trace
+from app.shell.startup_trace import TRACE_ENV, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,9 +76,9 @@ def test_the_window_says_loading_at_once_while_the_engine_is_still_starting(qtbo
     from PySide6.QtWidgets import QPushButton
 
     import app  # noqa: F401  (the PySide6 refcount workaround before any signal)
-    from app.bridge import EngineBridge
-    from app.history import History
-    from app.main_window import MainWindow
+    from app.connection.bridge import EngineBridge
+    from app.history.history import History
+    from app.shell.main_window import MainWindow
     from tests.test_app_support import TIMEOUT_MS, make_prefs
 
     data = tmp_path / "data"

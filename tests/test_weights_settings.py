@@ -183,8 +183,8 @@ def test_weights_option_on_every_headless_command():
 def test_settings_dialog_offers_the_weights_choice(qtbot, tmp_path):
     from PySide6.QtCore import QSettings
 
-    from app.preferences import Preferences
-    from app.settings_dialog import SettingsDialog
+    from app.settings.preferences import Preferences
+    from app.settings.settings_dialog import SettingsDialog
 
     prefs = Preferences(QSettings(str(tmp_path / "p.ini"), QSettings.Format.IniFormat))
     dlg = SettingsDialog(prefs, tmp_path)

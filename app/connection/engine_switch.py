@@ -14,9 +14,9 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow
 from engine.protocol.events import Notice
 from engine.remote import RemoteEngine
 
+from ..memory import ServerPanel
+from ..settings import EngineChoice, load_choice
 from .bridge import EngineBridge
-from .engine_choice import EngineChoice, load_choice
-from .server_panel import ServerPanel
 
 
 class EngineSwitch(QObject):

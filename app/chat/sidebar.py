@@ -1,5 +1,5 @@
 """The sidebar: conversations newest first, search, new chat, rename, delete with undo; each row
-marks where that chat's memory is (in memory, on SSD, restoring…, not cached: app/memory_marks.py)."""
+marks where that chat's memory is (in memory, on SSD, restoring…, not cached: app/memory/memory_marks.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from PySide6.QtWidgets import (
 
 from engine.protocol.events import KVPlace
 
-from .history import History
-from .icons import icon
-from .memory_marks import ChatMemoryMarks, Mark
+from ..history import History
+from ..icons import icon
+from ..memory import ChatMemoryMarks, Mark
 from .message_delegate import mix
 
 IdRole = Qt.ItemDataRole.UserRole + 1

@@ -17,12 +17,11 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 
-from .bridge import EngineBridge
-from .chat_titles import title_from, unique_title
-from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage
+from ..connection import EngineBridge
+from ..history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage, title_from, unique_title
+from ..memory import turn_line
+from ..settings import Preferences
 from .message_model import MessageItem, MessageListModel
-from .preferences import Preferences
-from .turn_line import turn_line
 
 SAVE_INTERVAL_S = 1.0
 

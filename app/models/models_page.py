@@ -32,8 +32,8 @@ from engine.library import token_store
 from engine.library.catalog import CatalogEntry, load_catalog
 from engine.library.hub import LibraryError, NetworkUnreachable, is_repo_id, offline_forced
 
+from ..sizes import human_bytes
 from .download_text import progress_text
-from .sizes import human_bytes
 
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed", "Speed here"]
 COL_FIT, COL_INSTALLED, COL_SPEED = 4, 5, 6

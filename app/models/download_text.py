@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .sizes import human_bytes
+from ..sizes import human_bytes
 
 
 def progress_text(p) -> str:

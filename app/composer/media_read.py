@@ -2,7 +2,7 @@
 
 Attaching one hashes the whole file, probes it (PDFium, PyAV), copies it into the history's
 store and renders its first page or frame: seconds for a large clip, which on the UI thread
-froze the window. So each read runs on the thread pool (as thumbnails do, app/thumbnails.py) and
+froze the window. So each read runs on the thread pool (as thumbnails do, app/composer/thumbnails.py) and
 its result comes back to the UI thread as one `finished` signal. A read whose chip was removed
 is cancelled: it stops before the copy when it can, and its result is dropped either way.
 """

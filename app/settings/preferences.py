@@ -1,5 +1,5 @@
 """User preferences in QSettings: sampling, system prompt, engine knobs, recent models, theme,
-the in-app API server. Secrets (the API server's token) are kept apart (app/secrets.py), and the
+the in-app API server. Secrets (the API server's token) are kept apart (app/settings/secrets.py), and the
 settings file is made private (0600 in a 0700 folder): it names the user's models and folders."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from typing import Any
 
 from PySide6.QtCore import QSettings
 
-from app.secrets import Secrets, settings_file
 from engine.api import ApiConfigError, check_bind
 from engine.pictures.video import FrameSampling
 from engine.platform.paths import private_dir, private_file
 from engine.protocol.events import Sampling
 from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
+
+from .secrets import Secrets, settings_file
 
 # Engine settings the user may change from the settings dialog (the rest stay at defaults).
 USER_ENGINE_KEYS = (

@@ -14,11 +14,11 @@ from PySide6.QtWidgets import QApplication
 from engine.platform.paths import DEMO_MODEL, create_data_dir
 from engine.protocol.events import ModelFailed, ModelReady
 
-from .icons import app_icon
-from .preferences import Preferences
+from ..icons import app_icon
+from ..settings import Preferences
+from ..theme import apply_theme
 from .single_instance import SingleInstance, bring_to_front
 from .startup_trace import mark
-from .theme import apply_theme
 
 log = logging.getLogger(__name__)
 STATUS_ENV = "PARLEY_STATUS_FILE"
@@ -131,8 +131,8 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         return 0
     apply_theme(app, prefs.theme())
 
-    from .bridge import EngineBridge
-    from .history import History
+    from ..connection import EngineBridge
+    from ..history import History
     from .main_window import MainWindow
 
     try:

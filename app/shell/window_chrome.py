@@ -10,12 +10,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import QDockWidget, QLabel, QMenuBar, QProgressBar, QStatusBar, QWidget
 
-from .icons import icon
-from .preferences import FAILED, LISTENING, OFF
+from ..icons import icon
+from ..settings import FAILED, LISTENING, OFF
 
 if TYPE_CHECKING:  # types only: the window builds both
-    from .chat_controller import ChatController
-    from .sidebar import Sidebar
+    from ..chat import ChatController, Sidebar
 
 
 class StatusBar(QStatusBar):

@@ -169,7 +169,7 @@ class AttachmentChip(QFrame):
 
 
 class ReadingChip(QFrame):
-    """A PDF or video still being read off the UI thread (app/media_read.py): its name, and a
+    """A PDF or video still being read off the UI thread (app/composer/media_read.py): its name, and a
     remove button that cancels the read. `chat`: the draft it belongs to."""
 
     removeRequested = Signal(object)  # the chip

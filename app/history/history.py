@@ -237,7 +237,7 @@ class History:
             db.execute("UPDATE messages SET text = ? WHERE id = ? AND text != ?", (text, message_id, text))
 
     def finish_reply(self, message_id: int, text: str, stopped: bool = False, note: str = "") -> None:
-        """The reply's final text and status, and its turn line (`note`, app/turn_line.py)."""
+        """The reply's final text and status, and its turn line (`note`, app/memory/turn_line.py)."""
         status = INTERRUPTED if stopped else COMPLETE
         now = self._now()
         with self._tx(durable=True) as db:

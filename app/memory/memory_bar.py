@@ -6,7 +6,7 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPalette
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from .sizes import exact_bytes
+from ..sizes import exact_bytes
 
 COLORS = {
     "language_model": "#4f7cff",

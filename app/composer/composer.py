@@ -27,9 +27,9 @@ from PySide6.QtWidgets import (
 from engine.pictures.file import PICTURE_TYPES, PictureError
 from engine.pictures.video import VIDEO_EXTENSIONS, FrameSampling
 
+from ..icons import icon
 from .attachment_chip import AttachmentChip, PageBudget, ReadingChip
 from .composer_edit import ComposerEdit
-from .icons import icon
 from .media_read import MediaRead, MediaReader
 from .picture_intake import Attachment, PictureIntake, mime_has_pictures
 

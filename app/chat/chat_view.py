@@ -10,9 +10,9 @@ from PySide6.QtCore import QElapsedTimer, QMimeData, QModelIndex, QPoint, Qt, QT
 from PySide6.QtGui import QGuiApplication, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle
 
+from ..composer import mime_has_pictures
 from .message_delegate import MessageDelegate
 from .message_model import IsLastRole, MessageIdRole, MessageListModel, RoleRole, StreamingRole
-from .picture_intake import mime_has_pictures
 
 RELAYOUT_MIN_MS = 80  # a streaming reply that keeps growing re-flows the list at most this often
 

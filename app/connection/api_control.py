@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from engine.api import ApiConfigError
 
-from .preferences import FAILED, LISTENING, OFF, ApiConfig, config_problem
+from ..settings import FAILED, LISTENING, OFF, ApiConfig, config_problem
 
 if TYPE_CHECKING:
     from engine.api import ApiServer

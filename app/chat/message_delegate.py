@@ -1,5 +1,5 @@
 """Paints one message: a bubble with picture thumbnails (each marked cached or new), rich text, a
-footer of actions, and under a reply its last-turn line (app/turn_line.py).
+footer of actions, and under a reply its last-turn line (app/memory/turn_line.py).
 
 Layout is computed by one function used for sizing, painting and hit-testing, so what is
 drawn is what is clicked. Laid-out text documents are cached per (message, version, width):
@@ -26,9 +26,9 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QToolTip
 
+from ..composer import ThumbnailCache
 from .markdown_render import MarkdownRenderer, document_css, plain_html
 from .message_model import MessageItem
-from .thumbnails import ThumbnailCache
 
 MARGIN = 14  # left/right of the view
 GAP = 6  # between messages

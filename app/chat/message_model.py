@@ -31,7 +31,7 @@ class MessageItem:
     edited: bool = False
     version: int = 0
     digests: list[str] = field(default_factory=list)  # each picture's content digest, in `pictures` order
-    note: str = ""  # a reply's last-turn line (app/turn_line.py), shown under it
+    note: str = ""  # a reply's last-turn line (app/memory/turn_line.py), shown under it
 
 
 class MessageListModel(QAbstractListModel):

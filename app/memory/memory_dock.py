@@ -41,9 +41,9 @@ from engine.protocol.events import (
 )
 from engine.protocol.turn_stats import LocalTurnStats, TurnStats
 
+from ..sizes import exact_bytes, human_bytes
 from .memory_bar import MemoryBar, color_for
 from .memory_marks import ChatMemoryMarks, where_brief, where_words
-from .sizes import exact_bytes, human_bytes
 from .turn_line import turn_line
 
 # An 800-px-wide window holds the sidebar, the conversation and this dock side by side (see

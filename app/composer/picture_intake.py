@@ -23,7 +23,7 @@ from engine.pictures.document import MAX_DOCUMENT_BYTES, Document
 from engine.pictures.file import MAX_PIXELS, Cancelled, PictureError, check, decode_work
 from engine.pictures.video import FrameSampling, Video
 
-from .history import History
+from ..history import History
 from .thumbnails import read_scaled
 
 MAX_FILE_BYTES = 64 << 20
@@ -136,7 +136,7 @@ class PictureIntake:
     def from_media(self, path: str | Path, cancelled: threading.Event | None = None) -> Attachment:
         """Read a PDF or a video: hash it, probe it, copy it into the store, thumbnail its first
         page or frame (a picture slow to decode: as from_file). A gigabyte clip takes seconds, so
-        this runs off the UI thread (app/media_read.py); ReadCancelled when `cancelled` is set
+        this runs off the UI thread (app/composer/media_read.py); ReadCancelled when `cancelled` is set
         before the copy."""
         p = Path(path)
         if kind_of(p) == AttachmentKind.PICTURE:

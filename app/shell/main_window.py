@@ -27,31 +27,21 @@ from PySide6.QtWidgets import (
 
 from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
 
-from .api_control import ApiControl
-from .attachment_chip import PageBudget
-from .bridge import EngineBridge
-from .chat_controller import ChatController
-from .chat_view import ChatView
-from .composer import Composer
+from ..chat import UNDO_SECONDS, ChatController, ChatView, MessageListModel, RetryButton, Sidebar
+from ..composer import Composer, PageBudget, PictureIntake, mime_has_pictures
+from ..connection import ApiControl, EngineBridge, EngineSwitch
+from ..history import History
+from ..icons import app_icon, icon
+from ..memory import ChatMemoryMarks, MemoryDock, PictureMarkBook
+from ..models import ModelPicker
+from ..settings import ApiConfig, Preferences, SettingsDialog
+from ..theme import apply_theme
+from ..version import VERSION
 from .empty_chat_button import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, is_demo
-from .engine_switch import EngineSwitch
-from .history import History
-from .icons import app_icon, icon
-from .memory_dock import MemoryDock
-from .memory_marks import ChatMemoryMarks, PictureMarkBook
-from .message_model import MessageListModel
-from .model_picker import ModelPicker
-from .picture_intake import PictureIntake, mime_has_pictures
-from .preferences import ApiConfig, Preferences
-from .retry_button import RetryButton
-from .settings_dialog import SettingsDialog
-from .sidebar import UNDO_SECONDS, Sidebar
-from .theme import apply_theme
-from .version import VERSION
 from .window_chrome import StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
-    from .models_page import ModelsPage
+    from ..models import ModelsPage
 
 HINT_NO_MODEL = "No model is loaded.\nChoose one with File ▸ Open model… (Ctrl+O), or download one with File ▸ Models…."
 HINT_EMPTY = "Ask about a picture: drop it here, paste it, or attach it with the paperclip."
@@ -227,7 +217,7 @@ class MainWindow(QMainWindow):
 
     def open_models(self) -> None:
         """The Models page: find, size up and download models; a finished one loads in one click."""
-        from .models_page import ModelsPage
+        from ..models import ModelsPage
 
         if self.models_page is not None and self.models_page.isVisible():
             self.models_page.raise_()

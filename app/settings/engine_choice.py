@@ -1,7 +1,7 @@
 """Which engine the window uses, and the saved servers, in QSettings (group `engine/`).
 
 Built-in (the default) or one of several saved OpenAI-compatible servers. Their API keys are
-kept apart, among the secrets (app/secrets.py), under each server's address; keys an older
+kept apart, among the secrets (app/settings/secrets.py), under each server's address; keys an older
 version left in the settings move there when the servers are read."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QSettings
 
-from app.secrets import Secrets
 from engine.remote import RemoteConfig, RemoteConfigError, normalize_base_url
+
+from .secrets import Secrets
 
 BUILTIN = "builtin"
 REMOTE = "remote"

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.protocol.events import ChatMemory, ChatMemoryReport, KVPlace, PictureMarks, PicturePlace
 
-from .sizes import exact_bytes, human_bytes
+from ..sizes import exact_bytes, human_bytes
 from .turn_line import estimate
 
 

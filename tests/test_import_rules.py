@@ -3,7 +3,9 @@
 - the torch-free rooms import neither torch nor Qt (a fresh interpreter imports every module);
 - nothing under engine/ imports Qt, and every engine module lives in a room;
 - app/ imports only the engine rooms meant for it, and never torch;
-- engine's rooms import only the rooms below them (the table below).
+- engine's rooms import only the rooms below them (the table below);
+- app/'s rooms likewise (APP_HOUSE), each through its front door: another room imports the room's
+  package (what its __init__ exports), never a module inside it; history never imports Qt.
 The static checks read every import statement with ast, also those inside functions and under
 TYPE_CHECKING: an import made late or only for annotations is still an arrow in the house.
 """
@@ -56,7 +58,7 @@ ROOMS = {
 ROOM_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 # what app/ may import from engine/: whole rooms, and single modules of the others
-APP_ROOMS = {
+APP_ENGINE_ROOMS = {
     "engine.protocol": "turns in, events out: the window speaks only the protocol",
     "engine.pictures": "pictures the user adds are refs in the shared picture store",
     "engine.platform": "paths and durable files (history's SQLite, settings)",
@@ -64,11 +66,29 @@ APP_ROOMS = {
     "engine.remote": "the window can talk to a server instead of the built-in engine",
     "engine.api": "the window can serve its engine over HTTP",
 }
-APP_MODULES = {
+APP_ENGINE_MODULES = {
     "engine.local.engine": "the Engine class the bridge starts; nothing else of local/",
     "engine.model.folder_check": "the window's model-folder check, torch-free",
     "engine.model.speed": "the Models page's expected tokens/s: this machine's measured format speeds (torch-free)",
 }
+
+
+# which rooms each app room may import (besides itself and the root modules): lower rooms only, so no
+# arrow runs back up
+APP_HOUSE = {
+    "history": set(),  # conversations on disk, no Qt
+    "settings": set(),
+    "memory": set(),
+    "models": set(),
+    "composer": {"history"},  # pictures taken in are stored in the history
+    "connection": {"settings", "memory"},  # the API server's settings; the dock a remote engine shows
+    "chat": {"connection", "composer", "memory", "settings", "history"},
+    "shell": {"chat", "composer", "connection", "memory", "settings", "models", "history"},
+}
+# modules at app/'s root, which every room may import and which import no room; app/__init__ (the
+# package's door) also imports shell, on first use, for run_app
+APP_ROOT_MODULES = {"icons", "theme", "sizes", "version", "pyside_refcount_fix"}
+APP_QT_FREE = ["history"]
 
 
 def _module_name(path: Path) -> tuple[str, bool]:
@@ -104,9 +124,15 @@ def _sources(folder: str) -> list[Path]:
     return sorted((ROOT / folder).rglob("*.py"))
 
 
-def _room(module: str) -> str | None:
+def _room(module: str, house: str = "engine") -> str | None:
     parts = module.split(".")
-    return parts[1] if parts[0] == "engine" and len(parts) > 1 else None
+    return parts[1] if parts[0] == house and len(parts) > 1 else None
+
+
+def _app_room(module: str) -> str | None:
+    """The room of an app module; None for the package itself and its root modules."""
+    room = _room(module, "app")
+    return None if room in APP_ROOT_MODULES else room
 
 
 # a fresh interpreter imports each module of the package in turn and names the first that brought in
@@ -187,12 +213,73 @@ def test_app_imports_only_the_engine_rooms_meant_for_it():
             top = module.split(".")[0]
             if top in ("torch", "transformers"):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}: the window never calls torch")
-            if top != "engine" or module in APP_MODULES:
+            if top != "engine" or module in APP_ENGINE_MODULES:
                 continue
             room = ".".join(module.split(".")[:2])
-            if room not in APP_ROOMS:
+            if room not in APP_ENGINE_ROOMS:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not bad, "\n".join(bad)
+
+
+def test_every_app_module_lives_in_a_room():
+    loose = sorted(p.stem for p in (ROOT / "app").glob("*.py") if p.name != "__init__.py")
+    rooms = sorted(p.name for p in (ROOT / "app").iterdir() if (p / "__init__.py").is_file())
+    assert loose == sorted(APP_ROOT_MODULES), "app/ holds rooms and its few root modules: move the others into one"
+    assert rooms == sorted(APP_HOUSE), "a new room needs its line in APP_HOUSE (which rooms it may import)"
+
+
+def test_app_rooms_import_only_rooms_below_them():
+    bad = []
+    for path in _sources("app"):
+        importer = _module_name(path)[0]
+        here = _app_room(importer)
+        for module, line in imports_of(path):
+            if module.split(".")[0] != "app":
+                continue
+            there = _app_room(module)
+            if there is None or there == here or (importer == "app" and there == "shell"):
+                continue
+            if here is None or there not in APP_HOUSE[here]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} ({here or 'root'}) imports {module} ({there})")
+    assert not bad, "\n".join(bad)
+
+
+def test_app_rooms_are_entered_through_their_front_door():
+    """Another room imports a room's package, so its __init__ says all that the others use."""
+    bad = []
+    for path in _sources("app"):
+        here = _app_room(_module_name(path)[0])
+        found = imports_of(path)
+        for module, line in found:
+            there = _app_room(module)
+            # `from app.memory import turn_line` names the function the package exports, not its module
+            through_door = module == f"app.{there}" or (f"app.{there}", line) in found
+            if there is not None and there != here and here is not None and not through_door:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}: import it from app.{there}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("room", APP_QT_FREE)
+def test_app_qt_free_rooms_never_import_qt(room):
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {m}"
+        for p in _sources(f"app/{room}")
+        for m, line in imports_of(p)
+        if m.split(".")[0] in QT
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("table", [ROOMS, APP_HOUSE], ids=["engine", "app"])
+def test_room_tables_run_one_way(table):
+    """Each table is a ladder: no room may import, even through others, a room that may import it."""
+
+    def reach(room: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        assert room not in seen, f"rooms import each other round a circle: {' -> '.join([*seen, room])}"
+        return set().union(table[room], *(reach(r, seen | {room}) for r in table[room]))
+
+    for room in table:
+        assert room not in reach(room)
 
 
 def _circles(folder: str, scripts: bool = False) -> list[list[str]]:

@@ -27,7 +27,7 @@ def main() -> int:
 
     from tests.fixtures.hub_standin import safetensors_bytes, start_standin
     from tests.fixtures.tiny_models import build_tiny_model
-    from tests.test_models_fit import QWEN2_VL_2B, SMOLVLM_256M
+    from tests.helpers.hub_configs import QWEN2_VL_2B, SMOLVLM_256M
 
     work = Path(tempfile.mkdtemp(prefix="parley-models-shot-"))
     mp = pytest.MonkeyPatch()

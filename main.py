@@ -42,7 +42,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_window(args) -> int:
-    from app.display_check import problem
+    from app.shell.display_check import problem
 
     why = problem()  # before Qt: no display, or X11 libraries missing -> what to install
     if why:

@@ -1,4 +1,4 @@
-"""Parley's window (PySide6). Talks to the engine only through app.bridge."""
+"""Parley's window (PySide6). Talks to the engine only through app.connection.bridge."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pyside_refcount_fix.apply()  # before any signal is emitted: see the module
 
 
 def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None) -> int:
-    from .main import run_app as _run_app
+    from .shell.main import run_app as _run_app
 
     return _run_app(model_path, data_dir, settings)
 

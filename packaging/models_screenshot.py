@@ -27,7 +27,7 @@ def main() -> int:
 
     from tests.fixtures.hub_standin import safetensors_bytes, start_standin
     from tests.fixtures.tiny_models import build_tiny_model
-    from tests.test_models_fit import QWEN2_VL_2B, SMOLVLM_256M
+    from tests.helpers.hub_configs import QWEN2_VL_2B, SMOLVLM_256M
 
     work = Path(tempfile.mkdtemp(prefix="parley-models-shot-"))
     mp = pytest.MonkeyPatch()
@@ -47,7 +47,7 @@ def main() -> int:
     )
     hub.add_folder("acme/tiny-smolvlm", build_tiny_model("smolvlm", work / "tiny"))
 
-    from app.models_page import COL_FIT, ModelsPage
+    from app.models.models_page import COL_FIT, ModelsPage
     from app.theme import apply_theme
     from engine.library.catalog import load_catalog
     from engine.library.pull import plan_pull, pull

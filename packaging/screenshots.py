@@ -49,11 +49,11 @@ from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QScrollArea, QWidget  # noqa: E402
 from shapes_questions import describe  # noqa: E402
 
-from app.bridge import EngineBridge  # noqa: E402
-from app.history import History  # noqa: E402
-from app.main import make_application  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
-from app.preferences import Preferences  # noqa: E402
+from app.connection.bridge import EngineBridge  # noqa: E402
+from app.history.history import History  # noqa: E402
+from app.settings.preferences import Preferences  # noqa: E402
+from app.shell.main import make_application  # noqa: E402
+from app.shell.main_window import MainWindow  # noqa: E402
 from app.theme import apply_theme  # noqa: E402
 from engine.platform.paths import DEMO_MODEL  # noqa: E402
 from tests.fixtures.documents import make_empty_pdf, make_pdf  # noqa: E402

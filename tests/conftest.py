@@ -15,9 +15,9 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# PARLEY_SIMULATE_PLATFORM=windows|macos: run as that OS would (tests/platform_sim.py); before
+# PARLEY_SIMULATE_PLATFORM=windows|macos: run as that OS would (tests/helpers/platform_sim.py); before
 # any engine module is imported
-from tests.platform_sim import MISSING, from_environment  # noqa: E402
+from tests.helpers.platform_sim import MISSING, from_environment  # noqa: E402
 
 SIMULATED_PLATFORM = from_environment()
 

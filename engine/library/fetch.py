@@ -2,7 +2,7 @@
 
 huggingface_hub 2.4 downloads to a process-unique temp file and deletes it on any failure, so a
 cancel, a dropped connection beyond its retries, or an app restart starts the file from byte 0
-(tests/test_models_pull.py::test_hf_client_restarts_from_zero measures it). Here the partial file
+(tests/engine/library/test_models_pull.py::test_hf_client_restarts_from_zero measures it). Here the partial file
 keeps a stable name (blobs/<digest>.parley-part); the next attempt asks for the rest with an HTTP
 Range request, and the file is renamed into place only after its hash equals the one the Hub
 listed (SHA-256 for LFS files, the git blob id for the others). No more than the listed size

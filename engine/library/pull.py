@@ -6,7 +6,7 @@ Every file goes through fetch.fetch_blob (resumable, bounded by the listed size,
 the listed sha256 or git blob id). Small files used to go through huggingface_hub's
 hf_hub_download, but it names their blob after the ETag the server sends and their snapshot
 after its X-Repo-Commit, writes the whole body before comparing sizes and never checks the git
-blob id (tests/test_hub_hostile.py shows each against a hostile stand-in). Every value from the
+blob id (tests/engine/library/test_hub_hostile.py shows each against a hostile stand-in). Every value from the
 hub is checked where it enters (hub_values), every path is checked to lie under the cache before
 anything is created, and the snapshot (links, then the ref) is published only once every file
 is on disk and verified.

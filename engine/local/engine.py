@@ -249,7 +249,7 @@ class Engine(EngineWorker):
     def _release_model(self) -> None:
         """Let go of the model and all built on it (processor, gate and its cached features,
         encoder residency, spill scheduler, sessions' KV) and return the device memory now. Its
-        parts only call downwards (tests/test_engine_release.py), so dropping them here frees the
+        parts only call downwards (tests/engine/local/test_engine_release.py), so dropping them here frees the
         model by reference counting at once, not whenever the collector runs."""
         from ..model.load import free_device_cache
 

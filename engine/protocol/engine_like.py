@@ -1,6 +1,6 @@
 """The engine protocol, declared: what the window, the headless commands and the blocking helpers
 may call on an engine. The built-in `Engine` (engine/local/engine.py) and `RemoteEngine`
-(engine/remote/engine.py) both satisfy it (tests/test_engine_protocol.py checks their
+(engine/remote/engine.py) both satisfy it (tests/engine/protocol/test_engine_protocol.py checks their
 signatures); both build on `EngineWorker` (engine/protocol/worker.py). Turns go in, events come
 out through listeners, on the engine's own thread."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = Path(__file__).resolve().with_name("parley.desktop")
 ICONS = ROOT / "resources" / "icons"
-APP_ID = "parley"  # = QGuiApplication.desktopFileName() in app/main.py
+APP_ID = "parley"  # = QGuiApplication.desktopFileName() in app/shell/main.py
 PNG_SIZES = (16, 22, 24, 32, 48, 64, 128, 256, 512)
 
 _RESERVED = set(" \t\n\"'\\><~|&;$*?#()`")

@@ -22,9 +22,9 @@ import sys
 from _common import ratio_line, workdir
 
 from engine.api import ApiServer
-from tests.engine_helpers import open_engine
 from tests.fixtures.pictures import make_picture
 from tests.fixtures.tiny_models import build_tiny_model
+from tests.helpers.engine_helpers import open_engine
 
 CLIENT = r"""
 import http.client, json, socket, sys, threading, time

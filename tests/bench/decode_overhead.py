@@ -16,9 +16,9 @@ import torch
 from _common import parse_args, ratio_line, workdir
 
 from engine.protocol.events import Message
-from tests.engine_helpers import Reference, ask, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model
+from tests.helpers.engine_helpers import Reference, ask, open_engine
 
 FULL_TEXT = {
     "hidden_size": 1024,

@@ -21,9 +21,9 @@ from _common import parse_args, ratio_line, workdir
 from engine.platform.paths import DEMO_MODEL
 from engine.protocol.events import Message
 from engine.protocol.turn_stats import LocalTurnStats
-from tests.engine_helpers import Reference, ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import build_tiny_model
+from tests.helpers.engine_helpers import Reference, ask, expect_done, open_engine
 
 
 def generate_rate(ref: Reference, messages, n: int) -> float:

@@ -24,9 +24,9 @@ from engine.pictures.attach import attach
 from engine.pictures.video import FrameSampling
 from engine.protocol.events import Message
 from engine.vision.pictures import pixel_limit
-from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.documents import make_pdf, make_video
 from tests.fixtures.published_configs import build_published, spec_for
+from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
 SHAPE = "Qwen2-VL-2B-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}

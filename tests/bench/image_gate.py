@@ -20,8 +20,8 @@ from _common import build_big_tower_model, parse_args, ratio_line, workdir
 
 from engine.protocol.events import Message
 from engine.protocol.turn_stats import LocalTurnStats
-from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
+from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
 NEW = 16
 

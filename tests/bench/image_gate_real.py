@@ -24,9 +24,9 @@ from _common import parse_args, ratio_line, same_length_text, workdir
 
 from engine.protocol.events import Message
 from engine.protocol.turn_stats import LocalTurnStats
-from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published, parameter_count, spec_for
+from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
 SHAPE = "Qwen2-VL-2B-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}

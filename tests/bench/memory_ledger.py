@@ -27,9 +27,9 @@ from engine.local.engine import Engine
 from engine.protocol.client import load_blocking
 from engine.protocol.events import Message
 from engine.protocol.settings import EngineSettings
-from tests.engine_helpers import ask, expect_done, wait_report
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published
+from tests.helpers.engine_helpers import ask, expect_done, wait_report
 
 SHAPE = "SmolVLM-256M-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}

@@ -32,7 +32,7 @@ from engine.protocol.events import Message, Sampling, Token, Turn, TurnDone, Tur
 from engine.remote import RemoteConfig, RemoteEngine
 from engine.remote.messages import chat_messages
 from tests.fixtures.pictures import make_picture, pics
-from tests.remote_servers import Instant, ParleyServe, StubServer
+from tests.helpers.remote_servers import Instant, ParleyServe, StubServer
 
 GOAL = 1.05
 

@@ -29,8 +29,8 @@ import time
 from _common import parse_args, ratio_line, workdir
 
 from engine.protocol.events import Message, SpillState
-from tests.engine_helpers import ask, expect_done, open_engine, wait_report
 from tests.fixtures.published_configs import build_published, spec_for
+from tests.helpers.engine_helpers import ask, expect_done, open_engine, wait_report
 
 SHAPE = "Qwen2.5-VL-3B-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}

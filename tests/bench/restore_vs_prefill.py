@@ -18,8 +18,8 @@ import time
 from _common import parse_args, ratio_line, workdir
 
 from engine.protocol.events import Message, SpillState
-from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.tiny_models import build_tiny_model
+from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
 # The full model is shaped like a 0.5B LLM; quick mode keeps its KV layout (2 KV heads × 64)
 # with fewer, narrower layers.

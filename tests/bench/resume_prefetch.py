@@ -29,9 +29,9 @@ from _common import distinct_words, parse_args, ratio_line, workdir
 
 from engine.local.prompt import render
 from engine.protocol.events import ChatMemoryReport, KVPlace, Message
-from tests.engine_helpers import ask, expect_done, open_engine
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.published_configs import build_published, spec_for
+from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
 SHAPE = "Qwen2-VL-2B-Instruct"
 QUICK = {"layers": 2, "vision_layers": 2, "vocab_size": 4096}

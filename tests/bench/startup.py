@@ -5,7 +5,7 @@ fast it quits: SIGTERM (a logout, or Quit) → everything saved (the app's `save
 process gone (goal ≤ 1.0 s; the interpreter's own teardown of torch and transformers took 2-3 s
 of it before the app skipped it).
 
-The app reports its milestones itself: $PARLEY_STARTUP_TRACE (app/startup_trace.py) gets a
+The app reports its milestones itself: $PARLEY_STARTUP_TRACE (app/shell/startup_trace.py) gets a
 `shown` line once the window is up and the event loop runs, and a `ready` line when the model
 has loaded, each with the wall-clock time and the heavy modules imported by then. "Launch" is
 the moment before the process is spawned, so interpreter start and every import count.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from _common import ROOT, parse_args, ratio_line, workdir
 
-from app.startup_trace import TRACE_ENV, read_trace
+from app.shell.startup_trace import TRACE_ENV, read_trace
 from engine.platform.paths import DEMO_MODEL
 
 DEADLINE_S = 180.0

@@ -27,11 +27,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from PySide6.QtCore import QElapsedTimer, QEventLoop, QSettings, QTimer  # noqa: E402
 
 import app  # noqa: E402,F401  (PySide6 refcount workaround)
-from app.bridge import EngineBridge  # noqa: E402
-from app.history import History  # noqa: E402
-from app.main import make_application  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
-from app.preferences import Preferences  # noqa: E402
+from app.connection.bridge import EngineBridge  # noqa: E402
+from app.history.history import History  # noqa: E402
+from app.settings.preferences import Preferences  # noqa: E402
+from app.shell.main import make_application  # noqa: E402
+from app.shell.main_window import MainWindow  # noqa: E402
 from engine.protocol.events import Sampling  # noqa: E402
 from tests.fixtures.pictures import make_picture  # noqa: E402
 from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402

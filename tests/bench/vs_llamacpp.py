@@ -78,7 +78,7 @@ class Side:
 
 def parley_turn(engine, cid: str, text: str, new: int) -> tuple[float, float, int]:
     from engine.protocol.events import Message
-    from tests.engine_helpers import ask, expect_done
+    from tests.helpers.engine_helpers import ask, expect_done
 
     s = expect_done(ask(engine, cid, [Message("user", text)], new)).stats
     if s.generated_tokens < new:
@@ -90,7 +90,7 @@ def measure_format(
     llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: list[int], new: int, rounds: int, threads: int, d
 ) -> dict[int, tuple[Side, Side, int]]:
     """{prompt length: (Parley, llama.cpp, prompt tokens)} for one format pair, rounds interleaved."""
-    from tests.engine_helpers import open_engine
+    from tests.helpers.engine_helpers import open_engine
 
     gguf = ggufs[fmt]
     engine = open_engine(model_dir, d / "data", weights=fmt, lookup_decoding=False)  # one data folder: measured once
@@ -125,8 +125,8 @@ def picture_ttft(llama: LlamaCpp, model_dir, gguf, mmproj, rounds: int, threads:
     """(Parley's, llama-mtmd-cli's) seconds to the first token of a new-picture turn, per round;
     a new picture every round (no cache can answer it), the encoder already loaded on both sides."""
     from engine.protocol.events import Message
-    from tests.engine_helpers import ask, expect_done, open_engine
     from tests.fixtures.pictures import make_picture, pics
+    from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
     engine = open_engine(
         model_dir, d / "data", weights="bf16", lookup_decoding=False, elastic=True, elastic_idle_s=86400

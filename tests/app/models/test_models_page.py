@@ -1,0 +1,238 @@
+"""The Models page under pytest-qt against the hub stand-in: search, fit column, progress, cancel."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.library.catalog import CatalogEntry
+from engine.library.fetch import PART_SUFFIX
+from engine.library.hub import repo_folder
+from tests.fixtures.hub_standin import safetensors_bytes, start_standin
+from tests.helpers.hub_configs import SMOLVLM_256M
+
+BIG = "model.safetensors"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    import json
+
+    h = start_standin(monkeypatch, tmp_path / "hf" / "hub")
+    h.add_repo(
+        "acme/smol",
+        {
+            "config.json": json.dumps(SMOLVLM_256M).encode(),
+            "chat_template.jinja": b"{{ m }}",
+            BIG: safetensors_bytes(4 << 20),
+        },
+    )
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def page(qtbot, hub):
+    from app.models.models_page import ModelsPage
+
+    p = ModelsPage(catalog=[CatalogEntry("acme/listed", "llava", "7B", 14.1, True)])
+    qtbot.addWidget(p)
+    yield p
+    p.cancel.set()
+    assert p.wait_idle()
+
+
+def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
+    from app.models.models_page import COL_FIT, COL_INSTALLED
+
+    page.search.setText("acme/smol")
+    page.search.returnPressed.emit()
+    row = page.row_of("acme/smol")
+    assert row is not None and page.selected_repo() == "acme/smol"
+    assert page.table.isRowHidden(page.row_of("acme/listed"))  # the filter hides the other row
+    fit = page.table.item(row, COL_FIT)
+    qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
+    assert fit.text().startswith(("fits · needs", "tight · needs", "does not fit · needs")) and "free" in fit.text()
+    assert "weights" in fit.toolTip() and "vision" in fit.toolTip() and "KV" in fit.toolTip()
+    assert page.table.item(page.row_of("acme/listed"), COL_FIT).text() == "unknown"  # 404: no config
+
+    go_on = threading.Event()
+    hub.faults.hold_at[BIG] = (1 << 20, go_on)  # the stand-in pauses the big file after 1 MiB
+    with qtbot.waitSignal(page.sig.progress, timeout=30_000, check_params_cb=lambda *a: a[4] == BIG):
+        page.download_selected()
+    assert page.bar.value() > 0 and " of 4.0 MiB at " in page.bar_text.text()
+    assert page.btn_cancel.isEnabled()
+    with qtbot.waitSignal(page.sig.done, timeout=30_000):
+        page.cancel_download()
+        go_on.set()
+    assert "paused" in page.status.text()
+    part = repo_folder("acme/smol") / "blobs" / (hub.repos["acme/smol"].files[BIG].sha256 + PART_SUFFIX)
+    assert 0 < part.stat().st_size < len(hub.repos["acme/smol"].files[BIG].data)
+
+    with qtbot.waitSignal(page.sig.done, timeout=60_000):
+        page.download_selected()
+    assert "is ready" in page.status.text() and page.bar.value() == 1000
+    qtbot.waitUntil(lambda: page.btn_load.isEnabled(), timeout=30_000)
+    assert page.table.item(row, COL_INSTALLED).text().startswith("✓")
+    with qtbot.waitSignal(page.loadRequested) as loaded:
+        page.btn_load.click()
+    assert loaded.args[0].endswith(hub.repos["acme/smol"].commit)
+
+
+def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monkeypatch):
+    from app.models.models_page import COL_INSTALLED, ModelsPage
+    from engine.library.pull import plan_pull, pull
+
+    pull(plan_pull("acme/smol"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    p = ModelsPage(catalog=[CatalogEntry("acme/listed", "llava", "7B", 14.1, True)])
+    qtbot.addWidget(p)
+    qtbot.waitUntil(
+        lambda: (
+            p.row_of("acme/smol") is not None
+            and p.table.item(p.row_of("acme/smol"), COL_INSTALLED).text().startswith("✓")
+        ),
+        timeout=30_000,
+    )
+    qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
+    assert p.wait_idle()
+    assert p.status.text().count("network unreachable") == 1
+
+
+def test_recent_folder_is_listed_loadable_and_not_deletable(qtbot, hub, tiny_model):
+    from app.models.models_page import COL_FIT, COL_INSTALLED, ModelsPage
+
+    folder = str(tiny_model("smolvlm"))
+    p = ModelsPage(catalog=[], recent=[folder])
+    qtbot.addWidget(p)
+    r = p.row_of(folder)
+    assert p.table.item(r, COL_INSTALLED).text() == "✓ folder"
+    qtbot.waitUntil(lambda: p.table.item(r, COL_FIT).text() not in ("…", ""), timeout=60_000)
+    assert p.table.item(r, COL_FIT).text().startswith("fits")  # a tiny model fits anywhere
+    p.table.selectRow(r)
+    assert p.btn_load.isEnabled() and not p.btn_delete.isEnabled() and not p.btn_download.isEnabled()
+    with qtbot.waitSignal(p.loadRequested) as loaded:
+        p.btn_load.click()
+    assert loaded.args == [folder]
+    assert p.wait_idle()
+
+
+def test_picker_accepts_a_cached_repo_id(qtbot, hub):
+    from app.models.model_picker import ModelPicker
+    from engine.library.pull import plan_pull, pull
+
+    snap = pull(plan_pull("acme/smol"))
+    picker = ModelPicker([], check=lambda _p: None)
+    qtbot.addWidget(picker)
+    assert picker.try_folder("acme/smol") and picker.chosen == str(snap)
+
+
+def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub):
+    from app.models.models_page import COL_INSTALLED, ModelsPage
+
+    hub.add_repo(
+        "acme/next",
+        {
+            "config.json": b'{"model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"]}',
+            "chat_template.jinja": b"{{ m }}",
+            BIG: safetensors_bytes(1 << 20),
+        },
+    )
+    p = ModelsPage(catalog=[CatalogEntry("acme/next", "llava_next", "7.57B", 15.1, True)])
+    qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p.table.item(0, COL_INSTALLED).text() == "cannot be used", timeout=60_000)
+    assert p.table.item(0, COL_INSTALLED).toolTip().startswith("unsupported architecture 'llava_next'")
+    assert p.table.item(0, 3).text() == "1.0 MiB"  # the live size replaced the catalog's ~14.1 GiB
+    assert p.wait_idle()
+    p.table.selectRow(0)
+    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+        p.download_selected()
+    assert "cannot be used by Parley: unsupported architecture" in p.status.text()
+    assert BIG not in hub.sent
+    assert p.wait_idle()
+
+
+def test_a_failed_download_is_said_and_the_buttons_come_back(qtbot, hub, monkeypatch):
+    """Issue 27: offline, the fit column's "network unreachable" was said first, so the download's
+    own failure (the same words) was dropped and "Checking acme/smol…" stayed; an error no library
+    call translates (a damaged cache) ended the worker without any answer."""
+    from app.models.models_page import ModelsPage
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    p = ModelsPage(catalog=[CatalogEntry("acme/smol", "smolvlm", "256M", 0.51, True)])
+    qtbot.addWidget(p)
+    qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
+    assert p.wait_idle()
+    p.table.selectRow(0)
+    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+        p.download_selected()
+    assert p.status.text().startswith("acme/smol was not downloaded: network unreachable"), p.status.text()
+    assert p.btn_download.isEnabled() and not p.btn_cancel.isEnabled()
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)  # the network is back, but the cache is damaged:
+    folder = repo_folder("acme/smol")  # a file where the model's folder belongs
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_bytes(b"")
+    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+        p.download_selected()
+    assert p.status.text().startswith("acme/smol was not downloaded: NotADirectoryError"), p.status.text()
+    assert p.btn_download.isEnabled() and p.downloading is None
+    assert p.wait_idle()
+
+
+def test_offline_catalog_rows_are_estimated_from_the_catalog(qtbot, hub, monkeypatch):
+    from app.models.models_page import COL_FIT, ModelsPage
+    from engine.library.catalog import load_catalog
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    qwen = next(e for e in load_catalog() if e.repo_id == "Qwen/Qwen2-VL-2B-Instruct")
+    p = ModelsPage(catalog=[qwen])
+    qtbot.addWidget(p)
+    fit = p.table.item(0, COL_FIT)
+    qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
+    assert fit.text().startswith(("fits · needs ~", "tight · needs ~", "does not fit · needs ~")), fit.text()
+    assert fit.text().endswith("(estimated from the catalog)")
+    assert "estimated from the catalog" in fit.toolTip() and "KV" in fit.toolTip()
+    # the catalog's decimal download size, in the one unit the window shows sizes in (app.sizes)
+    assert p.table.item(0, 3).text() == f"~{qwen.download_gb * 1e9 / 2**30:.1f} GiB"
+    assert "GiB" in fit.text() and " GB" not in fit.text()
+    assert p.wait_idle()
+
+
+def test_speed_column_shows_this_machines_measured_tokens_per_second(qtbot, hub, tiny_model, tmp_path):
+    """A model whose shape was measured here shows its record; another model's speeds are scaled
+    from it and marked '~'; with nothing measured yet the cell stays empty."""
+    import json
+
+    from app.models.models_page import COL_SPEED, ModelsPage
+    from engine.model import speed
+
+    folder = tiny_model("smolvlm")
+    shape = speed.LayerShape.of_config(json.loads((folder / "config.json").read_text()))
+    data = tmp_path / "data"
+    speed.write(
+        data,
+        shape,
+        [speed.FormatSpeed("bf16", "bfloat16", 12.5, 300.0, True), speed.FormatSpeed("fp32", "float32", 6.25, 80.0)],
+    )
+    p = ModelsPage(
+        catalog=[CatalogEntry("acme/smol", "idefics3", "256M", 0.5, True)], recent=[str(folder)], data_dir=data
+    )
+    qtbot.addWidget(p)
+    mine, other = p.row_of(str(folder)), p.row_of("acme/smol")
+    qtbot.waitUntil(
+        lambda: p.table.item(mine, COL_SPEED).text() != "" and p.table.item(other, COL_SPEED).text() != "",
+        timeout=60_000,
+    )
+    assert p.table.item(mine, COL_SPEED).text() == "bf16 12.5, fp32 6.2 tok/s"
+    scaled = speed.LayerShape.of_config(SMOLVLM_256M)
+    factor = shape.params / scaled.params
+    assert p.table.item(other, COL_SPEED).text() == f"~bf16 {12.5 * factor:.1f}, fp32 {6.25 * factor:.1f} tok/s"
+    p.cancel.set()
+    assert p.wait_idle()
+    empty = ModelsPage(catalog=[], recent=[str(folder)], data_dir=tmp_path / "nothing-measured")
+    qtbot.addWidget(empty)
+    qtbot.waitUntil(lambda: empty.table.item(0, 4).text() not in ("…", ""), timeout=60_000)
+    assert empty.table.item(0, COL_SPEED).text() == ""
+    assert empty.wait_idle()

@@ -1,0 +1,230 @@
+"""numba's one-row kernels (engine/model/row_kernels.py): each computes its own format's weights
+(against float64 arithmetic), a row computes the same alone and inside a draft, prompt chunks
+never take them, int4 is llama.cpp Q4_0's bytes and rounding, the compiled code is cached in the
+data folder, and where numba cannot run, torch's kernels do and one line says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from engine.model import row_kernels
+from engine.model.int8_layers import Int8Linear, int8_gemm_used
+from engine.model.prompt_rows import PROMPT_ROWS
+from engine.model.row_kernels import Int4Linear, Int4Weights, RowLinear
+
+ROOT = Path(__file__).resolve().parents[3]
+FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    k = row_kernels.load(tmp_path_factory.mktemp("data"))
+    assert k is not None, row_kernels.unavailable()
+    return k
+
+
+def _q4_0_reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's quantize_row_q4_0_ref, transcribed: per block of 32 the value of largest
+    magnitude `max`, d = max / -8, q = min(15, int(x / d + 8.5)); returns (q (n, k), d (n, k/32))."""
+    n, k = w.shape
+    q = np.zeros((n, k), np.int64)
+    d = np.zeros((n, k // 32), np.float32)
+    for r in range(n):
+        for b in range(k // 32):
+            block = w[r, b * 32 : b * 32 + 32].astype(np.float32)
+            amax = 0.0
+            mx = 0.0
+            for v in block:
+                if abs(v) > amax:
+                    amax, mx = abs(v), v
+            dd = np.float32(mx / -8)
+            inv = np.float32(1 / dd) if dd else np.float32(0)
+            d[r, b] = np.float16(dd)
+            q[r, b * 32 : b * 32 + 32] = np.minimum(15, (block * inv + np.float32(8.5)).astype(np.int8))
+    return q, d
+
+
+def _module(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None, k) -> nn.Module:
+    frozen = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
+    b = None if bias is None else frozen(bias)
+    if fmt in ("fp32", "bf16", "fp16"):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
+        return RowLinear(frozen(weight.to(dtype)), b, k)
+    if fmt == "int8":
+        scale = weight.abs().amax(1) / 127
+        q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        return Int8Linear(frozen(q), frozen(scale), b, None, k)
+    return Int4Linear(Int4Weights.of(weight), b, k)
+
+
+def _reference(fmt: str, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """float64 arithmetic on the module's own (rounded) weights; int4 on the int8 blocks of
+    activations its kernel sees."""
+    if isinstance(m, RowLinear):
+        y = x.double() @ m.weight.double().T
+    elif isinstance(m, Int8Linear):
+        y = x.double() @ (m.weight.double() * m.scale.double()[:, None]).T
+    else:
+        assert isinstance(m, Int4Linear)
+        blocks = x.double().reshape(len(x), -1, 32)
+        scale = blocks.abs().amax(2, keepdim=True) / 127
+        xq = (blocks / scale).round() * scale
+        _, per, blocks = m.scales.shape  # `per` output rows side by side (Int4Weights)
+        q = m.nibbles.transpose(1, 2).reshape(-1, blocks, 16)[: m.out_features].long()
+        values = torch.cat([q & 15, q >> 4], 2).double() - 8
+        scales = m.scales.reshape(-1, blocks)[: m.out_features].view(torch.float16).double()
+        w = (values * scales[..., None]).reshape(m.out_features, -1)[:, : x.shape[1]]
+        y = xq.reshape(len(x), -1) @ w.T
+    return y if m.bias is None else y + m.bias.double()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, PROMPT_ROWS - 1])
+def test_each_kernel_computes_its_own_weights(fmt, rows, kernels):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 1536, generator=g) * 0.05
+    m = _module(fmt, weight, torch.randn(300, generator=g), kernels)
+    x = torch.randn(rows, 1536, generator=g)
+    calls = []
+    real = row_kernels._call
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(row_kernels, "_call", lambda fn, *a: (calls.append(fn), real(fn, *a)))
+        with torch.inference_mode():
+            y = m(x)
+    assert len(calls) == 1  # the numba kernel computed it, not torch
+    ref = _reference(fmt, m, x)
+    assert y.dtype == torch.float32 and y.shape == (rows, 300)
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_decoded_row_is_the_same_alone_or_with_its_draft(fmt, kernels):
+    g = torch.Generator().manual_seed(7)
+    m = _module(fmt, torch.randn(96, 200, generator=g), None, kernels)  # 200: not a multiple of 32
+    x = torch.randn(PROMPT_ROWS - 1, 200, generator=g)
+    with torch.inference_mode():
+        together = m(x)
+        for i in range(len(x)):
+            assert torch.equal(m(x[i : i + 1]), together[i : i + 1]), f"row {i}"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_prompt_chunk_never_takes_a_row_kernel(fmt, kernels, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(64, 128, generator=g)
+    m = _module(fmt, weight, None, kernels)
+    dtype = getattr(m, "weight", torch.empty(0)).dtype if fmt in ("bf16", "fp16") else torch.float32
+    chunk = torch.randn(PROMPT_ROWS, 128, generator=g).to(dtype)
+    with torch.inference_mode():
+        rows = m(chunk[:-1])
+
+        real = row_kernels._call
+
+        def refuse(fn, *a):
+            if fn.py_func.__name__.startswith("rows_"):  # int4's prompt path dequantizes through numba
+                raise AssertionError("a prompt chunk went through a one-row kernel")
+            return real(fn, *a)
+
+        monkeypatch.setattr(row_kernels, "_call", refuse)
+        y = m(chunk)
+    # the prompt path computes the same product (to its own rounding): int8's GEMM, where this CPU
+    # takes it (int8_gemm_used: AVX512-VNNI ones), rounds each activation row to int8 as well
+    exact = dtype == torch.float32 and not (fmt == "int8" and int8_gemm_used())
+    tol = 1e-5 if exact else 2e-2
+    assert (y[:-1].double() - rows.double()).abs().max() <= tol * rows.double().abs().max()
+
+
+def test_int4_holds_q4_0s_bytes_and_rounding():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(6, 96, generator=g)
+    w[0, :32] = 0  # an all-zero block: scale 0, every nibble 8
+    q = Int4Weights.of(w)
+    assert q.nbytes == 6 * 96 * 18 // 32  # 16 bytes of nibbles and a 2-byte scale per 32 weights
+    want_q, want_d = _q4_0_reference(w.numpy())
+    nib = q.nibbles.transpose(1, 2).reshape(-1, 3, 16)[:6].long()  # (rows, blocks, 16)
+    got_q = torch.cat([nib & 15, nib >> 4], 2).reshape(6, 96).numpy()
+    assert np.array_equal(got_q, want_q)
+    assert np.array_equal(q.scales.reshape(-1, 3)[:6].view(torch.float16).float().numpy(), want_d)
+
+
+def test_int4_prompt_and_decoded_rows_compute_the_same_product(kernels):
+    g = torch.Generator().manual_seed(2)
+    m = Int4Linear(Int4Weights.of(torch.randn(256, 1536, generator=g) * 0.05), None, kernels)
+    x = torch.randn(PROMPT_ROWS + 4, 1536, generator=g)
+    with torch.inference_mode():
+        prompt = m(x)
+        rows = torch.cat([m(x[i : i + 1]) for i in range(len(x))])
+    assert (prompt - rows).abs().max() <= 1e-5 * rows.abs().max()
+
+
+def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    env.pop("NUMBA_CACHE_DIR", None)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_the_compiled_kernels_are_cached_in_the_data_folder_and_read_back(tmp_path):
+    """The first process compiles into <data>/numba-cache; the next reads it and writes nothing."""
+    code = f"""
+        import logging, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+        from engine.model import row_kernels
+        assert row_kernels.load({str(tmp_path)!r}) is not None
+    """
+    first = _run(code)
+    assert first.returncode == 0, first.stderr
+    assert "one-row kernels: numba" in first.stdout and str(tmp_path / "numba-cache") in first.stdout
+    files = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*") if p.is_file()}
+    assert any(p.suffix == ".nbc" for p in files) and any(p.suffix == ".nbi" for p in files)
+    second = _run(code)
+    assert second.returncode == 0, second.stderr
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*") if p.is_file()}
+    assert after == files
+
+
+def test_without_numba_torch_serves_and_one_line_says_so(tmp_path, tiny_model):
+    model = tiny_model("llava")
+    code = f"""
+        import logging, sys
+        sys.modules["numba"] = None  # numba missing or failing to import
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+        from engine.model import row_kernels
+        from engine.model.load import load_model, ModelLoadError
+        assert row_kernels.load({str(tmp_path)!r}) is None
+        try:
+            load_model({str(model)!r}, weights="int4", speed_dir={str(tmp_path)!r})
+        except ModelLoadError as exc:
+            print("refused:", exc)
+        loaded = load_model({str(model)!r}, weights="fp32", speed_dir={str(tmp_path)!r})
+        print("fp32 loaded", loaded.weights)
+    """
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert sum("numba unavailable" in line and "torch's kernels run" in line for line in lines) == 1
+    assert any(line.startswith("refused: int4 weights need numba's kernels") for line in lines)
+    assert "fp32 loaded fp32" in lines
+
+
+def test_int4_decoded_rows_quantize_activations_exactly_as_prompts_do(kernels):
+    """The same int8 values and scales on both paths (numba's loop and torch's ops): a decoded
+    token's KV then differs from a prompt's only by the order of its additions."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(PROMPT_ROWS - 1, 1000, generator=g) * torch.logspace(-3, 2, 1000)  # 1000: not a multiple of 32
+    blocks = -(-1000 // 32)
+    lo, hi, xd = row_kernels.quantized_activations(x, blocks, 1, kernels)
+    q = torch.cat([torch.from_numpy(lo).transpose(1, 2), torch.from_numpy(hi).transpose(1, 2)], 2)  # (m, blocks, 32)
+    decoded = (q.float() * torch.from_numpy(xd)[..., None]).reshape(len(x), -1)[:, :1000]
+    assert torch.equal(decoded, row_kernels.fake_quantized_activations(x))

@@ -1,0 +1,81 @@
+"""Every benchmark in tests/bench/ runs to the end in its --quick mode and prints its goal line.
+
+The benchmarks are found by glob, so a new one is covered without touching this file. Only that
+a benchmark completes and reports is checked, never whether its goal was met: quick sizes on a
+shared machine say nothing about speed (`make bench` runs the full sizes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCHMARKS = sorted(p for p in BENCH_DIR.glob("*.py") if not p.name.startswith("_"))  # _common.py: helpers
+# what tests/bench/_common.ratio_line writes for a goal: "label: 0.009  (goal ≤ 0.05: yes)"
+GOAL_LINE = re.compile(r"^.+: -?\d+(\.\d+)?( \S+)?  \(goal .+: (yes|no)\)", re.MULTILINE)
+
+
+def _ratio_line():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        from _common import ratio_line
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    return ratio_line
+
+
+def test_goal_line_verdicts():
+    ratio_line = _ratio_line()
+    assert ratio_line("restore / re-prefill", 0.0091, at_most=0.05) == "restore / re-prefill: 0.009  (goal ≤ 0.05: yes)"
+    assert ratio_line("engine / generate", 0.9, at_least=0.95).endswith("(goal ≥ 0.95: no)")
+    # a second condition the goal needs: the ratio alone is not enough
+    line = ratio_line("cached / text-only", 1.0, at_most=1.05, also=("0 encoder loads", False))
+    assert line.endswith("(goal ≤ 1.05 and 0 encoder loads: no)")
+    assert ratio_line("stall", 12.34, at_most=50, unit="ms", digits=1) == "stall: 12.3 ms  (goal ≤ 50 ms: yes)"
+    # a figure for comparison has no verdict, so it is never taken for a goal line
+    shown = ratio_line("gate off / text-only", 3.3, note="for comparison")
+    assert not GOAL_LINE.search(shown) and GOAL_LINE.search(line)
+
+
+def test_benchmarks_are_found():
+    assert len(BENCHMARKS) >= 8, [p.name for p in BENCHMARKS]
+
+
+# what a benchmark prints, alone, when a tool it compares with cannot be had here (no compiler, no PyPI)
+SKIPPED = re.compile(r"^skipped: .+$", re.MULTILINE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
+def test_benchmark_quick_mode_completes_with_a_goal_line(script, tmp_path):
+    # the benchmark's scratch folders (models, stores) go under tmp_path, which pytest cleans up
+    # PARLEY_BENCH_NO_BUILD: vs_llamacpp uses a llama.cpp `make bench-tools` built (.ci/run does),
+    # and skips with that line where none is built: a 20-minute compile has no place in the suite
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp_path),
+        QT_QPA_PLATFORM="offscreen",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        PARLEY_BENCH_NO_BUILD="1",
+    )
+    run = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        cwd=BENCH_DIR.parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    tail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, tail
+    skipped = SKIPPED.search(run.stdout)
+    if skipped and run.stdout.strip() == skipped.group(0):
+        pytest.skip(skipped.group(0))
+    assert GOAL_LINE.search(run.stdout), f"no goal line with a yes/no verdict\n{tail}"

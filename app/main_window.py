@@ -372,7 +372,7 @@ class MainWindow(QMainWindow):
             QGuiApplication.clipboard().setText(msg.text)
             self.statusBar().showMessage("Copied", 1500)
         elif name == "edit":
-            atts = [self.intake.restore(r) for r in msg.pictures]
+            atts = [self.intake.restore(p.ref, p.name) for p in msg.named_pictures()]
             self.composer.begin_edit(message_id, msg.text, atts, len(self.controller.later_messages(message_id)))
         elif name == "regenerate":
             self.controller.regenerate(message_id)

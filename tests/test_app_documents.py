@@ -75,6 +75,13 @@ def test_a_pdf_page_shows_its_file_name_in_the_chat_and_tells_the_model(make_win
     expected = ["report.pdf, page 2", "report.pdf, page 3"]
     assert [p.caption for p in turns[-1].messages[-1].images] == expected
     assert shown_captions(w) == expected
+    # editing the message keeps its pages' names (its chips come back from the history)
+    w._message_action("edit", w.messages.items()[0].id)
+    send(qtbot, w, " Briefly.")
+    wait_reply(qtbot, w)
+    assert w.messages.items()[0].text == "What is on these pages? Briefly."
+    assert [p.caption for p in turns[-1].messages[-1].images] == expected
+    assert shown_captions(w) == expected
     cid = w.controller.current_id
     w.close()
 

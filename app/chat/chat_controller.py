@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 
 from ..connection import EngineBridge
-from ..history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage, title_from, unique_title
+from ..history import DEFAULT_TITLE, INTERRUPTED, History, MessagePicture, StoredMessage, title_from, unique_title
 from ..memory import turn_line
 from ..settings import Preferences
 from .message_model import MessageItem, MessageListModel
@@ -137,7 +137,7 @@ class ChatController(QObject):
                 return a.turn_id
         return None
 
-    def send(self, text: str, picture_refs: list[str]) -> int | None:
+    def send(self, text: str, picture_refs: list[str | MessagePicture]) -> int | None:
         conv = None if self.current_id is None else self.history.get_conversation(self.current_id)
         if conv is None:
             conv = self.history.create_conversation()
@@ -198,7 +198,7 @@ class ChatController(QObject):
         after = msgs[at + 1 :]
         return after[1:] if after and after[0].role == "assistant" else after
 
-    def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str]) -> int | None:
+    def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str | MessagePicture]) -> int | None:
         cid = self.current_id
         old = self.history.get_message(message_id)
         if old is None or old.conversation_id != cid or old.role != "user":
@@ -208,13 +208,7 @@ class ChatController(QObject):
         row = self.model.row_of(message_id)
         if row is not None and row + 1 < self.model.rowCount():
             self.model.remove_from(self.model.item(row + 1).id)
-        self.model.update(
-            message_id,
-            text=msg.text,
-            edited=True,
-            pictures=[self.history.thumbnail_source(r) for r in msg.pictures],
-            digests=[self.history.picture_ref(r).digest for r in msg.pictures],
-        )
+        self.model.update(message_id, text=msg.text, edited=True, **self._pictures_shown(msg))
         turn_id = self._start_reply(cid)
         self.conversationsChanged.emit()
         return turn_id
@@ -248,7 +242,8 @@ class ChatController(QObject):
         for m in msgs:
             if m.role == "system" or (m.role == "assistant" and not m.text):
                 continue
-            images = [self.history.picture_ref(r) for r in m.pictures]  # digest from the name: no read
+            # digest from the name, no read; named as the person's file was (a page's caption says it)
+            images = [self.history.picture_ref(p) for p in m.named_pictures()]
             if out and out[-1].role == m.role:
                 out[-1].text = (out[-1].text + "\n\n" + m.text).strip()
                 out[-1].images.extend(images)
@@ -310,16 +305,18 @@ class ChatController(QObject):
 
     def _item(self, m: StoredMessage) -> MessageItem:
         return MessageItem(
-            m.id,
-            m.role,
-            m.text,
-            [self.history.thumbnail_source(r) for r in m.pictures],
-            m.status,
-            False,
-            m.edited is not None,
-            digests=[self.history.picture_ref(r).digest for r in m.pictures],
-            note=m.note,
+            m.id, m.role, m.text, status=m.status, edited=m.edited is not None, note=m.note, **self._pictures_shown(m)
         )
+
+    def _pictures_shown(self, m: StoredMessage) -> dict:
+        """A message's pictures as the chat shows them: thumbnails, digests (their cached marks) and
+        captions ("report.pdf, page 3"; "" for a plain picture), each in the message's order."""
+        refs = [self.history.picture_ref(p) for p in m.named_pictures()]
+        return {
+            "pictures": [self.history.thumbnail_source(r) for r in m.pictures],
+            "digests": [r.digest for r in refs],
+            "captions": [r.caption or "" for r in refs],
+        }
 
     def tokens_so_far(self, turn_id: int) -> int:
         a = self._active.get(turn_id)

@@ -1,5 +1,6 @@
-"""Paints one message: a bubble with picture thumbnails (each marked cached or new), rich text, a
-footer of actions, and under a reply its last-turn line (app/memory/turn_line.py).
+"""Paints one message: a bubble with picture thumbnails (each marked cached or new; a page or a
+frame captioned with its file's name under it), rich text, a footer of actions, and under a reply
+its last-turn line (app/memory/turn_line.py).
 
 Layout is computed by one function used for sizing, painting and hit-testing, so what is
 drawn is what is clicked. Laid-out text documents are cached per (message, version, width):
@@ -43,6 +44,7 @@ class Geometry:
     height: int
     bubble: QRectF
     thumbs: list[tuple[str, QRect]] = field(default_factory=list)
+    captions: list[tuple[str, QRect]] = field(default_factory=list)  # under the thumbnails that have one
     doc_origin: QPointF = field(default_factory=QPointF)
     doc: QTextDocument | None = None
     footer_y: int = 0
@@ -156,18 +158,23 @@ class MessageDelegate(QStyledItemDelegate):
         pictures = it.pictures
         per_row = max(1, (inner_max + GAP) // (THUMB + GAP))
         thumb_rows = (len(pictures) + per_row - 1) // per_row
+        caption_h = fm.height() if any(it.captions) else 0  # a line under each row of thumbnails
+        row_h = THUMB + caption_h + GAP
         thumbs_w = min(len(pictures), per_row) * (THUMB + GAP) - GAP if pictures else 0
-        thumbs_h = thumb_rows * (THUMB + GAP) if pictures else 0
+        thumbs_h = thumb_rows * row_h if pictures else 0
 
         content_w = max(text_w, thumbs_w, 24)
         content_h = thumbs_h + max(text_h, 0 if pictures else fm.height())
         bubble_w, bubble_h = content_w + 2 * PAD, content_h + 2 * PAD
         x = width - MARGIN - bubble_w if user else MARGIN
         bubble = QRectF(x, GAP, bubble_w, bubble_h)
-        thumbs = []
+        thumbs, captions = [], []
         for i, path in enumerate(pictures):
             r, c = divmod(i, per_row)
-            thumbs.append((path, QRect(int(x) + PAD + c * (THUMB + GAP), GAP + PAD + r * (THUMB + GAP), THUMB, THUMB)))
+            box = QRect(int(x) + PAD + c * (THUMB + GAP), GAP + PAD + r * row_h, THUMB, THUMB)
+            thumbs.append((path, box))
+            if i < len(it.captions) and it.captions[i]:
+                captions.append((it.captions[i], QRect(box.left(), box.bottom() + 1, THUMB, caption_h)))
         footer_y = GAP + bubble_h + 3
         height = footer_y + fm.height() + GAP
         note = None
@@ -191,6 +198,7 @@ class MessageDelegate(QStyledItemDelegate):
             height=height,
             bubble=bubble,
             thumbs=thumbs,
+            captions=captions,
             doc_origin=QPointF(x + PAD, GAP + PAD + thumbs_h),
             doc=doc,
             footer_y=footer_y,
@@ -284,6 +292,12 @@ class MessageDelegate(QStyledItemDelegate):
             painter.drawPixmap(target, pm)
             if words is not None:  # on the picture itself, which may be shorter than its box
                 self._paint_badge(painter, target, words[0])
+        if geo.captions:
+            painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+            fm = QFontMetrics(painter.font())
+            for caption, rect in geo.captions:  # the middle gives way: the file's start and the page stay
+                shown = fm.elidedText(caption, Qt.TextElideMode.ElideMiddle, rect.width())
+                painter.drawText(rect, int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter), shown)
 
         if geo.doc is not None and it.text:
             painter.save()
@@ -350,13 +364,26 @@ class MessageDelegate(QStyledItemDelegate):
         painter.restore()
 
     def helpEvent(self, event, view, option, index) -> bool:
-        """A thumbnail's tooltip says whether the picture is encoded and cached."""
+        """A thumbnail's tooltip says what the picture is (its whole caption) and whether it is
+        encoded and cached."""
         if event.type() == QEvent.Type.ToolTip and index.isValid():
-            words = self.picture_mark_at(index, event.pos() - option.rect.topLeft())
-            if words is not None:
-                QToolTip.showText(event.globalPos(), words[1], view)
+            tip = self.picture_tip_at(index, event.pos() - option.rect.topLeft())
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, view)
                 return True
         return super().helpEvent(event, view, option, index)
+
+    def picture_tip_at(self, index, point) -> str:
+        """The tooltip of the picture (or its caption) under a point in item coordinates, or ""."""
+        it, _ = self._item(index)
+        geo = self.geometry(index)
+        caption_h = geo.captions[0][1].height() if geo.captions else 0
+        for i, (_path, rect) in enumerate(geo.thumbs):
+            if rect.adjusted(0, 0, 0, caption_h).contains(point):
+                caption = it.captions[i] if i < len(it.captions) else ""
+                words = self.picture_words(it.digests[i]) if i < len(it.digests) else None
+                return "\n".join(t for t in (caption, words[1] if words else "") if t)
+        return ""
 
     def picture_mark_at(self, index, point) -> tuple[str, str] | None:
         """The mark of the picture under a point in item coordinates (what the tooltip says)."""

@@ -32,6 +32,7 @@ class MessageItem:
     version: int = 0
     digests: list[str] = field(default_factory=list)  # each picture's content digest, in `pictures` order
     note: str = ""  # a reply's last-turn line (app/memory/turn_line.py), shown under it
+    captions: list[str] = field(default_factory=list)  # under each picture ("report.pdf, page 3"; "": none)
 
 
 class MessageListModel(QAbstractListModel):

@@ -16,6 +16,7 @@ from engine.pictures.document import DEFAULT_DPI
 from engine.pictures.picture_budget import BudgetChoice, fit, parse_ranges, ranges_text
 from engine.pictures.video import FrameSampling, clock
 
+from ..history import MessagePicture
 from .picture_intake import Attachment
 
 # Pages sent when the person chooses none and the context is unknown (a remote engine): about
@@ -162,6 +163,10 @@ class AttachmentChip(QFrame):
         if att.video is not None:
             return [parts.frame_name(att.ref, t, sampling) for t in sampling.times(att.video.duration)]
         return [att.ref]
+
+    def pictures(self, sampling: FrameSampling) -> list[MessagePicture]:
+        """What this chip sends: its refs, each with the name of the file they came from."""
+        return [MessagePicture(r, self.attachment.source) for r in self.picture_refs(sampling)]
 
     def document_text(self) -> str:
         doc = self.attachment.document

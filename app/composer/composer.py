@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from engine.pictures.file import PICTURE_TYPES, PictureError
 from engine.pictures.video import VIDEO_EXTENSIONS, FrameSampling
 
+from ..history import MessagePicture
 from ..icons import icon
 from .attachment_chip import AttachmentChip, PageBudget, ReadingChip
 from .composer_edit import ComposerEdit
@@ -60,7 +61,7 @@ class Draft:
 
 
 class Composer(QFrame):
-    sendRequested = Signal(str, list)  # text, picture refs
+    sendRequested = Signal(str, list)  # text, pictures (app/history.py: MessagePicture)
     stopRequested = Signal()
     editCancelled = Signal()
     picturesAdded = Signal(list)  # picture refs newly in the draft (the engine may get ready for them)
@@ -321,11 +322,11 @@ class Composer(QFrame):
             self.show_problem(f"{', '.join(self.reading())} is still being read; send when its chip is ready")
             return
         text = self.edit.toPlainText().strip()
-        refs: list[str] = []
+        refs: list[MessagePicture] = []
         texts: list[str] = []
         try:  # a document sends its chosen pages, a video its sampled frames
             for chip in self._chips():
-                refs.extend(chip.picture_refs(self.frame_sampling))
+                refs.extend(chip.pictures(self.frame_sampling))
                 if self.document_text:
                     texts.append(chip.document_text())
         except (ValueError, PictureError) as exc:  # a bad page range, a document gone: the draft stays

@@ -45,6 +45,7 @@ class Attachment:
     path: str  # where the stored copy lives
     name: str  # what the user called it (file name, or "pasted picture")
     thumb: QImage
+    source: str = ""  # the file's own name, which its pages' and frames' captions say ("": none, e.g. pasted)
     document: Document | None = None  # a PDF (its stored copy): its pages are the pictures
     video: Video | None = None  # a video (its stored copy): its sampled frames are the pictures
     page_range: str = ""  # what the person typed in the chip ("" = the default)
@@ -124,7 +125,7 @@ class PictureIntake:
                 raise PictureRejected(not_attachable(name)) from None
             raise
         ref = self.history.add_picture_bytes(data, p.suffix)  # the bytes just checked; no second read
-        return self._attachment(ref, name)
+        return self._attachment(ref, name, name)
 
     def is_media(self, path: str | Path) -> bool:
         """A PDF, a video or a picture slow to decode: reading one takes seconds (see from_media),
@@ -176,7 +177,7 @@ class PictureIntake:
         video = replace(att.video, path=stored) if att.video is not None else None
         first = parts.page_name(ref, 0, 72) if document is not None else parts.frame_name(ref, 0.0, FrameSampling())
         thumb = read_scaled(self.history.thumbnail_source(first), THUMB_BOX)
-        return Attachment(ref, stored, name, thumb, document=document, video=video)
+        return Attachment(ref, stored, name, thumb, name, document=document, video=video)
 
     def from_bytes(self, data: bytes, extension: str, name: str) -> Attachment:
         check_picture_bytes(data, name)
@@ -230,10 +231,10 @@ class PictureIntake:
                 errors.append(str(exc))
         return taken
 
-    def restore(self, ref: str, name: str | None = None) -> Attachment:
-        """An attachment for a picture already stored (editing a sent message)."""
-        return self._attachment(ref, name or ref[:8])
+    def restore(self, ref: str, name: str = "") -> Attachment:
+        """An attachment for a picture already stored (editing a sent message), `name`: its file's."""
+        return self._attachment(ref, name or ref[:8], name)
 
-    def _attachment(self, ref: str, name: str) -> Attachment:
+    def _attachment(self, ref: str, name: str, source: str = "") -> Attachment:
         path = str(self.history.picture_path(ref))
-        return Attachment(ref, path, name, read_scaled(self.history.thumbnail_source(ref), THUMB_BOX))
+        return Attachment(ref, path, name, read_scaled(self.history.thumbnail_source(ref), THUMB_BOX), source)

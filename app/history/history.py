@@ -49,6 +49,16 @@ class Conversation:
 
 
 @dataclass(frozen=True)
+class MessagePicture:
+    """A picture as a message is given it: its ref in the store (a page or frame: its file's, with
+    a fragment) and the name of the file the person attached ("" : none, as for a pasted picture).
+    A page's or frame's caption says that name ("report.pdf, page 3"), in the chat and to the model."""
+
+    ref: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class StoredMessage:
     id: int
     conversation_id: str
@@ -59,6 +69,10 @@ class StoredMessage:
     created: float
     edited: float | None = None
     note: str = ""  # a reply's turn line ("Continued 69 tokens from memory · …"), kept across restarts
+    names: tuple[str, ...] = ()  # each picture's file name, in `pictures` order ("" or missing: none)
+
+    def named_pictures(self) -> list[MessagePicture]:
+        return [MessagePicture(r, self.names[i] if i < len(self.names) else "") for i, r in enumerate(self.pictures)]
 
 
 @dataclass(frozen=True)
@@ -213,19 +227,24 @@ class History:
         return _message(rows[0]) if rows else None
 
     def add_message(
-        self, conversation_id: str, role: str, text: str, pictures: Iterable[str] = (), status: str = COMPLETE
+        self,
+        conversation_id: str,
+        role: str,
+        text: str,
+        pictures: Iterable[str | MessagePicture] = (),
+        status: str = COMPLETE,
     ) -> StoredMessage:
-        refs = tuple(pictures)
-        for ref in refs:
-            self._check_ref(ref)
+        """`pictures`: MessagePictures, or bare refs (pictures without a file name)."""
+        refs, names = self._checked_pictures(pictures)
         now = self._now()
         with self._tx(durable=status == COMPLETE) as db:
             cur = db.execute(
-                "INSERT INTO messages(conversation, role, text, pictures, status, created) VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, text, json.dumps(list(refs)), status, now),
+                "INSERT INTO messages(conversation, role, text, pictures, status, created, picture_names)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, text, json.dumps(list(refs)), status, now, json.dumps(list(names))),
             )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-        return StoredMessage(cur.lastrowid, conversation_id, role, text, refs, status, now)
+        return StoredMessage(cur.lastrowid, conversation_id, role, text, refs, status, now, names=names)
 
     def begin_reply(self, conversation_id: str) -> StoredMessage:
         """An assistant row that reads as `interrupted` until finish_reply() says otherwise."""
@@ -249,23 +268,25 @@ class History:
                 (now, message_id),
             )
 
-    def edit_message(self, message_id: int, text: str, pictures: Iterable[str] | None = None) -> StoredMessage:
+    def edit_message(
+        self, message_id: int, text: str, pictures: Iterable[str | MessagePicture] | None = None
+    ) -> StoredMessage:
         """Change a message and drop everything after it (edit-and-resend)."""
         now = self._now()
         with self._tx(durable=True) as db:
             row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise KeyError(message_id)
-            refs = tuple(json.loads(row["pictures"]) if pictures is None else pictures)
-            for ref in refs:
-                self._check_ref(ref)
+            refs, names = self._checked_pictures(_message(row).named_pictures() if pictures is None else pictures)
             db.execute(
-                "UPDATE messages SET text = ?, pictures = ?, edited = ?, status = ? WHERE id = ?",
-                (text, json.dumps(list(refs)), now, COMPLETE, message_id),
+                "UPDATE messages SET text = ?, pictures = ?, picture_names = ?, edited = ?, status = ? WHERE id = ?",
+                (text, json.dumps(list(refs)), json.dumps(list(names)), now, COMPLETE, message_id),
             )
             db.execute("DELETE FROM messages WHERE conversation = ? AND id > ?", (row["conversation"], message_id))
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, row["conversation"]))
-        return StoredMessage(message_id, row["conversation"], row["role"], text, refs, COMPLETE, row["created"], now)
+        return StoredMessage(
+            message_id, row["conversation"], row["role"], text, refs, COMPLETE, row["created"], now, names=names
+        )
 
     def truncate_after(self, message_id: int) -> int:
         """Delete the messages after this one in its conversation; returns how many."""
@@ -348,11 +369,13 @@ class History:
         base, fragment = parts.split(ref)
         return f"{self.pictures.path(base)}#{fragment}" if fragment else str(self.pictures.path(base))
 
-    def picture_ref(self, ref: str) -> PictureRef:
+    def picture_ref(self, ref: str | MessagePicture) -> PictureRef:
         """What the engine is sent: the stored file and its digest (from the name, no read); a page
-        or a frame (engine/pictures/parts.py) keyed from its file's digest the same way."""
-        base, fragment = parts.split(ref)
-        return parts.ref_at(self.pictures.path(base), base[:64], fragment)
+        or a frame (engine/pictures/parts.py) keyed from its file's digest the same way, named as
+        the person's file was (its caption says so)."""
+        picture = ref if isinstance(ref, MessagePicture) else MessagePicture(ref)
+        base, fragment = parts.split(picture.ref)
+        return parts.ref_at(self.pictures.path(base), base[:64], fragment, picture.name)
 
     def purge_orphan_pictures(self, keep: Iterable[str] = ()) -> int:
         """Remove stored pictures that no message references (nor `keep`, e.g. a draft's).
@@ -379,6 +402,16 @@ class History:
         check_name(base)
         parts.check_fragment(fragment)
 
+    @classmethod
+    def _checked_pictures(cls, pictures: Iterable[str | MessagePicture]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The refs (each checked) and the file names of a message's pictures."""
+        given = [p if isinstance(p, MessagePicture) else MessagePicture(p) for p in pictures]
+        for p in given:
+            cls._check_ref(p.ref)
+            if not isinstance(p.name, str):
+                raise TypeError(f"a picture's file name is text, not {type(p.name).__name__}")
+        return tuple(p.ref for p in given), tuple(p.name for p in given)
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -398,7 +431,18 @@ def _message(r: sqlite3.Row) -> StoredMessage:
         r["created"],
         r["edited"],
         r["note"],
+        _names(r["picture_names"]),
     )
+
+
+def _names(stored: str) -> tuple[str, ...]:
+    """A message's picture names as stored; a list that is not one of names (hand-edited, or
+    damaged past the schema's checks) reads as no names: its pictures still show, uncaptioned."""
+    try:
+        names = json.loads(stored)
+    except ValueError:
+        return ()
+    return tuple(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else ()
 
 
 def _snippet(text: str, query: str, width: int = 80) -> str:

@@ -21,7 +21,9 @@ from engine.platform.paths import private_file
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: messages.note, a reply's turn line kept across restarts
+SCHEMA_VERSION = 3
+# 2: messages.note, a reply's turn line kept across restarts
+# 3: messages.picture_names, the name of the file each picture came from (a page's caption says it)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -41,7 +43,8 @@ CREATE TABLE IF NOT EXISTS messages (
     status       TEXT NOT NULL CHECK (status IN ('complete', 'interrupted')),
     created      REAL NOT NULL,
     edited       REAL,
-    note         TEXT NOT NULL DEFAULT ''
+    note         TEXT NOT NULL DEFAULT '',
+    picture_names TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
 CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
@@ -89,9 +92,13 @@ def _migrations(db: sqlite3.Connection) -> str:
     """The statements that bring an existing database's tables up to `_SCHEMA`: columns added
     with a default, so every row an older version wrote reads as before."""
     columns = {r[1] for r in db.execute("PRAGMA table_info(messages)")}
-    if columns and "note" not in columns:  # an empty set: a new database, CREATE TABLE has it
-        return "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';"
-    return ""
+    if not columns:  # a new database: CREATE TABLE has them all
+        return ""
+    added = {
+        "note": "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';",
+        "picture_names": "ALTER TABLE messages ADD COLUMN picture_names TEXT NOT NULL DEFAULT '[]';",
+    }
+    return "".join(sql for column, sql in added.items() if column not in columns)
 
 
 DAMAGED_SUFFIX = ".damaged"
@@ -198,12 +205,13 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
         ids = {r[0] for r in convs}
         columns = {r[1] for r in _readable_rows(src, "PRAGMA table_info(messages)")}
         note = "note" if "note" in columns else "''"  # a database from before the note column
+        names = "picture_names" if "picture_names" in columns else "'[]'"  # ... or before picture names
         msgs = [
             r
             for r in _readable_rows(
                 src,
-                f"SELECT id, conversation, role, text, pictures, status, created, edited, {note} FROM messages"
-                " ORDER BY id",
+                f"SELECT id, conversation, role, text, pictures, status, created, edited, {note}, {names}"
+                " FROM messages ORDER BY id",
             )
             if r[1] in ids
         ]
@@ -222,8 +230,8 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
         for r in msgs:
             try:
                 db.execute(
-                    "INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited, note)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited, note,"
+                    " picture_names) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     r,
                 )
                 kept_msgs += 1

@@ -12,7 +12,7 @@ import logging
 import threading
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -36,12 +36,15 @@ from ..sizes import human_bytes
 from .download_text import progress_text
 
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed", "Speed here"]
-COL_FIT, COL_INSTALLED, COL_SPEED = 4, 5, 6
+COL_PARAMS, COL_FIT, COL_INSTALLED, COL_SPEED = 2, 4, 5, 6
 SPEED_TIP = (
     "Expected decode tokens/s per weight format on this computer, from Parley's own measurement "
     "of its kernels (taken when a model of this shape was first loaded; '~': scaled from another "
-    "shape measured here). Empty until a large model has been loaded once."
+    "shape measured here). Measured the first time a model of 50M or more parameters loads (a few "
+    'seconds); until then "not measured yet". Smaller models are fast in any format.'
 )
+UNKNOWN_SPEED = "—"  # no config.json yet: the model's layer sizes are not known
+PRECISION_TIP = "The precision the Fit column sizes models at: at first, the one Parley runs the loaded model in"
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +54,7 @@ class _Signals(QObject):
 
     fit = Signal(str, str, str)  # repo id, fit cell text, tooltip
     speed = Signal(str, str)  # repo id, expected tokens/s here
+    params = Signal(str, str)  # repo id, its parameter count counted from config.json ("870K")
     installed = Signal()  # the scan's result waits in ModelsPage._scanned
     progress = Signal(float, float, float, float, str)  # done, total, bytes/s, seconds left (-1: unknown), file
     done = Signal(str, str, str)  # repo id, snapshot folder ("" on failure), message
@@ -66,16 +70,19 @@ class ModelsPage(QDialog):
         recent: list[str] | None = None,
         parent=None,
         data_dir: Path | None = None,
+        precision: str | None = None,
     ):
+        """`precision`: what fits are sized at first (default: what Parley runs models in here)."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.setObjectName("modelsPage")
-        self.resize(900, 520)
+        self.resize(1040, 540)  # every column's text whole (the window it opens over is 1100 wide)
         self.sig = _Signals(self)  # dies with the page: nothing is delivered to a deleted page
         self._scanned: list = []
         self._scanned_lock = threading.Lock()
         self.sig.fit.connect(self._on_fit)
         self.sig.speed.connect(self._on_speed)
+        self.sig.params.connect(self._on_params)
         self.data_dir = data_dir  # where the engine keeps this machine's measured speeds
         self.sig.installed.connect(self._take_scan)
         self.sig.progress.connect(self._on_progress)
@@ -98,8 +105,12 @@ class ModelsPage(QDialog):
         self.search.textChanged.connect(self._filter)
         self.search.returnPressed.connect(self._search_repo)
         top.addWidget(self.search, 1)
+        from engine.library.fit import BYTES_PER_PARAM, running_precision
+
         self.precision = QComboBox()
-        self.precision.addItems(["bfloat16", "float16", "float32", "int8", "int4", "4bit"])
+        self.precision.addItems(list(BYTES_PER_PARAM))  # the precisions a fit is estimated at
+        self.precision.setCurrentText(precision or running_precision())
+        self.precision.setToolTip(PRECISION_TIP)
         self.context = QSpinBox(minimum=512, maximum=1 << 20, singleStep=1024, value=4096, suffix=" tokens")
         for w in (QLabel("Precision"), self.precision, QLabel("Context"), self.context):
             top.addWidget(w)
@@ -114,8 +125,13 @@ class ModelsPage(QDialog):
         self.table.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.table.horizontalHeader().setSectionResizeMode(COL_FIT, QHeaderView.ResizeMode.Stretch)
+        # one line a row; every column as wide as its text, the model's name taking the rest
+        # (a long folder path loses its middle; the whole is in its tooltip)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         lay.addWidget(self.table, 1)
 
@@ -176,6 +192,7 @@ class ModelsPage(QDialog):
         self.table.insertRow(r)
         for c, text in enumerate([repo_id, family, params, size, "…", "", ""]):
             self.table.setItem(r, c, QTableWidgetItem(text))
+        self._cell(r, 0).setToolTip(repo_id)
         self._cell(r, COL_SPEED).setToolTip(SPEED_TIP)
         return r
 
@@ -295,18 +312,18 @@ class ModelsPage(QDialog):
             fit = estimate_fit_from_catalog(entry, precision, context)
         except ValueError:
             return False
-        self._emit(
+        self._emit(  # "~": an estimate, said in full in the tooltip (the cell stays one short line)
             "fit",
             repo_id,
-            f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of "
-            f"{human_bytes(fit.free_bytes)} free (estimated from the catalog)",
+            f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
             fit.line() + "; the model's config.json could not be fetched yet",
         )
+        self._emit("speed", repo_id, UNKNOWN_SPEED)  # its sizes come with config.json
         return True
 
     def _fit_one(self, repo_id: str, precision: str, context: int, with_plan: bool = True) -> None:
         """Fit (and, for a model not on disk, the live size and the folder check) of one row."""
-        from engine.library.fit import estimate_fit, free_device_memory
+        from engine.library.fit import estimate_fit, free_device_memory, params_text
         from engine.library.remote import remote_config
         from engine.library.repo_check import read_json
 
@@ -330,6 +347,7 @@ class ModelsPage(QDialog):
                 f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
                 fit.line(),
             )
+            self._emit("params", repo_id, params_text(fit.need.params.total))
             if self.data_dir is not None and config:
                 from engine.model.speed import describe
 
@@ -364,6 +382,14 @@ class ModelsPage(QDialog):
         r = self.row_of(repo_id)
         if r is not None:
             self._cell(r, COL_SPEED).setText(text)
+
+    def _on_params(self, repo_id: str, text: str) -> None:
+        """A row without a parameter count (a folder, a repo id typed in) gets the one counted
+        from its config.json; a catalog row keeps the catalog's."""
+        r = self.row_of(repo_id)
+        if r is not None and not self._cell(r, COL_PARAMS).text():
+            self._cell(r, COL_PARAMS).setText(text)
+            self._cell(r, COL_PARAMS).setToolTip("counted from the model's config.json")
 
     def _on_installed(self, models, fit_new_rows: bool = True) -> None:
         self.installed = {m.repo_id: m for m in models}

@@ -62,6 +62,7 @@ class MainWindow(QMainWindow):
         self.model_ready = False
         self.model_path: str | None = None
         self.model_name = ""
+        self.model_weights = ""  # the loaded model's weight format (bf16, int8, ...): the Models page sizes at it
         self.edit_confirm: QMessageBox | None = None  # open while an edit waits for its go-ahead
         self.models_page: ModelsPage | None = None  # while the Models page is open
         self._closed = False
@@ -222,7 +223,14 @@ class MainWindow(QMainWindow):
         if self.models_page is not None and self.models_page.isVisible():
             self.models_page.raise_()
             return
-        self.models_page = page = ModelsPage(recent=self.prefs.recent_models(), parent=self, data_dir=self.data_dir)
+        from engine.library.fit import running_precision
+
+        self.models_page = page = ModelsPage(
+            recent=self.prefs.recent_models(),
+            parent=self,
+            data_dir=self.data_dir,
+            precision=running_precision(self.model_weights if self.model_ready else ""),
+        )
         page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         page.loadRequested.connect(self.load_model)
         page.destroyed.connect(lambda *_: setattr(self, "models_page", None))
@@ -241,6 +249,7 @@ class MainWindow(QMainWindow):
     def _on_model_ready(self, ev: ModelReady) -> None:
         self.model_ready = True
         self.model_path, self.model_name = ev.path, ev.name
+        self.model_weights = ev.weights
         self.status.progress.hide()
         self.status.model_label.setText(f"{ev.name} ({ev.family})")
         # a server's "device" is its address, which the engine label already shows
@@ -362,7 +371,7 @@ class MainWindow(QMainWindow):
             QGuiApplication.clipboard().setText(msg.text)
             self.statusBar().showMessage("Copied", 1500)
         elif name == "edit":
-            atts = [self.intake.restore(r) for r in msg.pictures]
+            atts = [self.intake.restore(p.ref, p.name) for p in msg.named_pictures()]
             self.composer.begin_edit(message_id, msg.text, atts, len(self.controller.later_messages(message_id)))
         elif name == "regenerate":
             self.controller.regenerate(message_id)

@@ -18,6 +18,36 @@ from ..model.families import FAMILIES, QKV_BIAS_TEXT_TYPES
 # left out here, as NF4's full-precision ones are)
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 18 / 32, "4bit": 0.5}
 TIGHT_FROM = 0.8  # need above this share of free memory is "tight"
+# a weight format (engine/model/weights.py) as the precision the estimate is made at
+FORMAT_PRECISION = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "int8": "int8",
+    "int4": "int4",
+    "4bit": "4bit",
+}
+
+
+def running_precision(weights: str = "") -> str:
+    """The precision to size models at: the loaded model's weight format, else what Parley runs a
+    model in on this machine (engine/device/choice.py: float32 on a CPU, bfloat16 on CUDA, float16
+    on Apple's GPU). Needs no torch."""
+    import sys
+
+    if weights in FORMAT_PRECISION:
+        return FORMAT_PRECISION[weights]
+    if not accelerator_possible():
+        return "float32"
+    return "float16" if sys.platform == "darwin" else "bfloat16"
+
+
+def params_text(n: int) -> str:
+    """A parameter count as catalogs write it: "256M", "2.21B", "870K"."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
 
 
 @dataclass(frozen=True)

@@ -342,6 +342,7 @@ class Engine(EngineWorker):
                 loaded.name,
                 context_tokens=loaded.context_tokens,
                 page_tokens=page_tokens(loaded),
+                weights=loaded.weights,
             )
         )
         if self.gate.disk_error and self.gate.disk_error != "disabled":

@@ -136,7 +136,7 @@ class TurnPipeline:
         bare = replace(turn.messages[-1], images=[])
         base = self._text_tokens(render(self.loaded.processor, [*turn.messages[:-1], bare], turn.system_prompt, video))
         ours = refs[len(refs) - mine :]
-        captions = [self._text_tokens(r.caption + " ", special=False) if r.caption else 0 for r in ours]
+        captions = [self._text_tokens(r.prompt_caption + " ", special=False) if r.prompt_caption else 0 for r in ours]
         markers = (
             round((self._text_tokens(text) - base - sum(captions)) / mine) - 1
         )  # the placeholder is a picture token

@@ -114,7 +114,7 @@ def model_pictures(images, native_video: bool) -> list:
 
 def to_hf_messages(messages: list[Message], system_prompt: str | None, native_video: bool = False) -> list[dict]:
     """Parley messages -> the HF chat-template shape (content parts, pictures first, each page or
-    frame after its caption; with `native_video`, a run of frames as one video)."""
+    frame after its caption, "report.pdf, page 3:"; with `native_video`, a run of frames as one video)."""
     out: list[dict] = []
     if system_prompt:
         out.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
@@ -123,8 +123,8 @@ def to_hf_messages(messages: list[Message], system_prompt: str | None, native_vi
             raise ValueError(f"unknown message role {m.role!r}")
         parts: list[dict] = []
         for p in model_pictures(m.images, native_video):  # a page or frame is named just before it
-            if p.caption:
-                parts.append({"type": "text", "text": p.caption + " "})
+            if p.prompt_caption:
+                parts.append({"type": "text", "text": p.prompt_caption + " "})
             parts.append({"type": p.modality})
         parts.append({"type": "text", "text": m.text})
         out.append({"role": m.role, "content": parts})

@@ -39,7 +39,7 @@ DECODE_REPEATS, PROMPT_REPEATS = 3, 2
 # Smaller language models are not measured (`auto` keeps full precision first, fp32 on a CPU):
 # their turns take milliseconds in any format, and at such widths a timing measures call
 # overhead, not the kernels. SmolVLM-256M's language model (135M) is measured.
-MIN_PARAMS = 50_000_000
+MIN_PARAMS = speed.MEASURED_FROM_PARAMS
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 

@@ -29,6 +29,11 @@ VERSION = 4  # of the measurement: a record of another version is measured again
 # int8 in fp32 with its decoded rows in bf16 measured too; 4: numba's one-row kernels and int4)
 # the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
 TURN_PROMPT, TURN_REPLY = 512, 128
+# language models smaller than this are not measured (calibrate.py says why): any format is fast
+MEASURED_FROM_PARAMS = 50_000_000
+# what describe() says where it has no numbers
+SMALL_MODEL = "fast (a small model)"
+NOT_MEASURED = "not measured yet"
 
 
 @dataclass(frozen=True)
@@ -196,10 +201,18 @@ def _speeds(rows: list[dict]) -> dict[str, FormatSpeed]:
 
 
 def describe(data_dir: Path | str, config: dict) -> str:
-    """One line for the Models page and `models list`: expected decode tokens/s per format here."""
-    speeds, exact = expected(data_dir, config)
-    if not speeds:
+    """One line for the Models page and `models list`: expected decode tokens/s per format here,
+    or why there are none (a small model is never measured, and speeds scaled down to its size
+    would be far off; a larger one is measured the first time a model loads). "" when the config
+    does not spell out its sizes."""
+    shape = LayerShape.of_config(config)
+    if shape is None:
         return ""
+    speeds, exact = expected(data_dir, config)
+    if not exact and shape.params < MEASURED_FROM_PARAMS:
+        return SMALL_MODEL
+    if not speeds:
+        return NOT_MEASURED
     shown = ", ".join(
         f"{f} {speeds[f].decode_tok_s:.1f}" for f in ("bf16", "fp32", "fp16", "int8", "int4") if f in speeds
     )

@@ -48,16 +48,23 @@ class Attachment:
         return self.document.pages if self.document is not None else 1
 
     def refs(
-        self, pages: list[int] | None = None, dpi: int = DEFAULT_DPI, sampling: FrameSampling = DEFAULT_SAMPLING
+        self,
+        pages: list[int] | None = None,
+        dpi: int = DEFAULT_DPI,
+        sampling: FrameSampling = DEFAULT_SAMPLING,
+        named: bool = False,
     ) -> list[PictureRef]:
-        """The pictures to send: the chosen pages (all by default), the sampled frames, or the picture."""
+        """The pictures to send: the chosen pages (all by default), the sampled frames, or the
+        picture. `named`: their captions name the file ("report.pdf, page 3"); a file stored under
+        its digest (the API's) is not named by its stored name."""
+        name = self.name if named else ""
         if self.document is not None:
-            return list(self.document.page_refs(pages, dpi))
+            return list(self.document.page_refs(pages, dpi, name))
         if self.video is not None:
             self.video.check_reach(sampling)
-            return list(self.video.frame_refs(sampling))
+            return list(self.video.frame_refs(sampling, name))
         assert self.picture is not None
-        return [self.picture]
+        return [self.picture.named(name)] if name else [self.picture]
 
 
 def kind_of(path: str | Path) -> AttachmentKind:
@@ -139,7 +146,7 @@ def attach_all(paths, choice: AttachChoice = AttachChoice()) -> AttachedFiles:
                 pages = parse_ranges(choice.pages, att.document.pages)
             except ValueError as exc:
                 raise PictureError(f"{att.name}: {exc}") from None
-        refs.extend(att.refs(pages, choice.dpi, choice.sampling))
+        refs.extend(att.refs(pages, choice.dpi, choice.sampling, named=True))  # the model is told each page's file
         if att.document is not None and choice.document_text:
             text = att.document.text(pages)
             if text:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .file import MAX_PIXELS, PictureError
 from .pdfium_process import OverLimit, PdfiumFailed, pdfium
-from .ref import PictureRef, PixelLimit, check_file_digest, derived_digest, file_digest
+from .ref import PictureRef, PixelLimit, captioned, check_file_digest, derived_digest, file_digest
 
 PAGE_DOMAIN = b"parley.page.v1\0"
 MAX_PAGES = 1000  # past this a "document" is no longer something to ask a chat about page by page
@@ -101,11 +101,14 @@ class Document:
         _probe(path, name, n)
         return cls(path, digest, n)
 
-    def page(self, index: int, dpi: int = DEFAULT_DPI) -> PageRef:
-        return PageRef.of(self.path, self.digest, index, dpi)
+    def page(self, index: int, dpi: int = DEFAULT_DPI, name: str = "") -> PageRef:
+        return PageRef.of(self.path, self.digest, index, dpi, name)
 
-    def page_refs(self, pages: range | list[int] | None = None, dpi: int = DEFAULT_DPI) -> list[PageRef]:
-        return [self.page(i, dpi) for i in (range(self.pages) if pages is None else pages)]
+    def page_refs(
+        self, pages: range | list[int] | None = None, dpi: int = DEFAULT_DPI, name: str = ""
+    ) -> list[PageRef]:
+        """The pages as pictures; `name`: what their captions call the file ("" : only "Page N")."""
+        return [self.page(i, dpi, name) for i in (range(self.pages) if pages is None else pages)]
 
     def text(self, pages: range | list[int] | None = None, name: str | None = None) -> str:
         """The text the PDF carries on these pages, page by page (empty for scanned pages), each
@@ -129,22 +132,22 @@ class PageRef(PictureRef):
     dpi: int = DEFAULT_DPI
 
     @classmethod
-    def of(cls, path: str, document: str, index: int, dpi: int = DEFAULT_DPI) -> PageRef:
+    def of(cls, path: str, document: str, index: int, dpi: int = DEFAULT_DPI, name: str = "") -> PageRef:
         if not (isinstance(index, int) and index >= 0):
             raise ValueError(f"not a page index: {index!r}")
         if not (isinstance(dpi, int) and 18 <= dpi <= 600):
             raise ValueError(f"a page is rendered at 18 to 600 dpi, not {dpi!r}")
-        return cls(path, page_digest(document, index, dpi), document, index, dpi)
+        return cls(path, page_digest(document, index, dpi), document, index, dpi, name=name)
 
     @property
     def label(self) -> str:
-        return f"{Path(self.path).name}, page {self.index + 1}"
+        return f"{self.file_name}, page {self.index + 1}"
 
     @property
     def caption(self) -> str:
-        # no file name: the window stores a copy under its digest, and the prompt must not differ
-        # with the way a page came in
-        return f"Page {self.index + 1}:"
+        # the file's name only as given (`name`), never the path's: the window stores a copy under
+        # its digest, and the prompt must not differ with the way a page came in
+        return captioned(self.name, f"page {self.index + 1}")
 
     def picture(self, limit: PixelLimit | None = None):
         check_file_digest(self.path, self.document, Path(self.path).name)

@@ -35,15 +35,16 @@ def frame_name(base: str, t: float, sampling: FrameSampling) -> str:
     return f"{base}#t={t:g}@{sampling.fps:g}/{sampling.max_frames}"
 
 
-def ref_at(path: str | Path, digest: str, fragment: str) -> PictureRef:
-    """The picture a stored file (`digest` of its bytes, from its name) and a fragment stand for."""
+def ref_at(path: str | Path, digest: str, fragment: str, name: str = "") -> PictureRef:
+    """The picture a stored file (`digest` of its bytes, from its name) and a fragment stand for;
+    `name`: what the person called the file (a page's or frame's caption says it)."""
     path = str(path)
     if not fragment:
-        return PictureRef(path, digest)
+        return PictureRef(path, digest, name=name)
     if m := _PAGE.match(fragment):
-        return PageRef.of(path, digest, int(m[1]), int(m[2]))
+        return PageRef.of(path, digest, int(m[1]), int(m[2]), name)
     if m := _FRAME.match(fragment):
-        return FrameRef.of(path, digest, float(m[1]), FrameSampling(float(m[2]), int(m[3])))
+        return FrameRef.of(path, digest, float(m[1]), FrameSampling(float(m[2]), int(m[3])), name)
     raise ValueError(f"not a page or frame: {fragment!r}")
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import threading
+import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import blake3
@@ -50,6 +51,10 @@ class PixelLimit:
 class PictureRef:
     path: str  # the picture file (read only when the picture must be encoded)
     digest: str  # BLAKE3 hex of the file's original bytes
+    # what the person called the file it came from ("" : unnamed). The window keeps a copy under
+    # its digest, so `path` does not say it; a page's or frame's caption does. Not part of the
+    # picture's identity: the same bytes are the same picture, whatever the file was called.
+    name: str = field(default="", compare=False, kw_only=True)
 
     def __post_init__(self):
         if not (isinstance(self.digest, str) and len(self.digest) == 64 and set(self.digest) <= _HEX):
@@ -60,10 +65,19 @@ class PictureRef:
         """Hash a file the user named (one clear PictureError when it is missing or unreadable)."""
         return cls(str(path), digest_of(read_bytes(str(path))))
 
+    def named(self, name: str) -> PictureRef:
+        """The same picture, its source file called `name`."""
+        return replace(self, name=name)
+
+    @property
+    def file_name(self) -> str:
+        """The name of the file it came from: the one the person used, else the path's own."""
+        return self.name or Path(self.path).name
+
     @property
     def label(self) -> str:
         """How a person names this picture in a sentence."""
-        return Path(self.path).name
+        return self.file_name
 
     @property
     def modality(self) -> str:
@@ -83,9 +97,16 @@ class PictureRef:
 
     @property
     def caption(self) -> str | None:
-        """Text the model reads just before the picture (a page number, a frame's time); None for
-        a plain picture, whose prompt stays as it always was."""
+        """What the picture is, in words the chat shows under it and the model reads just before
+        it ("report.pdf, page 3", "clip.mp4, frame at 0:12"; unnamed: "Page 3"); None for a plain
+        picture, whose prompt stays as it always was."""
         return None
+
+    @property
+    def prompt_caption(self) -> str | None:
+        """The caption as the prompt has it, just before the picture."""
+        caption = self.caption
+        return f"{caption}:" if caption else None
 
     def read_checked(self) -> bytes:
         """The picture file's bytes (a page or frame: PNG of it), refused with one sentence when
@@ -98,6 +119,23 @@ class PictureRef:
     def picture(self, limit: PixelLimit | None = None):
         """RGB pixels to encode (a plain picture as it is: its processor resizes it)."""
         return decode(self.read_checked(), self.label)
+
+
+def spoken_name(name: str, limit: int = 120) -> str:
+    """A file's name as a caption says it: one line (no control or format characters), no angle
+    brackets (a name like "<image>.pdf" must not read as a chat template's marker), at most
+    `limit` characters (the middle cut)."""
+    said = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in name)
+    said = " ".join(said.split()).replace("<", "‹").replace(">", "›")
+    if len(said) > limit:
+        said = said[: limit // 2 - 1] + "…" + said[-(limit - limit // 2) :]
+    return said
+
+
+def captioned(name: str, what: str) -> str:
+    """A caption: "report.pdf, page 3" for a named file, "Page 3" for an unnamed one."""
+    said = spoken_name(name)
+    return f"{said}, {what}" if said else what[:1].upper() + what[1:]
 
 
 def digest_of(data: bytes) -> str:

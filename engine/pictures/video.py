@@ -18,7 +18,7 @@ from pathlib import Path
 import av
 
 from .file import MAX_PIXELS, PictureError
-from .ref import PictureRef, PixelLimit, check_file_digest, derived_digest, file_digest
+from .ref import PictureRef, PixelLimit, captioned, check_file_digest, derived_digest, file_digest
 
 FRAME_DOMAIN = b"parley.frame.v1\0"
 CLIP_DOMAIN = b"parley.clip.v1\0"
@@ -117,11 +117,12 @@ class Video:
         video.frame(0.0).picture()  # the first frame decodes: a codec that fails says so now
         return video
 
-    def frame(self, t: float, sampling: FrameSampling = DEFAULT_SAMPLING) -> FrameRef:
-        return FrameRef.of(self.path, self.digest, t, sampling)
+    def frame(self, t: float, sampling: FrameSampling = DEFAULT_SAMPLING, name: str = "") -> FrameRef:
+        return FrameRef.of(self.path, self.digest, t, sampling, name)
 
-    def frame_refs(self, sampling: FrameSampling = DEFAULT_SAMPLING) -> list[FrameRef]:
-        return [self.frame(t, sampling) for t in sampling.times(self.duration)]
+    def frame_refs(self, sampling: FrameSampling = DEFAULT_SAMPLING, name: str = "") -> list[FrameRef]:
+        """The sampled frames as pictures; `name`: what their captions call the file ("" : only the time)."""
+        return [self.frame(t, sampling, name) for t in sampling.times(self.duration)]
 
     def check_reach(self, sampling: FrameSampling = DEFAULT_SAMPLING) -> None:
         """Refuse now a clip whose sampled frames lie too far past a key frame to decode (one seek
@@ -151,16 +152,18 @@ class FrameRef(PictureRef):
     max_frames: int = 16
 
     @classmethod
-    def of(cls, path: str, video: str, t: float, sampling: FrameSampling = DEFAULT_SAMPLING) -> FrameRef:
+    def of(
+        cls, path: str, video: str, t: float, sampling: FrameSampling = DEFAULT_SAMPLING, name: str = ""
+    ) -> FrameRef:
         t = round(float(t), 3)
         if t < 0:
             raise ValueError(f"not a timestamp: {t!r}")
         digest = derived_digest(FRAME_DOMAIN, video, f"{t:.3f}", sampling.fps, sampling.max_frames)
-        return cls(path, digest, video, t, sampling.fps, sampling.max_frames)
+        return cls(path, digest, video, t, sampling.fps, sampling.max_frames, name=name)
 
     @property
     def label(self) -> str:
-        return f"{Path(self.path).name} at {clock(self.time)}"
+        return f"{self.file_name} at {clock(self.time)}"
 
     @property
     def clip_key(self) -> tuple:
@@ -168,7 +171,7 @@ class FrameRef(PictureRef):
 
     @property
     def caption(self) -> str:
-        return f"Frame at {clock(self.time)}:"  # no file name, as a page's caption (document.py)
+        return captioned(self.name, f"frame at {clock(self.time)}")  # `name` only, as a page's (document.py)
 
     def picture(self, limit: PixelLimit | None = None):
         check_file_digest(self.path, self.video, Path(self.path).name)
@@ -257,7 +260,7 @@ class ClipRef(PictureRef):
     def of(cls, frames: list[FrameRef]) -> ClipRef:
         first = frames[0]
         digest = derived_digest(CLIP_DOMAIN, first.video, *(f.digest for f in frames))
-        return cls(first.path, digest, tuple(frames))
+        return cls(first.path, digest, tuple(frames), name=first.name)
 
     @property
     def modality(self) -> str:
@@ -273,11 +276,11 @@ class ClipRef(PictureRef):
 
     @property
     def label(self) -> str:
-        return f"{Path(self.path).name} ({len(self.frames)} frames)"
+        return f"{self.file_name} ({len(self.frames)} frames)"
 
     @property
     def caption(self) -> str:
-        return f"Video from {clock(self.frames[0].time)} to {clock(self.frames[-1].time)}:"
+        return captioned(self.name, f"video from {clock(self.frames[0].time)} to {clock(self.frames[-1].time)}")
 
     def picture(self, limit: PixelLimit | None = None):
         raise TypeError("a clip is read with pictures()")

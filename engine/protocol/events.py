@@ -73,6 +73,7 @@ class ModelReady(Event):
     # what the window sizes a PDF's default pages by; None when unknown (a remote engine)
     context_tokens: int | None = None  # the model's context length
     page_tokens: int | None = None  # about what one page costs at the render dpi (engine/vision/pictures.py)
+    weights: str = ""  # the language model's weight format as loaded (bf16 | fp32 | int8 | ...); "" remote
 
 
 @dataclass

@@ -78,8 +78,8 @@ def chat_messages(turn: Turn) -> list[dict]:
             continue
         parts: list[dict] = []
         for p in m.images:  # a page or frame (sent as a PNG of it) after its caption, as the built-in engine has it
-            if p.caption:
-                parts.append({"type": "text", "text": p.caption})
+            if p.prompt_caption:
+                parts.append({"type": "text", "text": p.prompt_caption})
             parts.append({"type": "image_url", "image_url": {"url": picture_data_url(p)}})
         if m.text:
             parts.append({"type": "text", "text": m.text})

@@ -57,6 +57,57 @@ def test_a_pdf_is_one_chip_and_its_pages_are_pictures(make_window, qtbot, tmp_pa
     assert s.pictures_encoded == 0 and s.encoder_loads == 0 and s.image_cache_hits == 10
 
 
+def test_a_pdf_page_shows_its_file_name_in_the_chat_and_tells_the_model(make_window, qtbot, tmp_path):
+    """A sent PDF page is captioned "report.pdf, page 2" under its thumbnail (its tooltip too),
+    the model is told the same just before the page, and both stay after the app restarts (the
+    history keeps the name; the stored copy is named by its digest)."""
+    data = tmp_path / "shared-data"
+    w = make_window(data_dir=data, max_new_tokens=4)
+    turns = []
+    submit = w.bridge.submit
+    w.bridge.submit = lambda turn: (turns.append(turn), submit(turn))[1]  # what the engine is sent
+    w.composer.take_files([str(make_pdf(tmp_path / "report.pdf", 3, size=(60, 80)))])
+    wait_read(qtbot, w)
+    chips(w)[0].pages.setText("2-3")
+    send(qtbot, w, "What is on these pages?")
+    wait_reply(qtbot, w)
+    expected = ["report.pdf, page 2", "report.pdf, page 3"]
+    assert [p.caption for p in turns[-1].messages[-1].images] == expected
+    assert shown_captions(w) == expected
+    # editing the message keeps its pages' names (its chips come back from the history)
+    w._message_action("edit", w.messages.items()[0].id)
+    send(qtbot, w, " Briefly.")
+    wait_reply(qtbot, w)
+    assert w.messages.items()[0].text == "What is on these pages? Briefly."
+    assert [p.caption for p in turns[-1].messages[-1].images] == expected
+    assert shown_captions(w) == expected
+    cid = w.controller.current_id
+    w.close()
+
+    w2 = make_window(data_dir=data, load=False)
+    assert w2.controller.current_id == cid
+    assert shown_captions(w2) == expected
+    turns2 = []
+    submit2 = w2.bridge.submit
+    w2.bridge.submit = lambda turn: (turns2.append(turn), submit2(turn))[1]
+    w2.controller.regenerate()  # the next turn tells the model the same, word for word
+    assert [p.caption for p in turns2[-1].messages[-1].images] == expected
+
+
+def shown_captions(w) -> list[str]:
+    """The captions drawn under the first message's thumbnails, each checked to lie under its
+    thumbnail inside the bubble, and the tooltip over each picture naming it."""
+    delegate, index = w.chat.delegate, w.messages.index(0, 0)
+    geo = delegate.geometry(index)
+    captions = []
+    for (text, rect), (_path, thumb) in zip(geo.captions, geo.thumbs, strict=True):
+        assert rect.top() > thumb.bottom() and rect.left() == thumb.left()
+        assert geo.bubble.contains(rect.bottomRight().toPointF()) and rect.bottom() < geo.doc_origin.y()
+        assert delegate.picture_tip_at(index, thumb.center()).startswith(text)
+        captions.append(text)
+    return captions
+
+
 def test_a_long_pdf_sends_the_chosen_pages_and_says_what_is_left_out(make_window, qtbot, tmp_path):
     w = make_window(load=False)
     pdf = make_pdf(tmp_path / "long.pdf", 30, size=(60, 80))
@@ -85,7 +136,8 @@ def test_settings_offer_the_pdf_text_and_set_video_sampling(make_window, qtbot, 
     send(qtbot, w, "Compare them")
     text, refs = sent[-1]
     assert "[notes.pdf, page 2]\nPage 2" in text and text.endswith("Compare them")
-    assert len(refs) == 1 + 3 and sum("#t=" in r for r in refs) == 3
+    assert len(refs) == 1 + 3 and sum("#t=" in p.ref for p in refs) == 3
+    assert {p.name for p in refs} == {"notes.pdf", "clip.mp4"}  # each picture with its file's name
 
 
 def test_a_bad_pdf_is_one_line_and_the_draft_stays(make_window, qtbot, tmp_path):

@@ -1,13 +1,14 @@
 """A history database written before a schema change opens with nothing lost: every row reads as
-before, search still finds its words, and the new column (messages.note, a reply's turn line) is
-there for the next reply. The version-1 database is written here with the exact statements
-Parley 1 ran (frozen below), not with today's schema."""
+before, search still finds its words, and the new columns (version 2: messages.note, a reply's
+turn line; version 3: messages.picture_names, the file each picture came from) are there for the
+next message. Older databases are written here with the exact statements those versions ran
+(frozen below), not with today's schema."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from app.history.history import COMPLETE, INTERRUPTED, History
+from app.history.history import COMPLETE, INTERRUPTED, History, MessagePicture
 from app.history.history_db import _FTS_SCHEMA, DAMAGED_SUFFIX, SCHEMA_VERSION
 
 # app/history/history_db.py's _SCHEMA at schema version 1, as released
@@ -84,7 +85,7 @@ def test_a_version_1_history_opens_with_every_row_and_gains_the_turn_line(tmp_pa
     finally:
         h.close()
     db = sqlite3.connect(data / "history.sqlite3")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     db.close()
     again = History(data)  # opening a migrated database again changes nothing
     try:
@@ -130,3 +131,74 @@ def test_a_damaged_version_1_history_salvages_its_messages(tmp_path):
         assert all(m.note == "" for m in h.messages("c1"))
     finally:
         h.close()
+
+
+# app/history_db.py's _SCHEMA at schema version 2, as released
+SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id            TEXT PRIMARY KEY,
+    title         TEXT NOT NULL,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL,
+    system_prompt TEXT,
+    deleted       REAL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role         TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    text         TEXT NOT NULL,
+    pictures     TEXT NOT NULL DEFAULT '[]',
+    status       TEXT NOT NULL CHECK (status IN ('complete', 'interrupted')),
+    created      REAL NOT NULL,
+    edited       REAL,
+    note         TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
+CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
+"""
+
+PAGE_2 = "ab" * 32 + ".pdf#p=1@144"  # page 2 of a stored PDF (a ref reads no file)
+
+
+def test_a_version_2_history_keeps_its_pages_and_names_new_ones(tmp_path):
+    """A page a version-2 Parley stored has no file name: it reads as before and its caption says
+    its number only ("Page 2"); a page sent now keeps its file's name ("report.pdf, page 2"),
+    through an edit that leaves the pictures as they were and a reopening."""
+    data = tmp_path / "data"
+    data.mkdir()
+    db = sqlite3.connect(data / "history.sqlite3", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript("BEGIN;" + SCHEMA_V2 + "PRAGMA user_version=2;COMMIT;")
+    db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+    db.execute("INSERT INTO conversations VALUES ('c1', 'Pages', 100.0, 102.0, NULL, NULL)")
+    db.execute(
+        "INSERT INTO messages VALUES (1, 'c1', 'user', 'What is on page 2?', ?, 'complete', 101.0, NULL, '')",
+        (f'["{PAGE_2}"]',),
+    )
+    db.execute("INSERT INTO messages VALUES (2, 'c1', 'assistant', 'A table.', '[]', 'complete', 102.0, NULL, 'x')")
+    db.close()
+
+    h = History(data)
+    try:
+        assert h.recovery is None
+        old, reply = h.messages("c1")
+        assert (old.text, old.pictures, old.names, reply.note) == ("What is on page 2?", (PAGE_2,), (), "x")
+        assert [h.picture_ref(p).caption for p in old.named_pictures()] == ["Page 2"]
+        new = h.add_message("c1", "user", "And this one?", [MessagePicture(PAGE_2, "report.pdf"), "cd" * 32 + ".png"])
+        assert new.names == ("report.pdf", "")
+        h.edit_message(new.id, "And this one, please?")  # the pictures as they were: their names too
+    finally:
+        h.close()
+    with sqlite3.connect(data / "history.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    db.close()
+    again = History(data)
+    try:
+        *_, new = again.messages("c1")
+        assert new.text == "And this one, please?" and new.names == ("report.pdf", "")
+        refs = [again.picture_ref(p) for p in new.named_pictures()]
+        assert [r.caption for r in refs] == ["report.pdf, page 2", None]  # a plain picture has none
+        assert again.picture_ref(PAGE_2).digest == refs[0].digest  # the name is not the picture's identity
+    finally:
+        again.close()

@@ -101,7 +101,9 @@ def test_offline_page_lists_installed_and_says_unreachable_once(qtbot, hub, monk
 
 
 def test_recent_folder_is_listed_loadable_and_not_deletable(qtbot, hub, tiny_model):
-    from app.models.models_page import COL_FIT, COL_INSTALLED, ModelsPage
+    import re
+
+    from app.models.models_page import COL_FIT, COL_INSTALLED, COL_PARAMS, ModelsPage
 
     folder = str(tiny_model("smolvlm"))
     p = ModelsPage(catalog=[], recent=[folder])
@@ -110,6 +112,8 @@ def test_recent_folder_is_listed_loadable_and_not_deletable(qtbot, hub, tiny_mod
     assert p.table.item(r, COL_INSTALLED).text() == "✓ folder"
     qtbot.waitUntil(lambda: p.table.item(r, COL_FIT).text() not in ("…", ""), timeout=60_000)
     assert p.table.item(r, COL_FIT).text().startswith("fits")  # a tiny model fits anywhere
+    # a folder has no catalog entry: its parameters are counted from its config.json ("2.63M")
+    assert re.fullmatch(r"\d[\d.]*[KMB]", p.table.item(r, COL_PARAMS).text()), p.table.item(r, COL_PARAMS).text()
     p.table.selectRow(r)
     assert p.btn_load.isEnabled() and not p.btn_delete.isEnabled() and not p.btn_download.isEnabled()
     with qtbot.waitSignal(p.loadRequested) as loaded:
@@ -192,7 +196,7 @@ def test_offline_catalog_rows_are_estimated_from_the_catalog(qtbot, hub, monkeyp
     fit = p.table.item(0, COL_FIT)
     qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
     assert fit.text().startswith(("fits · needs ~", "tight · needs ~", "does not fit · needs ~")), fit.text()
-    assert fit.text().endswith("(estimated from the catalog)")
+    assert fit.text().endswith(" free")  # "~" says it is an estimate; the tooltip says from what
     assert "estimated from the catalog" in fit.toolTip() and "KV" in fit.toolTip()
     # the catalog's decimal download size, in the one unit the window shows sizes in (app.sizes)
     assert p.table.item(0, 3).text() == f"~{qwen.download_gb * 1e9 / 2**30:.1f} GiB"
@@ -231,8 +235,68 @@ def test_speed_column_shows_this_machines_measured_tokens_per_second(qtbot, hub,
     assert p.table.item(other, COL_SPEED).text() == f"~bf16 {12.5 * factor:.1f}, fp32 {6.25 * factor:.1f} tok/s"
     p.cancel.set()
     assert p.wait_idle()
-    empty = ModelsPage(catalog=[], recent=[str(folder)], data_dir=tmp_path / "nothing-measured")
+    # nothing measured here: the cell says so (a small model is never measured: it says why)
+    empty = ModelsPage(
+        catalog=[CatalogEntry("acme/smol", "idefics3", "256M", 0.5, True)],
+        recent=[str(folder)],
+        data_dir=tmp_path / "nothing-measured",
+    )
     qtbot.addWidget(empty)
-    qtbot.waitUntil(lambda: empty.table.item(0, 4).text() not in ("…", ""), timeout=60_000)
-    assert empty.table.item(0, COL_SPEED).text() == ""
     assert empty.wait_idle()
+    qtbot.waitUntil(lambda: all(empty.table.item(r, COL_SPEED).text() for r in range(2)))  # signals delivered
+    cells = {empty.table.item(r, 0).text(): empty.table.item(r, COL_SPEED).text() for r in range(2)}
+    assert cells == {str(folder): speed.SMALL_MODEL, "acme/smol": speed.NOT_MEASURED}
+
+
+def test_every_fit_and_speed_is_whole_at_the_pages_size(qtbot, hub, tiny_model, monkeypatch, tmp_path):
+    """Issue 40: the fit column was cut ("… free (estimated fro…"). At the size the page opens,
+    every cell but a long model name shows its whole text on one line (offline: the
+    catalog's estimates, the longest fit texts; a row without config.json says "—" for its speed)."""
+    from PySide6.QtWidgets import QStyle
+
+    from app.models.models_page import COL_FIT, COL_SPEED, UNKNOWN_SPEED, ModelsPage
+    from engine.library.catalog import load_catalog
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    p = ModelsPage(catalog=load_catalog(), recent=[str(tiny_model("smolvlm"))], data_dir=tmp_path / "data")
+    qtbot.addWidget(p)
+    p.show()
+    assert p.wait_idle()
+    rows = range(p.table.rowCount())
+    qtbot.waitUntil(
+        lambda: all(p.table.item(r, COL_FIT).text() != "…" and p.table.item(r, COL_SPEED).text() for r in rows)
+    )
+    table = p.table
+    margin = 2 * (table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, table) + 1)
+    assert table.horizontalHeader().length() <= table.viewport().width()  # no sideways scrolling
+    for r in range(table.rowCount()):
+        for c in range(1, table.columnCount()):
+            text = table.item(r, c).text()
+            assert table.fontMetrics().horizontalAdvance(text) + margin <= table.columnWidth(c), (r, c, text)
+    from pathlib import Path
+
+    catalog_rows = [r for r in range(table.rowCount()) if not Path(table.item(r, 0).text()).is_dir()]
+    assert len(catalog_rows) == len(load_catalog())
+    assert all(table.item(r, COL_SPEED).text() == UNKNOWN_SPEED for r in catalog_rows)
+    assert table.item(0, COL_FIT).text().startswith(("fits · needs ~", "tight · needs ~", "does not fit · needs ~"))
+
+
+def test_fits_are_sized_at_the_precision_parley_runs(qtbot, hub):
+    """The precision a fit is sized at is the one Parley runs models in here (float32 on a CPU),
+    or the loaded model's, as the window hands it; the tooltip says it."""
+    from app.models.models_page import COL_FIT, ModelsPage
+    from engine.library.fit import running_precision
+
+    p = ModelsPage(catalog=[])
+    qtbot.addWidget(p)
+    assert p.precision.currentText() == running_precision()
+    if running_precision() == "float32":
+        assert p.precision.currentText() == "float32"  # the CPU runs float32, not bfloat16
+    q = ModelsPage(catalog=[], precision="int8")
+    qtbot.addWidget(q)
+    q.search.setText("acme/smol")
+    q.search.returnPressed.emit()
+    fit = q.table.item(q.row_of("acme/smol"), COL_FIT)
+    qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
+    assert q.precision.currentText() == "int8" and ", int8)" in fit.toolTip()
+    assert p.wait_idle() and q.wait_idle()

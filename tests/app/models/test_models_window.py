@@ -43,6 +43,7 @@ def test_the_demo_model_says_what_it_is_and_offers_a_real_one(make_window, qtbot
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
     page = w.models_page
     assert page is not None and page.isVisible()
+    check_the_demo_row(qtbot, w, page)
     page.loadRequested.emit(str(tiny_model("llava")))  # a real model, as the page hands it back
     qtbot.waitUntil(lambda: w.model_ready and w.model_name != demo_name, timeout=TIMEOUT_MS)
     assert "demo" not in w.chat.placeholder and not button.isVisible()
@@ -55,3 +56,21 @@ def test_the_demo_model_says_what_it_is_and_offers_a_real_one(make_window, qtbot
     send(qtbot, w, "hello")  # ... and go with the first message, as the hint does
     wait_reply(qtbot, w)
     assert w.messages.rowCount() == 2 and not button.isVisible()
+
+
+def check_the_demo_row(qtbot, w, page) -> None:
+    """Issue 40: the page sized fits at bfloat16 while the app ran float32, and the demo's row had
+    no parameter count and an empty "Speed here". Now the page sizes at the precision the loaded
+    model runs in (the status bar's), and the demo's row says its parameters and why it has no
+    measured speed (a small model is fast in any format)."""
+    from app.models.models_page import COL_FIT, COL_PARAMS, COL_SPEED
+    from engine.model.speed import SMALL_MODEL
+
+    running = w.status.device_label.text().rsplit(" · ", 1)[-1]  # "cpu · float32"
+    assert page.precision.currentText() == running
+    r = page.row_of(w.model_path)
+    assert r is not None
+    qtbot.waitUntil(lambda: page.table.item(r, COL_SPEED).text() != "", timeout=TIMEOUT_MS)
+    assert page.table.item(r, COL_SPEED).text() == SMALL_MODEL
+    assert page.table.item(r, COL_PARAMS).text().endswith("M")  # a few million: "2.63M"
+    assert f", {running})" in page.table.item(r, COL_FIT).toolTip()  # the fit is sized at it too

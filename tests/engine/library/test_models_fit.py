@@ -204,3 +204,17 @@ def test_the_built_in_model_is_counted_to_its_last_weight():
     counted = count_params(config)
     assert counted.vision == numel(set(vision) - set(buffers))
     assert counted.total == numel(set(saved) - set(buffers))
+
+
+def test_a_count_reads_as_catalogs_write_it_and_the_loaded_format_is_the_precision():
+    from engine.library.fit import params_text, running_precision
+
+    assert [params_text(n) for n in (2_630_000, 256_000_000, 2_210_000_000, 870_000, 12)] == [
+        "2.63M",
+        "256M",
+        "2.21B",
+        "870K",
+        "12",
+    ]
+    assert [running_precision(w) for w in ("fp32", "bf16", "int8", "int4")] == ["float32", "bfloat16", "int8", "int4"]
+    assert running_precision("") in ("float32", "bfloat16", "float16")  # nothing loaded: what this device runs

@@ -17,9 +17,10 @@ The files (made here, by tests/fixtures/hostile.py and documents.py; none is kep
 Three surfaces, each a fresh process or the real window:
 1. `main.py ask --file F` with the shipped demo model: the line it answered (stdout or stderr),
    wall seconds and peak resident memory. Memory: the process tree's total resident set (the ask
-   process and its PDFium child, sampled from /proc every 20 ms) and the kernel's exact peak of
-   the largest single process (wait4's ru_maxrss: max of the ask process and every child it
-   reaped, the PDFium child included); the goal takes the larger of the two.
+   process and its PDFium child, sampled from /proc every 20 ms; each one's own peak is shown
+   too) and the kernel's exact peak of the largest single process (wait4's ru_maxrss: max of the
+   ask process and every child it reaped, the PDFium child included, which sampling could miss);
+   the goal takes the larger of the two, so a tree of two processes counts as their sum.
 2. `main.py serve` on loopback: each file (but sparse, which no 20 MB request body can carry) is
    POSTed while another client's plain chat is sent as soon as the hostile body is out; the
    server must answer the hostile request with one line, the other with a reply, and live on.
@@ -83,29 +84,50 @@ class Case:
 def make_cases(args, d: Path) -> list[Case]:
     cases = []
 
-    def add(name, path, what, mime):
+    def add(name, make, what, mime):
         t0 = time.perf_counter()
-        cases.append(Case(name, Path(path), what, mime))
-        print(f"made {name}: {what}, {Path(path).stat().st_size / 2**20:.2f} MB ({time.perf_counter() - t0:.1f} s)")
+        path = Path(make())
+        cases.append(Case(name, path, what, mime))
+        print(f"made {name}: {what}, {path.stat().st_size / 2**20:.2f} MB ({time.perf_counter() - t0:.1f} s)")
+
+    def scans() -> Path:
+        one = len(jpeg_scan_bomb(repeats=1))
+        per = one - len(jpeg_scan_bomb(repeats=0))
+        (d / "scans.jpg").write_bytes(jpeg_scan_bomb(repeats=max(1, (args.scan_kb * 1024 - one) // per + 1)))
+        return d / "scans.jpg"
+
+    def sparse() -> Path:
+        with open(d / "sparse.mp4", "wb") as f:  # 5 GB on paper, nothing on disk
+            f.truncate(int(args.sparse_gb * (1 << 30)))
+        return d / "sparse.mp4"
 
     if args.bomb_mb:
-        add("bomb", pdf_bomb(d / "bomb.pdf", args.bomb_mb), f"PDF page of {args.bomb_mb} MB of path operators", "pdf")
-    add("giant", giant_frame_clip(d / "giant.mp4", (args.frame, args.frame)), f"mp4, one {args.frame}² frame", "video")
-    one = len(jpeg_scan_bomb(repeats=1))
-    per = one - len(jpeg_scan_bomb(repeats=0))
-    repeats = max(1, (args.scan_kb * 1024 - one) // per + 1)
-    (d / "scans.jpg").write_bytes(jpeg_scan_bomb(repeats=repeats))
-    add("scans", d / "scans.jpg", f"progressive JPEG, {repeats} repeated scans", "image")
-    fps = 2
-    clip = one_key_frame_clip(d / "keyframe.mp4", seconds=int(args.clip_hours * 3600), fps=fps, size=(1280, 720))
-    add("keyframe", clip, f"{args.clip_hours:g} h 720p clip at {fps} fps, one key frame", "video")
-    add("cycle", pdf_tree_cycle(d / "cycle.pdf"), "PDF page tree that loops", "pdf")
-    add("count", pdf_count_lies(d / "count.pdf"), "PDF of one page whose /Count says 900", "pdf")
-    add("deep", pdf_deep_tree(d / "deep.pdf"), "PDF page under 5,000 nested nodes", "pdf")
-    add("pages", make_pdf(d / "pages.pdf", args.pages, size=(14400, 14400)), f"{args.pages} pages of 200×200 in", "pdf")
-    with open(d / "sparse.mp4", "wb") as f:  # 5 GB on paper, nothing on disk
-        f.truncate(int(args.sparse_gb * (1 << 30)))
-    add("sparse", d / "sparse.mp4", f"{args.sparse_gb:g} GB sparse video", "")
+        add(
+            "bomb",
+            lambda: pdf_bomb(d / "bomb.pdf", args.bomb_mb),
+            f"PDF page of {args.bomb_mb} MB of path operators",
+            "pdf",
+        )
+    add(
+        "giant",
+        lambda: giant_frame_clip(d / "giant.mp4", (args.frame, args.frame)),
+        f"mp4, one {args.frame}² frame",
+        "video",
+    )
+    add("scans", scans, f"progressive JPEG of {args.scan_kb} KB, its last scan repeated", "image")
+    seconds, fps = int(args.clip_hours * 3600), 2
+    add(
+        "keyframe",
+        lambda: one_key_frame_clip(d / "keyframe.mp4", seconds=seconds, fps=fps, size=(1280, 720)),
+        f"{args.clip_hours:g} h 720p clip at {fps} fps, one key frame",
+        "video",
+    )
+    add("cycle", lambda: pdf_tree_cycle(d / "cycle.pdf"), "PDF page tree that loops", "pdf")
+    add("count", lambda: pdf_count_lies(d / "count.pdf"), "PDF of one page whose /Count says 900", "pdf")
+    add("deep", lambda: pdf_deep_tree(d / "deep.pdf"), "PDF page under 5,000 nested nodes", "pdf")
+    pages = lambda: make_pdf(d / "pages.pdf", args.pages, size=(14400, 14400))  # noqa: E731
+    add("pages", pages, f"{args.pages} pages of 200×200 in", "pdf")
+    add("sparse", sparse, f"{args.sparse_gb:g} GB sparse video", "")
     return cases
 
 
@@ -125,8 +147,9 @@ LAUNCHER = (
 )
 
 
-def tree_rss(pid: int, with_root: bool = True) -> int:
-    """Resident bytes of a process (unless not `with_root`) and all its descendants now."""
+def tree_rss(pid: int, with_root: bool = True, each: dict | None = None) -> int:
+    """Resident bytes of a process (unless not `with_root`) and all its descendants now; `each`
+    keeps every process's own peak, by pid (with its name)."""
     import psutil
 
     try:
@@ -137,10 +160,22 @@ def tree_rss(pid: int, with_root: bool = True) -> int:
     total = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            rss = p.memory_info().rss
         except psutil.Error:
-            pass
+            continue
+        total += rss
+        if each is not None:
+            try:  # an exiting process has no command line left: it keeps the name it had
+                line = " ".join(p.cmdline())
+            except psutil.Error:
+                line = ""
+            known = each.get(p.pid, ("", 0))
+            name = next((n for part, n in _NAMES if part in line), known[0] or "other")
+            each[p.pid] = (name, max(rss, known[1]))
     return total
+
+
+_NAMES = (("main.py", "ask"), ("spawn_main", "PDFium child"), ("resource_tracker", "resource tracker"))
 
 
 def kill_tree(pid: int) -> None:
@@ -162,6 +197,7 @@ class Ran:
     seconds: float
     tree_peak: int  # bytes, sampled sum over the process tree
     largest_peak: int  # bytes, the kernel's peak of the largest single process (wait4)
+    each: dict  # pid -> (name, its sampled peak)
 
 
 def run_measured(cmd: list[str], d: Path, env: dict) -> Ran:
@@ -173,11 +209,11 @@ def run_measured(cmd: list[str], d: Path, env: dict) -> Ran:
         proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, str(peak_file), *cmd], cwd=ROOT, env=env, stdout=out_f, stderr=err_f
         )
-        peak = 0
+        peak, each = 0, {}
         while proc.poll() is None:
             if time.perf_counter() - t0 > GIVE_UP_S:
                 kill_tree(proc.pid)
-            peak = max(peak, tree_rss(proc.pid, with_root=False))
+            peak = max(peak, tree_rss(proc.pid, with_root=False, each=each))
             time.sleep(0.02)
         seconds = time.perf_counter() - t0
         texts = []
@@ -185,7 +221,7 @@ def run_measured(cmd: list[str], d: Path, env: dict) -> Ran:
             f.seek(0)
             texts.append(f.read())
     largest = int(peak_file.read_text()) if peak_file.exists() else 0
-    return Ran(proc.returncode, texts[0], texts[1], seconds, peak, largest)
+    return Ran(proc.returncode, texts[0], texts[1], seconds, peak, largest, each)
 
 
 def env_for_children() -> dict:
@@ -214,9 +250,10 @@ def ask_all(cases: list[Case], d: Path) -> list[str]:
         rss = max(ran.tree_peak, ran.largest_peak)
         worst_s, worst_rss = max(worst_s, ran.seconds), max(worst_rss, rss)
         one_line += len(said) == 1 and ran.rc in (0, 1)
+        apart = ", ".join(f"{name} {peak / 2**30:.2f}" for name, peak in sorted(ran.each.values()))
         print(
-            f"ask {case.name}: {ran.seconds:.1f} s, peak {rss / 2**30:.2f} GB (tree {ran.tree_peak / 2**30:.2f}, "
-            f"largest process {ran.largest_peak / 2**30:.2f}), exit {ran.rc}, {len(said)} line(s): "
+            f"ask {case.name}: {ran.seconds:.1f} s, peak {rss / 2**30:.2f} GB (tree {ran.tree_peak / 2**30:.2f}: "
+            f"{apart}; largest process {ran.largest_peak / 2**30:.2f}), exit {ran.rc}, {len(said)} line(s): "
             + (short(said[0]) if said else "(nothing)")
         )
         for extra in said[1:4]:

@@ -24,6 +24,8 @@ Three surfaces, each a fresh process or the real window:
 2. `main.py serve` on loopback: each file (but sparse, which no 20 MB request body can carry) is
    POSTed while another client's plain chat is sent as soon as the hostile body is out; the
    server must answer the hostile request with one line, the other with a reply, and live on.
+   A refusal of a few milliseconds is over before the other reply; the lines say where the other
+   client's reply came first (the bomb, whose page PDFium works on for seconds, is the real test).
 3. The real MainWindow offscreen (no model: the intake never needs one) with a 5 ms QTimer
    heartbeat while each file is taken into the composer (Composer.take_files, the drop path).
 

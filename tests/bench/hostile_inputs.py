@@ -301,6 +301,14 @@ def post(address, body: bytes, sent: threading.Event | None = None) -> tuple[int
         conn.close()
 
 
+def sample_while(thread: threading.Thread, pid: int, peaks: list[int]) -> None:
+    """The server tree's resident memory every 50 ms while `thread` (a hostile request) runs."""
+    while thread.is_alive():
+        peaks.append(tree_rss(pid))
+        thread.join(0.05)
+    peaks.append(tree_rss(pid))
+
+
 def start_server(d: Path) -> tuple[subprocess.Popen, tuple[str, int], str]:
     cmd = [sys.executable, "main.py", "--data-dir", str(d / "serve"), "serve", "--model", str(DEMO_MODEL)]
     proc = subprocess.Popen(
@@ -347,13 +355,15 @@ def serve_all(cases: list[Case], d: Path) -> list[str]:
             result: list = []
             sent = threading.Event()
             hostile = threading.Thread(target=lambda a=address, b=body, s=sent, r=result: r.append(post(a, b, s)))
+            peaks: list[int] = []
+            sampler = threading.Thread(target=sample_while, args=(hostile, proc.pid, peaks))
             hostile.start()
+            sampler.start()
             sent.wait()
             other = post(address, honest)
             other_first = hostile.is_alive()
-            while hostile.is_alive():
-                peak = max(peak, tree_rss(proc.pid))
-                hostile.join(0.05)
+            sampler.join()
+            peak = max(peak, *peaks)
             status, answer, seconds = result[0]
             try:
                 said = json.loads(answer)

@@ -1,4 +1,5 @@
-"""The one way app/ runs work off the UI thread and brings its result back: a `Worker`.
+"""The one way app/ brings work back to the UI thread: a `Worker` for a function run off it, a
+`Wake` for news that other threads (the engine's, the API server's) have for it.
 
 A Worker runs the functions handed to `submit` on its own daemon threads (at most `threads` at
 once, in the order submitted) and delivers what each one returned, or raised, on the UI thread.
@@ -14,6 +15,10 @@ Threading contract:
 - A cancelled job delivers nothing more, whatever its function still does; one cancelled before
   it starts never runs. A Worker that is deleted (with its parent: a closed page) delivers nothing
   and starts no queued job; a function already running finishes on its daemon thread unheard.
+- `Wake.post()` may be called on any thread, any number of times; the Wake's callback then runs
+  on the UI thread, once for all the posts made before it starts (posts made while it runs bring
+  one more call). The caller keeps what the callback should read under its own lock. A deleted
+  Wake ignores posts.
 """
 
 from __future__ import annotations
@@ -153,3 +158,32 @@ class Worker(QObject):
     def _deliver_report(self, job: Job, value: Any) -> None:
         if not job.cancelled.is_set() and job.on_report is not None:
             job.on_report(value)
+
+
+class Wake(QObject):
+    """A coalescing wake-up of the UI thread from any thread (see the module's contract)."""
+
+    _posted = Signal()
+
+    def __init__(self, callback: Callable[[], None], parent: QObject | None = None):
+        super().__init__(parent)
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._pending = False  # a call is queued and has not started yet
+        self._posted.connect(self._run, Qt.ConnectionType.QueuedConnection)
+
+    def post(self) -> None:
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        try:
+            self._posted.emit()
+        except RuntimeError:  # deleted with its owner: nobody is left to tell
+            pass
+
+    @Slot()
+    def _run(self) -> None:
+        with self._lock:
+            self._pending = False  # first: news posted while the callback runs brings another call
+        self._callback()

@@ -79,3 +79,26 @@ def test_a_deleted_worker_delivers_nothing(qtbot):
     assert worker.wait_idle()
     qtbot.wait(0)  # let anything that was posted reach the (gone) receiver
     assert got == []
+
+
+def test_wake_posts_from_other_threads_become_one_call_on_the_ui_thread(qtbot):
+    from PySide6.QtCore import QCoreApplication
+
+    from app.worker import Wake
+
+    calls = []
+
+    def on_wake():
+        calls.append(threading.current_thread())
+        if len(calls) == 1:
+            wake.post()  # news that arrives while the callback runs brings one more call
+
+    wake = Wake(on_wake)
+    posters = [threading.Thread(target=lambda: [wake.post() for _ in range(200)]) for _ in range(3)]
+    for t in posters:
+        t.start()
+    for t in posters:
+        t.join()
+    qtbot.waitUntil(lambda: len(calls) == 2)
+    QCoreApplication.processEvents()  # nothing else was pending
+    assert calls == [threading.main_thread()] * 2

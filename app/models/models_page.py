@@ -336,7 +336,7 @@ class ModelsPage(QDialog):
                 from engine.library.pull import plan_pull
 
                 plan = plan_pull(repo_id, token=token_store.load_token())
-                job.report(RowNews(repo_id, RowFacts(size_bytes=plan.total_bytes, problem=plan.problem)))
+                job.report(RowNews(repo_id, RowFacts(size_bytes=plan.total_bytes, problem=plan.problem or None)))
                 config = plan.config
             else:
                 config = remote_config(repo_id, installed, offline=offline, token=token_store.load_token())
@@ -412,7 +412,7 @@ class ModelsPage(QDialog):
             self._cell(r, COL_INSTALLED).setText(f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):
             name = self._cell(r, 0).text()
-            unusable = self.facts.get(name, RowFacts()).problem is not None  # keeps "cannot be used"
+            unusable = bool(self.facts.get(name, RowFacts()).problem)  # keeps "cannot be used"
             if name not in self.installed and name not in self.folders and not unusable:
                 self._cell(r, COL_INSTALLED).setText("")
         self._update_buttons()

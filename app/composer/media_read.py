@@ -2,9 +2,10 @@
 
 Attaching one hashes the whole file, probes it (PDFium, PyAV), copies it into the history's
 store and renders its first page or frame: seconds for a large clip, which on the UI thread
-froze the window. So each read runs on the thread pool (as thumbnails do, app/composer/thumbnails.py) and
-its result comes back to the UI thread as one `finished` signal. A read whose chip was removed
-is cancelled: it stops before the copy when it can, and its result is dropped either way.
+froze the window. So each read runs on an app.worker Worker (as thumbnails do,
+app/composer/thumbnails.py) and its result comes back to the UI thread as one `finished` signal.
+A read whose chip was removed is cancelled: it stops before the copy when it can, and its result
+is dropped either way.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal, SignalInstance
+from PySide6.QtCore import QObject, QThread, Signal
 
+from ..worker import Worker
 from .picture_intake import Attachment, PictureIntake, PictureRejected, ReadCancelled
 
 
@@ -29,45 +31,38 @@ class MediaRead:
     error: str = ""
 
 
-class _Read(QRunnable):
-    def __init__(self, token: int, path: Path, intake: PictureIntake, cancelled: threading.Event, done: SignalInstance):
-        super().__init__()
-        self.token, self.path, self.intake, self.cancelled, self.done = token, path, intake, cancelled, done
-
-    def run(self) -> None:  # a pool thread: no widgets here (the thumbnail is a QImage)
-        name = self.path.name or str(self.path)
-        try:
-            result = MediaRead(self.token, name, self.intake.from_media(self.path, self.cancelled))
-        except ReadCancelled:
-            result = MediaRead(self.token, name, None)
-        except PictureRejected as exc:
-            result = MediaRead(self.token, name, None, str(exc))
-        except Exception as exc:  # never leave a chip reading forever
-            result = MediaRead(self.token, name, None, f"{name} cannot be read ({exc})")
-        try:
-            self.done.emit(result)
-        except RuntimeError:  # the composer went away with its window meanwhile
-            pass
+def _read(token: int, path: Path, intake: PictureIntake, cancelled: threading.Event) -> MediaRead:
+    """A worker thread: no widgets here (the thumbnail is a QImage)."""
+    name = path.name or str(path)
+    try:
+        return MediaRead(token, name, intake.from_media(path, cancelled))
+    except ReadCancelled:
+        return MediaRead(token, name, None)
+    except PictureRejected as exc:
+        return MediaRead(token, name, None, str(exc))
+    except Exception as exc:  # never leave a chip reading forever
+        return MediaRead(token, name, None, f"{name} cannot be read ({exc})")
 
 
 class MediaReader(QObject):
     finished = Signal(object)  # MediaRead, on the UI thread; never for a cancelled read
-    _done = Signal(object)
 
     def __init__(self, intake: PictureIntake, parent: QObject | None = None):
         super().__init__(parent)
         self.intake = intake
-        self.pool = QThreadPool.globalInstance()
+        self.work = Worker("media-read", threads=QThread.idealThreadCount(), parent=self)
         self._tokens = itertools.count(1)
-        self._running: dict[int, threading.Event] = {}  # token -> its cancel flag
-        self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
+        # token -> its cancel flag; not the Job's own: a cancelled read still comes back, so that
+        # in_flight() counts it until its thread has let go of the file
+        self._running: dict[int, threading.Event] = {}
 
     def start(self, path: Path) -> int:
         """Begin reading `path`; the token names it in `finished` and `cancel`."""
         token = next(self._tokens)
         cancelled = threading.Event()
         self._running[token] = cancelled
-        self.pool.start(_Read(token, path, self.intake, cancelled, self._done))
+        intake = self.intake
+        self.work.submit(lambda _job: _read(token, path, intake, cancelled), on_done=self._on_done)
         return token
 
     def cancel(self, token: int) -> None:

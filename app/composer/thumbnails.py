@@ -1,8 +1,8 @@
 """Small pixmaps of pictures, decoded off the UI thread at thumbnail size and kept in an LRU.
 
 Decoding a 12-megapixel photo takes tens of milliseconds; done while painting, every picture
-scrolling into view would hitch the list. So a miss starts a decode on the thread pool and
-paints a placeholder; `ready` asks the view to repaint when the pixmap exists.
+scrolling into view would hitch the list. So a miss starts a decode on an app.worker Worker
+and paints a placeholder; `ready` asks the view to repaint when the pixmap exists.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from __future__ import annotations
 import io
 from collections import OrderedDict
 
-from PySide6.QtCore import QObject, QRunnable, QSize, Qt, QThreadPool, Signal, SignalInstance
+from PySide6.QtCore import QObject, QSize, Qt, QThread, Signal
 from PySide6.QtGui import QImage, QImageReader, QPixmap
 
 from engine.pictures import parts
 from engine.pictures.file import PictureError
+
+from ..worker import Worker
 
 
 def read_scaled(path: str, box: int) -> QImage:
@@ -44,31 +46,15 @@ def _part_scaled(source: str, box: int) -> QImage:
     return QImage.fromData(buf.getvalue(), "PNG")  # type: ignore[arg-type]
 
 
-class _Decode(QRunnable):
-    def __init__(self, key: tuple, done: SignalInstance):
-        super().__init__()
-        self.key, self.done = key, done
-
-    def run(self) -> None:  # pool thread: QImage (not QPixmap) is safe here
-        path, box, dpr = self.key
-        img = read_scaled(path, int(box * dpr))
-        try:
-            self.done.emit(self.key, img)
-        except RuntimeError:  # the cache went away with its window meanwhile
-            pass
-
-
 class ThumbnailCache(QObject):
     ready = Signal()  # a thumbnail finished decoding: repaint
-    _decoded = Signal(object, QImage)
 
     def __init__(self, capacity: int = 256, parent: QObject | None = None):
         super().__init__(parent)
         self._cache: OrderedDict[tuple, QPixmap] = OrderedDict()
         self._pending: set[tuple] = set()
         self.capacity = capacity
-        self.pool = QThreadPool.globalInstance()
-        self._decoded.connect(self._on_decoded, Qt.ConnectionType.QueuedConnection)
+        self.work = Worker("thumbnails", threads=QThread.idealThreadCount(), parent=self)
 
     def get(self, path: str, box: int, dpr: float = 1.0) -> QPixmap | None:
         """The pixmap if decoded (a null pixmap if the file is unreadable); None while decoding."""
@@ -79,7 +65,10 @@ class ThumbnailCache(QObject):
             return pm
         if key not in self._pending:
             self._pending.add(key)
-            self.pool.start(_Decode(key, self._decoded))
+            # a worker thread: QImage (not QPixmap) is safe there
+            self.work.submit(
+                lambda _job: read_scaled(path, int(box * dpr)), on_done=lambda img: self._on_decoded(key, img)
+            )
         return None
 
     def _on_decoded(self, key: tuple, img: QImage) -> None:

@@ -2,22 +2,22 @@
 on the window's own Engine (the same queue, caches and model as the chat).
 
 Everything here runs on the UI thread except `_on_activity`, which the server calls from its HTTP
-threads: it only posts a queued wake-up (at most one pending at a time); the UI thread then reads
-a fresh snapshot of the counters, so widgets are only ever touched on the UI thread.
+threads: it only posts a Wake (app.worker: at most one call pending at a time); the UI thread then
+reads a fresh snapshot of the counters, so widgets are only ever touched on the UI thread.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtCore import QObject, Signal
 
 from engine.api import ApiConfigError
 
 from ..settings import FAILED, LISTENING, OFF, ApiConfig, config_problem
+from ..worker import Wake
 
 if TYPE_CHECKING:
     from engine.api import ApiServer
@@ -30,7 +30,6 @@ class ApiControl(QObject):
 
     stateChanged = Signal(str, str)  # OFF | LISTENING | FAILED, and the URL or the error
     activityChanged = Signal(object)  # ApiActivity.snapshot() dict, on the UI thread
-    _wake = Signal()
 
     def __init__(self, engine, data_dir: Path | None = None, parent: QObject | None = None):
         super().__init__(parent)
@@ -39,11 +38,9 @@ class ApiControl(QObject):
         self.server: ApiServer | None = None
         self.config: ApiConfig | None = None  # what the running server was started with
         self.state, self.detail = OFF, ""
-        self._lock = threading.Lock()
-        self._posted = False
         self._gen = 0  # which server's activity is current (an old one's late callbacks are dropped)
         self._closed = False
-        self._wake.connect(self._on_wake, Qt.ConnectionType.QueuedConnection)
+        self._wake = Wake(self._on_wake, self)
 
     @property
     def url(self) -> str | None:
@@ -126,16 +123,11 @@ class ApiControl(QObject):
             self.stateChanged.emit(state, detail)
 
     def _on_activity(self, gen: int, _snapshot: dict) -> None:  # HTTP threads
-        with self._lock:
-            if self._closed or gen != self._gen or self._posted:
-                return
-            self._posted = True
-        self._wake.emit()
+        # plain reads of what the UI thread writes: a stale answer costs one harmless wake at most
+        if not self._closed and gen == self._gen:
+            self._wake.post()
 
-    @Slot()
     def _on_wake(self) -> None:
-        with self._lock:
-            self._posted = False
         # a fresh snapshot: callbacks from several HTTP threads may arrive out of order
         if self.server is not None and not self._closed:
             self.activityChanged.emit(self.server.activity.snapshot())

@@ -1,7 +1,7 @@
 """The one place Qt meets the engine: engine events (on engine threads) -> Qt signals (UI thread).
 
 The engine calls our listener on its own threads. The listener only appends to a queue under a
-lock and, at most once per batch, posts a queued wake-up to the UI thread. Token events are
+lock and, at most once per batch, posts a wake-up (app.worker.Wake) to the UI thread. Token events are
 merged while they wait and delivered at most every `flush_ms`, so a model producing thousands
 of tokens a second costs the UI thread ~30 deliveries a second. Any other event is delivered
 at once, after the tokens queued before it, so order is kept.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.local.engine import Engine
 from engine.protocol.engine_like import EngineLike
@@ -41,6 +41,8 @@ from engine.protocol.events import (
     TurnStarted,
 )
 from engine.protocol.settings import EngineSettings
+
+from ..worker import Wake, Worker
 
 FLUSH_MS = 33
 
@@ -69,7 +71,6 @@ class EngineBridge(QObject):
     notice = Signal(object)  # Notice
     serverReport = Signal(object)  # ServerReport (a remote engine)
     engineChanged = Signal(object)  # the engine now in use
-    _wake = Signal()
 
     def __init__(self, engine: Engine, flush_ms: int = FLUSH_MS, parent: QObject | None = None):
         super().__init__(parent)
@@ -87,7 +88,10 @@ class EngineBridge(QObject):
         self._timer.setSingleShot(True)
         self._timer.setInterval(flush_ms)
         self._timer.timeout.connect(self._drain)
-        self._wake.connect(self._on_wake, Qt.ConnectionType.QueuedConnection)
+        self._wake = Wake(self._on_wake, self)
+        # a remote engine no longer in use is shut down here (a hung server must not freeze the
+        # window); enough threads that a close never waits behind another
+        self._closer = Worker("parley-remote-close", threads=4, parent=self)
         self._listen(engine)
 
     @classmethod
@@ -141,7 +145,7 @@ class EngineBridge(QObject):
 
     def drop_engine(self, engine: EngineLike, timeout: float = 30.0, wait: bool = True) -> None:
         """Shut down a remote engine no longer in use (never the built-in one); `wait=False`
-        does it on a helper thread, so a hung server never freezes the window."""
+        does it on a Worker's thread, so a hung server never freezes the window."""
         if engine is self.builtin or engine is self.engine:
             return
 
@@ -156,7 +160,7 @@ class EngineBridge(QObject):
         if wait:
             finish()
         else:
-            threading.Thread(target=finish, name="parley-remote-close", daemon=True).start()
+            self._closer.submit(lambda _job: finish())
 
     def load_model(self, path: str) -> None:
         self.builtin.load_model(str(path))
@@ -271,7 +275,7 @@ class EngineBridge(QObject):
             self._wake_posted = True
             self._urgent = self._urgent or urgent
         if post:
-            self._wake.emit()
+            self._wake.post()
 
     # ------------------------------------------------------------ UI thread
 

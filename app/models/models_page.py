@@ -1,8 +1,10 @@
 """The Models page: the catalog and any repo id, whether each fits, download with progress,
 pause/cancel, delete, and one click to load.
 
-All Hub, disk and device work runs on a background thread through engine.library (plain
-functions returning numbers); results come back as queued Qt signals. No torch here.
+All Hub, disk and device work runs off the UI thread on two app.worker Workers made with the
+page (fits, and downloads with the scans after them, so a download never waits behind a fit)
+through engine.library (plain functions returning numbers). What a fit learns about a row comes
+back as a typed `RowNews`; the page keeps one `RowFacts` a row. No torch here.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -31,8 +34,10 @@ from PySide6.QtWidgets import (
 from engine.library import token_store
 from engine.library.catalog import CatalogEntry, load_catalog
 from engine.library.hub import LibraryError, NetworkUnreachable, is_repo_id, offline_forced
+from engine.library.progress import Progress
 
 from ..sizes import human_bytes
+from ..worker import Job, Worker
 from .download_text import progress_text
 
 COLUMNS = ["Model", "Family", "Parameters", "Download", "Fit", "Installed", "Speed here"]
@@ -48,21 +53,46 @@ PRECISION_TIP = "The precision the Fit column sizes models at: at first, the one
 log = logging.getLogger(__name__)
 
 
-class _Signals(QObject):
-    """Worker threads -> the page. Only plain values cross threads (no Python objects in queued
-    signals); a worker whose page is gone gets RuntimeError from emit and stops quietly."""
+@dataclass
+class RowFacts:
+    """What the page has learned about one row off the UI thread; None: not learned (yet)."""
 
-    fit = Signal(str, str, str)  # repo id, fit cell text, tooltip
-    speed = Signal(str, str)  # repo id, expected tokens/s here
-    params = Signal(str, str)  # repo id, its parameter count counted from config.json ("870K")
-    installed = Signal()  # the scan's result waits in ModelsPage._scanned
-    progress = Signal(float, float, float, float, str)  # done, total, bytes/s, seconds left (-1: unknown), file
-    done = Signal(str, str, str)  # repo id, snapshot folder ("" on failure), message
-    notice = Signal(str)
+    size_bytes: int | None = None  # the download's size, as the Hub lists the files today
+    problem: str | None = None  # why Parley cannot use the model ("unsupported architecture ...")
+    fit: str | None = None  # the Fit cell: "fits · needs 1.2 GiB of 7.6 GiB free"
+    fit_tip: str | None = None  # the whole estimate behind it
+    params: str | None = None  # the parameter count from config.json ("870K")
+    speed: str | None = None  # expected tokens/s here, or why there is no number
+
+
+@dataclass(frozen=True)
+class RowNews:
+    """A fit job's finding about one row: the fields it learned set, the others None."""
+
+    repo_id: str
+    facts: RowFacts
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """A fit job met no network: the page says so once, and later rows do not wait for it."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class DownloadEnd:
+    """How a download ended: its snapshot folder, or None (paused, refused, failed); the sentence."""
+
+    repo_id: str
+    snapshot: str | None
+    message: str
 
 
 class ModelsPage(QDialog):
     loadRequested = Signal(str)  # a snapshot folder to load
+    downloadProgress = Signal(object)  # engine.library.progress.Progress of the running download
+    downloadFinished = Signal(object)  # DownloadEnd, after the page showed it
 
     def __init__(
         self,
@@ -77,17 +107,13 @@ class ModelsPage(QDialog):
         self.setWindowTitle("Models")
         self.setObjectName("modelsPage")
         self.resize(1040, 540)  # every column's text whole (the window it opens over is 1100 wide)
-        self.sig = _Signals(self)  # dies with the page: nothing is delivered to a deleted page
-        self._scanned: list = []
-        self._scanned_lock = threading.Lock()
-        self.sig.fit.connect(self._on_fit)
-        self.sig.speed.connect(self._on_speed)
-        self.sig.params.connect(self._on_params)
+        # made once, dying with the page (nothing is delivered to a closed page); fits run one at
+        # a time, so a later precision's fits always land after an earlier one's
+        self.fits = Worker("models-page-fits", parent=self)
+        self.downloads = Worker("models-page-downloads", parent=self)  # and the scans after them
+        self.facts: dict[str, RowFacts] = {}  # repo id or folder -> what the fits learned of it
+        self._planned = False  # the live sizes and folder checks were asked for (once a page)
         self.data_dir = data_dir  # where the engine keeps this machine's measured speeds
-        self.sig.installed.connect(self._take_scan)
-        self.sig.progress.connect(self._on_progress)
-        self.sig.done.connect(self._on_done)
-        self.sig.notice.connect(self._say_network_once)
         self.catalog = catalog if catalog is not None else load_catalog()
         self._catalog = {e.repo_id: e for e in self.catalog}
         self.installed: dict = {}
@@ -239,69 +265,42 @@ class ModelsPage(QDialog):
         if r is None:
             r = self._add_row(repo_id, "?", "", "?")
             args = (self.precision.currentText(), self.context.value())
-            self._background(lambda: self._fit_one(repo_id, *args))
+            self._fit_in_background(lambda job: self._fit_one(job, repo_id, *args))
         self.table.setRowHidden(r, False)
         self.table.selectRow(r)
 
     # ------------------------------------------------------------ background work
 
-    def _background(self, fn) -> None:
-        t = threading.Thread(target=fn, daemon=True, name="models-page")
-        self._threads = [x for x in getattr(self, "_threads", []) if x.is_alive()] + [t]
-        t.start()
+    def _fit_in_background(self, fn) -> None:
+        self.fits.submit(fn, on_report=self._on_news)
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
-        """Join the background work (Hub requests time out on their own); True when none is left."""
-        for t in list(getattr(self, "_threads", [])):
-            t.join(timeout_s)
-        return not any(t.is_alive() for t in getattr(self, "_threads", []))
-
-    def _emit(self, name: str, *args) -> None:
-        try:
-            getattr(self.sig, name).emit(*args)
-        except RuntimeError:  # the page was closed and deleted while this worker ran
-            pass
+        """Wait for the background work (Hub requests time out on their own); True when none is
+        left. What it found may still be on its way to the UI thread."""
+        return self.fits.wait_idle(timeout_s) and self.downloads.wait_idle(timeout_s)
 
     def _scan_installed(self) -> None:
         from engine.library.installed import installed_models
 
-        found = installed_models()
-        with self._scanned_lock:
-            self._scanned = found
-        self._emit("installed")
-
-    def _take_scan(self) -> None:
-        with self._scanned_lock:
-            found = self._scanned
-        self._on_installed(found)
-
-    def _emit_progress(self, p) -> None:
-        self._emit(
-            "progress",
-            float(p.done_bytes),
-            float(p.total_bytes),
-            float(p.speed_bps),
-            -1.0 if p.eta_s is None else float(p.eta_s),
-            p.file,
-        )
+        self.downloads.submit(lambda _job: installed_models(), on_done=self._on_installed)
 
     def refresh_fits(self) -> None:
         repos = [self._cell(r, 0).text() for r in range(self.table.rowCount())]
         args = (self.precision.currentText(), self.context.value())  # read on the GUI thread
         # the size and folder check come once; a precision or context change only redoes the fit
-        first = not getattr(self, "_planned", False)
+        first = not self._planned
         self._planned = True
-        self._background(lambda: self._fit_all(repos, *args, with_plan=first))
+        self._fit_in_background(lambda job: self._fit_all(job, repos, *args, with_plan=first))
 
-    def _fit_all(self, repos: list[str], precision: str, context: int, with_plan: bool) -> None:
+    def _fit_all(self, job: Job, repos: list[str], precision: str, context: int, with_plan: bool) -> None:
         # catalog rows first, from the catalog's numbers (no network, no transformers): each row has
         # an estimate at once, replaced by the one from config.json when the Hub answers
         for repo in repos:
-            self._fit_from_catalog(repo, precision, context)
+            self._fit_from_catalog(job, repo, precision, context)
         for repo in repos:
-            self._fit_one(repo, precision, context, with_plan)
+            self._fit_one(job, repo, precision, context, with_plan)
 
-    def _fit_from_catalog(self, repo_id: str, precision: str, context: int) -> bool:
+    def _fit_from_catalog(self, job: Job, repo_id: str, precision: str, context: int) -> bool:
         """Emit the catalog's estimate for a catalog model not on disk; False when there is none."""
         from engine.library.fit import estimate_fit_from_catalog
 
@@ -312,16 +311,17 @@ class ModelsPage(QDialog):
             fit = estimate_fit_from_catalog(entry, precision, context)
         except ValueError:
             return False
-        self._emit(  # "~": an estimate, said in full in the tooltip (the cell stays one short line)
-            "fit",
-            repo_id,
-            f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
-            fit.line() + "; the model's config.json could not be fetched yet",
+        # "~": an estimate, said in full in the tooltip (the cell stays one short line); no speed
+        # yet: its layer sizes come with config.json
+        facts = RowFacts(
+            fit=f"{fit.verdict} · needs ~{human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
+            fit_tip=fit.line() + "; the model's config.json could not be fetched yet",
+            speed=UNKNOWN_SPEED,
         )
-        self._emit("speed", repo_id, UNKNOWN_SPEED)  # its sizes come with config.json
+        job.report(RowNews(repo_id, facts))
         return True
 
-    def _fit_one(self, repo_id: str, precision: str, context: int, with_plan: bool = True) -> None:
+    def _fit_one(self, job: Job, repo_id: str, precision: str, context: int, with_plan: bool = True) -> None:
         """Fit (and, for a model not on disk, the live size and the folder check) of one row."""
         from engine.library.fit import estimate_fit, free_device_memory, params_text
         from engine.library.remote import remote_config
@@ -336,60 +336,62 @@ class ModelsPage(QDialog):
                 from engine.library.pull import plan_pull
 
                 plan = plan_pull(repo_id, token=token_store.load_token())
-                self._emit("fit", repo_id, "", f"size:{plan.total_bytes}|{plan.problem or ''}")
+                job.report(RowNews(repo_id, RowFacts(size_bytes=plan.total_bytes, problem=plan.problem or None)))
                 config = plan.config
             else:
                 config = remote_config(repo_id, installed, offline=offline, token=token_store.load_token())
             fit = estimate_fit(config or {}, precision, context, free_device_memory())
-            self._emit(
-                "fit",
-                repo_id,
-                f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
-                fit.line(),
+            facts = RowFacts(
+                fit=f"{fit.verdict} · needs {human_bytes(fit.need.total_bytes)} of {human_bytes(fit.free_bytes)} free",
+                fit_tip=fit.line(),
+                params=params_text(fit.need.params.total),
             )
-            self._emit("params", repo_id, params_text(fit.need.params.total))
             if self.data_dir is not None and config:
                 from engine.model.speed import describe
 
-                self._emit("speed", repo_id, describe(self.data_dir, config))
+                facts.speed = describe(self.data_dir, config)
+            job.report(RowNews(repo_id, facts))
         except NetworkUnreachable as exc:
             self._network_down.set()
-            if not self._fit_from_catalog(repo_id, precision, context):
-                self._emit("fit", repo_id, "—", str(exc))
-            self._emit("notice", str(exc))
+            if not self._fit_from_catalog(job, repo_id, precision, context):
+                job.report(RowNews(repo_id, RowFacts(fit="—", fit_tip=str(exc))))
+            job.report(Unreachable(str(exc)))
         except (LibraryError, ValueError, TypeError, KeyError) as exc:
-            self._emit("fit", repo_id, "unknown", str(exc))
+            job.report(RowNews(repo_id, RowFacts(fit="unknown", fit_tip=str(exc))))
         except Exception as exc:  # the row says so; the other rows still get their fit
             log.exception("fit of %s failed", repo_id)
-            self._emit("fit", repo_id, "unknown", f"{type(exc).__name__}: {exc}")
+            job.report(RowNews(repo_id, RowFacts(fit="unknown", fit_tip=f"{type(exc).__name__}: {exc}")))
 
-    def _on_fit(self, repo_id: str, text: str, tip: str) -> None:
-        r = self.row_of(repo_id)
+    def _on_news(self, news: RowNews | Unreachable) -> None:
+        """A fit job's finding, on the UI thread: kept in the row's facts and shown in its cells."""
+        if isinstance(news, Unreachable):
+            self._say_network_once(news.message)
+            return
+        facts = self.facts.setdefault(news.repo_id, RowFacts())
+        for f in fields(RowFacts):
+            value = getattr(news.facts, f.name)
+            if value is not None:
+                setattr(facts, f.name, value)
+        r = self.row_of(news.repo_id)
         if r is None:
             return
-        if tip.startswith("size:"):
-            size, problem = tip[5:].split("|", 1)
-            self._cell(r, 3).setText(human_bytes(int(size)))
-            if problem:
-                self._cell(r, COL_INSTALLED).setText("cannot be used")
-                self._cell(r, COL_INSTALLED).setToolTip(problem)
-                self._say(f"{repo_id}: {problem}")
-            return
-        self._cell(r, COL_FIT).setText(text)
-        self._cell(r, COL_FIT).setToolTip(tip)
-
-    def _on_speed(self, repo_id: str, text: str) -> None:
-        r = self.row_of(repo_id)
-        if r is not None:
-            self._cell(r, COL_SPEED).setText(text)
-
-    def _on_params(self, repo_id: str, text: str) -> None:
-        """A row without a parameter count (a folder, a repo id typed in) gets the one counted
-        from its config.json; a catalog row keeps the catalog's."""
-        r = self.row_of(repo_id)
-        if r is not None and not self._cell(r, COL_PARAMS).text():
-            self._cell(r, COL_PARAMS).setText(text)
+        new = news.facts
+        if new.size_bytes is not None:
+            self._cell(r, 3).setText(human_bytes(new.size_bytes))
+        if new.problem:
+            self._cell(r, COL_INSTALLED).setText("cannot be used")
+            self._cell(r, COL_INSTALLED).setToolTip(new.problem)
+            self._say(f"{news.repo_id}: {new.problem}")
+        if new.fit is not None:
+            self._cell(r, COL_FIT).setText(new.fit)
+            self._cell(r, COL_FIT).setToolTip(new.fit_tip or "")
+        # a row without a parameter count (a folder, a repo id typed in) gets the one counted from
+        # its config.json; a catalog row keeps the catalog's
+        if new.params is not None and not self._cell(r, COL_PARAMS).text():
+            self._cell(r, COL_PARAMS).setText(new.params)
             self._cell(r, COL_PARAMS).setToolTip("counted from the model's config.json")
+        if new.speed is not None:
+            self._cell(r, COL_SPEED).setText(new.speed)
 
     def _on_installed(self, models, fit_new_rows: bool = True) -> None:
         self.installed = {m.repo_id: m for m in models}
@@ -398,23 +400,20 @@ class ModelsPage(QDialog):
             if r is None:
                 r = self._add_row(m.repo_id, m.model_type or "?", "", human_bytes(m.size_on_disk))
                 if fit_new_rows:
-                    self._background(
+                    self._fit_in_background(
                         functools.partial(
                             self._fit_one,
-                            m.repo_id,
-                            self.precision.currentText(),
-                            self.context.value(),
+                            repo_id=m.repo_id,
+                            precision=self.precision.currentText(),
+                            context=self.context.value(),
                             with_plan=False,
                         )
                     )
             self._cell(r, COL_INSTALLED).setText(f"✓ {human_bytes(m.size_on_disk)}" if m.complete else "partial")
         for r in range(self.table.rowCount()):
             name = self._cell(r, 0).text()
-            if (
-                name not in self.installed
-                and name not in self.folders
-                and self._cell(r, COL_INSTALLED).text() != "cannot be used"
-            ):
+            unusable = bool(self.facts.get(name, RowFacts()).problem)  # keeps "cannot be used"
+            if name not in self.installed and name not in self.folders and not unusable:
                 self._cell(r, COL_INSTALLED).setText("")
         self._update_buttons()
 
@@ -439,45 +438,46 @@ class ModelsPage(QDialog):
         self._say(f"Checking {repo_id}…")
         self._update_buttons()
         cancel = self.cancel
-        self._background(lambda: self._pull(repo_id, cancel))
+        self.downloads.submit(
+            lambda job: self._pull(job, repo_id, cancel), on_done=self._on_done, on_report=self._on_progress
+        )
 
-    def _pull(self, repo_id: str, cancel: threading.Event) -> None:
-        """Runs on a worker thread; always ends with one `done` signal, whatever goes wrong."""
+    def _pull(self, job: Job, repo_id: str, cancel: threading.Event) -> DownloadEnd:
+        """Runs on a worker thread; always ends in one DownloadEnd, whatever goes wrong."""
         from engine.library.fetch import Cancelled
         from engine.library.pull import plan_pull, pull
 
         try:
             plan = plan_pull(repo_id, token=token_store.load_token())
             if plan.problem:
-                self._emit("done", repo_id, "", f"{repo_id} cannot be used by Parley: {plan.problem}")
-                return
-            snap = pull(plan, self._emit_progress, cancel)
-            self._emit("done", repo_id, str(snap), f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
+                return DownloadEnd(repo_id, None, f"{repo_id} cannot be used by Parley: {plan.problem}")
+            snap = pull(plan, job.report, cancel)
+            return DownloadEnd(repo_id, str(snap), f"{repo_id} is ready: {human_bytes(plan.total_bytes)}, verified")
         except Cancelled as exc:
-            self._emit("done", repo_id, "", str(exc))
+            return DownloadEnd(repo_id, None, str(exc))
         except LibraryError as exc:
-            self._emit("done", repo_id, "", f"{repo_id} was not downloaded: {exc}")
+            return DownloadEnd(repo_id, None, f"{repo_id} was not downloaded: {exc}")
         except Exception as exc:  # an OS error or a fault no library call translated: said, never silent
             log.exception("download of %s failed", repo_id)
-            self._emit("done", repo_id, "", f"{repo_id} was not downloaded: {type(exc).__name__}: {exc}")
+            return DownloadEnd(repo_id, None, f"{repo_id} was not downloaded: {type(exc).__name__}: {exc}")
 
-    def _on_progress(self, done: float, total: float, speed: float, eta: float, file: str) -> None:
-        from engine.library.progress import Progress
-
-        p = Progress(int(done), int(total), speed, None if eta < 0 else eta, file)
+    def _on_progress(self, p: Progress) -> None:
         self.bar.setValue(int(p.fraction * 1000))
         self.bar_text.setText(progress_text(p))
+        self.downloadProgress.emit(p)
 
-    def _on_done(self, repo_id: str, snapshot: str, message: str) -> None:
+    def _on_done(self, end: DownloadEnd) -> None:
         self.downloading = None
-        self.finished_path = snapshot or None
-        if not snapshot and message.startswith("cancelled"):
-            message = f"{repo_id}: paused; Download again resumes where it stopped"
+        self.finished_path = end.snapshot
+        message = end.message
+        if end.snapshot is None and message.startswith("cancelled"):
+            message = f"{end.repo_id}: paused; Download again resumes where it stopped"
         self._say(message)
-        if snapshot:
+        if end.snapshot is not None:
             self.bar.setValue(1000)
         self._update_buttons()
-        self._background(self._scan_installed)
+        self._scan_installed()
+        self.downloadFinished.emit(end)
 
     def cancel_download(self) -> None:
         self.cancel.set()
@@ -493,7 +493,7 @@ class ModelsPage(QDialog):
             self._say(f"Deleted {repo_id}: {human_bytes(freed)} freed")
         except LibraryError as exc:
             self._say(str(exc))
-        self._background(self._scan_installed)
+        self._scan_installed()
 
     def load_selected(self) -> None:
         repo_id = self.selected_repo() or ""

@@ -1,11 +1,14 @@
 """Settings ▸ Engine: Built-in, or a remote OpenAI-compatible server (address, API key, model
-chosen from the server's /v1/models). Several servers are kept; the chosen one is used."""
+chosen from the server's /v1/models). Several servers are kept; the chosen one is used.
+
+Asking a server for its models waits on the network (up to 15 s for a silent one), so it runs on
+an app.worker Worker: the box says "Checking…" meanwhile and stays usable, and a newer check, an
+edited address or another server drops the answer of the one before."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QApplication,
     QComboBox,
     QFormLayout,
     QGroupBox,
@@ -20,13 +23,20 @@ from PySide6.QtWidgets import (
 from engine.remote import RemoteConfig, RemoteConfigError
 from engine.remote.engine import ServerError, list_models
 
+from ..worker import Job, Worker
 from .engine_choice import BUILTIN, REMOTE, EngineChoice, SavedServer
 
 
 class EngineBox(QGroupBox):
+    checked = Signal(list)  # a check's model names, after the box showed them ([]: it failed and says why)
+
     def __init__(self, choice: EngineChoice, parent=None):
         super().__init__("Engine", parent)
         self.setObjectName("engineGroup")
+        # a superseded check still holds its thread until the server answers or times out, so
+        # a few may run at once: the newest never waits behind a silent server
+        self.checks = Worker("engine-box-check", threads=3, parent=self)
+        self._check: Job | None = None  # the check whose answer the box waits for
         self.servers: list[SavedServer] = list(choice.servers)
         form = QFormLayout(self)
         self.builtin = QRadioButton("Built-in: the model on this computer")
@@ -65,6 +75,10 @@ class EngineBox(QGroupBox):
         form.addRow("Address", self.url)
         form.addRow("API key", self.api_key)
         form.addRow("Model", mrow)
+        self.checking = QLabel()
+        self.checking.setObjectName("mutedLabel")
+        self.checking.hide()
+        form.addRow(self.checking)
         self.error = QLabel()
         self.error.setObjectName("problemLabel")
         self.error.setWordWrap(True)
@@ -80,6 +94,9 @@ class EngineBox(QGroupBox):
         self.server_list.currentIndexChanged.connect(self._show_server)
         self.url.textEdited.connect(self._store_fields)
         self.api_key.textEdited.connect(self._store_fields)
+        self.url.textEdited.connect(self._drop_check)
+        self.url.textChanged.connect(self._sync_fetch)  # an address typed into a new server can be checked
+        self.api_key.textEdited.connect(self._drop_check)
         self.model.editTextChanged.connect(self._store_fields)
         self.fetch.clicked.connect(self.fetch_models)
         self._sync()
@@ -96,6 +113,7 @@ class EngineBox(QGroupBox):
         self._show_server(select)
 
     def _show_server(self, index: int) -> None:
+        self._drop_check()  # its models are another server's
         s = self.servers[index] if 0 <= index < len(self.servers) else SavedServer("")
         self._loading = True
         self.url.setText(s.url)
@@ -136,26 +154,49 @@ class EngineBox(QGroupBox):
             w.setEnabled(on)
         has = 0 <= self.server_list.currentIndex() < len(self.servers)
         self.remove.setEnabled(on and has)
-        self.fetch.setEnabled(on and bool(self.url.text().strip()))
+        self._sync_fetch()
         self.error.hide()
+
+    def _sync_fetch(self, *_args) -> None:
+        self.fetch.setEnabled(self.remote.isChecked() and bool(self.url.text().strip()))
 
     # ------------------------------------------------------------ models from the server
 
-    def fetch_models(self) -> list[str]:
-        """Ask the server for its models (GET /v1/models) and offer them; a failure is shown here."""
+    def fetch_models(self) -> None:
+        """Ask the server for its models (GET /v1/models) off the UI thread; `checked` says when
+        the box offers them, or shows why not. A check still running is superseded."""
+        self._drop_check()
+        self.error.hide()
         try:
             cfg = RemoteConfig.make(self.url.text(), "", self.api_key.text(), timeout_s=15.0, connect_timeout_s=5.0)
         except RemoteConfigError as exc:
             self.show_error(str(exc))
-            return []
-        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
-        try:
-            names = list_models(cfg)
-        except ServerError as exc:
-            self.show_error(str(exc))
-            return []
-        finally:
-            QApplication.restoreOverrideCursor()
+            self.checked.emit([])
+            return
+        self.checking.setText(f"Checking {cfg.server}…")
+        self.checking.show()
+        self._check = self.checks.submit(
+            lambda _job: list_models(cfg),  # a ServerError says why, in words for the box
+            on_done=lambda names: self._offer(cfg, names),
+            on_error=self._check_failed,
+        )
+
+    def _drop_check(self, *_args) -> None:
+        if self._check is not None:
+            self._check.cancel()
+            self._check = None
+        self.checking.hide()
+
+    def _check_failed(self, exc: BaseException) -> None:
+        self._check = None
+        self.checking.hide()
+        # a ServerError is already a sentence for the box; anything else is named
+        self.show_error(str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}")
+        self.checked.emit([])
+
+    def _offer(self, cfg: RemoteConfig, names: list[str]) -> None:
+        self._check = None
+        self.checking.hide()
         keep = self.model.currentText().strip()
         self.model.blockSignals(True)
         self.model.clear()
@@ -165,7 +206,7 @@ class EngineBox(QGroupBox):
         self._store_fields()
         if not names:
             self.show_error(f"The server at {cfg.server} offers no model.")
-        return names
+        self.checked.emit(names)
 
     def show_error(self, message: str) -> None:
         self.error.setText(message)

@@ -233,6 +233,18 @@ class PlainWebsite(_Base):
         self.wfile.write(body)
 
 
+class SlowModels(_Base):
+    """Lists its one model ("slow-vlm") only once the test sets `release`; `asked` says the list
+    was asked for. A server that takes its time, held by an Event rather than a clock."""
+
+    def do_GET(self):
+        self.server.asked.set()
+        self.server.release.wait(30)
+        self._json(
+            200, {"object": "list", "data": [{"id": "slow-vlm", "object": "model", "created": 0, "owned_by": "test"}]}
+        )
+
+
 class NeverAnswers(_Base):
     """Reads the request, then says nothing until the client gives up."""
 

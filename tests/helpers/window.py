@@ -149,7 +149,9 @@ def choose_engine(w, qtbot, url: str | None) -> SettingsDialog:
     else:
         box.add_server()
         qtbot.keyClicks(box.url, url)
-        names = box.fetch_models()
+        with qtbot.waitSignal(box.checked, timeout=30_000) as got:
+            box.fetch_models()
+        names = got.args[0]
         assert names and box.model.currentText() == names[0]
     dlg.accept()
     assert dlg.result() == dlg.DialogCode.Accepted, box.error.text()

@@ -89,7 +89,7 @@ APP_HOUSE = {
 }
 # modules at app/'s root, which every room may import and which import no room; app/__init__ (the
 # package's door) also imports shell, on first use, for run_app
-APP_ROOT_MODULES = {"icons", "theme", "sizes", "version", "pyside_refcount_fix"}
+APP_ROOT_MODULES = {"icons", "theme", "sizes", "version", "pyside_refcount_fix", "worker"}
 APP_QT_FREE = ["history"]
 
 

@@ -123,7 +123,9 @@ def test_fetch_models_from_nothing_says_why(make_window, qtbot):
     box = dlg.engine_box
     box.add_server()
     qtbot.keyClicks(box.url, f"127.0.0.1:{free_port()}")
-    assert box.fetch_models() == []
+    with qtbot.waitSignal(box.checked, timeout=30_000) as got:
+        box.fetch_models()
+    assert got.args == [[]]
     assert "connection refused" in box.error.text() and not box.error.isHidden()
 
 

@@ -59,18 +59,18 @@ def test_search_fit_progress_cancel_resume_load(qtbot, hub, page):
 
     go_on = threading.Event()
     hub.faults.hold_at[BIG] = (1 << 20, go_on)  # the stand-in pauses the big file after 1 MiB
-    with qtbot.waitSignal(page.sig.progress, timeout=30_000, check_params_cb=lambda *a: a[4] == BIG):
+    with qtbot.waitSignal(page.downloadProgress, timeout=30_000, check_params_cb=lambda p: p.file == BIG):
         page.download_selected()
     assert page.bar.value() > 0 and " of 4.0 MiB at " in page.bar_text.text()
     assert page.btn_cancel.isEnabled()
-    with qtbot.waitSignal(page.sig.done, timeout=30_000):
+    with qtbot.waitSignal(page.downloadFinished, timeout=30_000):
         page.cancel_download()
         go_on.set()
     assert "paused" in page.status.text()
     part = repo_folder("acme/smol") / "blobs" / (hub.repos["acme/smol"].files[BIG].sha256 + PART_SUFFIX)
     assert 0 < part.stat().st_size < len(hub.repos["acme/smol"].files[BIG].data)
 
-    with qtbot.waitSignal(page.sig.done, timeout=60_000):
+    with qtbot.waitSignal(page.downloadFinished, timeout=60_000):
         page.download_selected()
     assert "is ready" in page.status.text() and page.bar.value() == 1000
     qtbot.waitUntil(lambda: page.btn_load.isEnabled(), timeout=30_000)
@@ -150,7 +150,7 @@ def test_catalog_row_that_parley_cannot_load_says_so_before_download(qtbot, hub)
     assert p.table.item(0, 3).text() == "1.0 MiB"  # the live size replaced the catalog's ~14.1 GiB
     assert p.wait_idle()
     p.table.selectRow(0)
-    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+    with qtbot.waitSignal(p.downloadFinished, timeout=30_000):
         p.download_selected()
     assert "cannot be used by Parley: unsupported architecture" in p.status.text()
     assert BIG not in hub.sent
@@ -169,7 +169,7 @@ def test_a_failed_download_is_said_and_the_buttons_come_back(qtbot, hub, monkeyp
     qtbot.waitUntil(lambda: p.status.text().startswith("network unreachable"), timeout=30_000)
     assert p.wait_idle()
     p.table.selectRow(0)
-    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+    with qtbot.waitSignal(p.downloadFinished, timeout=30_000):
         p.download_selected()
     assert p.status.text().startswith("acme/smol was not downloaded: network unreachable"), p.status.text()
     assert p.btn_download.isEnabled() and not p.btn_cancel.isEnabled()
@@ -178,7 +178,7 @@ def test_a_failed_download_is_said_and_the_buttons_come_back(qtbot, hub, monkeyp
     folder = repo_folder("acme/smol")  # a file where the model's folder belongs
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.write_bytes(b"")
-    with qtbot.waitSignal(p.sig.done, timeout=30_000):
+    with qtbot.waitSignal(p.downloadFinished, timeout=30_000):
         p.download_selected()
     assert p.status.text().startswith("acme/smol was not downloaded: NotADirectoryError"), p.status.text()
     assert p.btn_download.isEnabled() and p.downloading is None
@@ -300,3 +300,35 @@ def test_fits_are_sized_at_the_precision_parley_runs(qtbot, hub):
     qtbot.waitUntil(lambda: fit.text() not in ("…", ""), timeout=60_000)
     assert q.precision.currentText() == "int8" and ", int8)" in fit.toolTip()
     assert p.wait_idle() and q.wait_idle()
+
+
+def test_a_slow_hub_leaves_the_page_responsive_and_the_row_learns_its_size_and_fit(qtbot, hub):
+    """Issue 40: the live size was packed into the fit tooltip ("size:N|problem") and parsed back.
+    While the Hub holds config.json the page keeps running its timers and shows the catalog's
+    estimate; when it answers, the row's facts (RowFacts) and its cells say the live size and fit."""
+    from PySide6.QtCore import QTimer
+
+    from app.models.models_page import COL_FIT, COL_INSTALLED, ModelsPage
+
+    go_on = threading.Event()
+    hub.faults.hold_at["config.json"] = (10, go_on)
+    entry = CatalogEntry("acme/smol", "smolvlm", "256M", 0.51, True, vision_params=93510912, kv_bytes_per_token=23040)
+    p = ModelsPage(catalog=[entry])
+    qtbot.addWidget(p)
+    ticks = []
+    timer = QTimer(p)
+    timer.timeout.connect(lambda: ticks.append(1))
+    timer.start(0)
+    fit = p.table.item(0, COL_FIT)
+    qtbot.waitUntil(lambda: hub.holding.is_set() and len(ticks) >= 3 and fit.text() != "…", timeout=30_000)
+    assert fit.text().startswith(("fits · needs ~", "tight · needs ~", "does not fit · needs ~"))
+    assert p.table.item(0, 3).text() == "~486.4 MiB"  # the catalog's 0.51 GB while the Hub is silent
+    go_on.set()
+    qtbot.waitUntil(lambda: "~" not in fit.text(), timeout=30_000)
+    timer.stop()
+    facts = p.facts["acme/smol"]
+    assert facts.size_bytes == sum(len(f.data) for f in hub.repos["acme/smol"].files.values())
+    assert p.table.item(0, 3).text() == "4.0 MiB" and facts.problem is None
+    assert fit.text() == facts.fit and fit.toolTip() == facts.fit_tip and "size:" not in fit.toolTip()
+    assert p.table.item(0, COL_INSTALLED).text() == ""
+    assert p.wait_idle()

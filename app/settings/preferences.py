@@ -109,19 +109,19 @@ class Preferences:
         """EngineSettings from `engine/<field>`: every field of the dataclass, read as its own type.
         A field never stored, or stored with a value this version cannot read, keeps its default."""
         changes: dict[str, Any] = {}
-        for name, kind in engine_setting_types().items():
+        for name in ENGINE_FIELDS:
             raw = self.qs.value(f"engine/{name}")
             if raw is None or raw == "":
                 continue
             try:
-                changes[name] = _engine_value(name, kind, raw)
+                changes[name] = _engine_value(name, raw)
             except (TypeError, ValueError):
                 log.warning("ignoring stored engine setting %s=%r", name, raw)
         changes.update({k: v for k, v in self.session_overrides.items() if k in EngineSettings.field_names()})
         return EngineSettings().with_changes(changes)
 
     def set_engine_value(self, key: str, value) -> None:
-        if key not in EngineSettings.field_names():
+        if key not in ENGINE_FIELDS:
             raise ValueError(f"unknown engine setting {key!r}")
         self.qs.setValue(f"engine/{key}", "None" if value is None else value)
 
@@ -220,22 +220,34 @@ def _make_private(qs: QSettings) -> None:
     private_file(path)
 
 
+def _engine_fields() -> dict[str, tuple[type, bool]]:
+    """Each EngineSettings field: the type it holds (`int` for `int | None`) and whether it may be
+    None, from the dataclass's real type hints (its annotations are strings here)."""
+    hints = get_type_hints(EngineSettings)
+    out = {}
+    for f in fields(EngineSettings):
+        hint = hints[f.name]
+        union = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+        kinds = [k for k in union if k is not type(None)]
+        out[f.name] = (kinds[0], len(kinds) < len(union))
+    return out
+
+
+# the one list of engine settings kept in preferences: a new EngineSettings field is stored and
+# read back without being named here
+ENGINE_FIELDS = _engine_fields()
+
+
 def engine_setting_types() -> dict[str, type]:
-    """Each EngineSettings field and the type it holds (`int` for `int | None`): the one list of
-    engine settings kept in preferences, so a new field is stored without being named here."""
-    out: dict[str, type] = {}
-    for name, hint in get_type_hints(EngineSettings).items():
-        if get_origin(hint) in (Union, types.UnionType):
-            hint = next(a for a in get_args(hint) if a is not type(None))
-        out[name] = hint
-    return {f.name: out[f.name] for f in fields(EngineSettings)}
+    return {name: kind for name, (kind, _optional) in ENGINE_FIELDS.items()}
 
 
-def _engine_value(name: str, kind: type, raw: Any) -> Any:
-    """A stored value as `kind`. An INI file gives every value back as a string, the registry and
-    plist formats their own types; "None" is a field's None (None itself cannot be stored)."""
+def _engine_value(name: str, raw: Any) -> Any:
+    """A stored value as its field's type. An INI file gives every value back as a string, the
+    registry and plist formats their own types; "None" is a field's None (None cannot be stored)."""
+    kind, optional = ENGINE_FIELDS[name]
     if str(raw) == "None":
-        if name not in _OPTIONAL:
+        if not optional:
             raise ValueError(f"{name} cannot be None")
         return None
     if kind is bool:
@@ -248,13 +260,6 @@ def _engine_value(name: str, kind: type, raw: Any) -> Any:
     if name == "weights" and value not in WEIGHT_FORMATS:
         return "auto"  # a format from another version loads as auto
     return value
-
-
-_OPTIONAL = {
-    name
-    for name, hint in get_type_hints(EngineSettings).items()
-    if get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
-}
 
 
 def _bool(v) -> bool:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.pictures.ref import PictureRef
 from engine.protocol.events import Message, Turn, TurnDone, TurnFailed
 
 from ..connection import EngineBridge
-from ..history import DEFAULT_TITLE, INTERRUPTED, History, MessagePicture, StoredMessage, title_from, unique_title
+from ..history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage, StoredPicture, title_from, unique_title
 from ..memory import turn_line
 from ..settings import Preferences
 from .message_model import MessageItem, MessageListModel
@@ -39,7 +40,6 @@ class ActiveReply:
     message_id: int
     parts: list[str] = field(default_factory=list)
     last_saved: float = 0.0
-    tokens: int = 0
     discarded: bool = False  # its row was dropped (regenerate / edit while it ran)
     replaced: str | None = None  # a greedy regeneration: the text of the reply it replaced
 
@@ -137,7 +137,7 @@ class ChatController(QObject):
                 return a.turn_id
         return None
 
-    def send(self, text: str, picture_refs: list[str | MessagePicture]) -> int | None:
+    def send(self, text: str, picture_refs: list[str | StoredPicture]) -> int | None:
         conv = None if self.current_id is None else self.history.get_conversation(self.current_id)
         if conv is None:
             conv = self.history.create_conversation()
@@ -198,7 +198,7 @@ class ChatController(QObject):
         after = msgs[at + 1 :]
         return after[1:] if after and after[0].role == "assistant" else after
 
-    def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str | MessagePicture]) -> int | None:
+    def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str | StoredPicture]) -> int | None:
         cid = self.current_id
         old = self.history.get_message(message_id)
         if old is None or old.conversation_id != cid or old.role != "user":
@@ -258,7 +258,6 @@ class ChatController(QObject):
         if a is None or a.discarded:
             return
         a.parts.append(text)
-        a.tokens += count
         if cid == self.current_id:
             self.model.append_text(a.message_id, text)
         now = time.monotonic()
@@ -318,9 +317,10 @@ class ChatController(QObject):
             "captions": [r.caption or "" for r in refs],
         }
 
-    def tokens_so_far(self, turn_id: int) -> int:
-        a = self._active.get(turn_id)
-        return a.tokens if a else 0
+    def engine_pictures(self) -> list[PictureRef]:
+        """The open chat's pictures as its turns send them to the engine, each once."""
+        refs = {r.digest: r for m in self._engine_messages(self.stored_messages()) for r in m.images}
+        return list(refs.values())
 
     def stored_messages(self) -> list[StoredMessage]:
         """The open conversation's messages as the history holds them."""

@@ -16,7 +16,7 @@ from engine.pictures.document import DEFAULT_DPI
 from engine.pictures.picture_budget import BudgetChoice, fit, parse_ranges, ranges_text
 from engine.pictures.video import FrameSampling, clock
 
-from ..history import MessagePicture
+from ..history import StoredPicture
 from .picture_intake import Attachment
 
 # Pages sent when the person chooses none and the context is unknown (a remote engine): about
@@ -164,9 +164,9 @@ class AttachmentChip(QFrame):
             return [parts.frame_name(att.ref, t, sampling) for t in sampling.times(att.video.duration)]
         return [att.ref]
 
-    def pictures(self, sampling: FrameSampling) -> list[MessagePicture]:
+    def pictures(self, sampling: FrameSampling) -> list[StoredPicture]:
         """What this chip sends: its refs, each with the name of the file they came from."""
-        return [MessagePicture(r, self.attachment.source) for r in self.picture_refs(sampling)]
+        return [StoredPicture.parse(r, self.attachment.source) for r in self.picture_refs(sampling)]
 
     def document_text(self) -> str:
         doc = self.attachment.document

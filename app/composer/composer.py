@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 from engine.pictures.file import PICTURE_TYPES, PictureError
 from engine.pictures.video import VIDEO_EXTENSIONS, FrameSampling
 
-from ..history import MessagePicture
+from ..history import StoredPicture
 from ..icons import icon
 from .attachment_chip import AttachmentChip, PageBudget, ReadingChip
 from .composer_edit import ComposerEdit
@@ -61,7 +61,7 @@ class Draft:
 
 
 class Composer(QFrame):
-    sendRequested = Signal(str, list)  # text, pictures (app/history.py: MessagePicture)
+    sendRequested = Signal(str, list)  # text, pictures (app/history.py: StoredPicture)
     stopRequested = Signal()
     editCancelled = Signal()
     picturesAdded = Signal(list)  # picture refs newly in the draft (the engine may get ready for them)
@@ -322,7 +322,7 @@ class Composer(QFrame):
             self.show_problem(f"{', '.join(self.reading())} is still being read; send when its chip is ready")
             return
         text = self.edit.toPlainText().strip()
-        refs: list[MessagePicture] = []
+        refs: list[StoredPicture] = []
         texts: list[str] = []
         try:  # a document sends its chosen pages, a video its sampled frames
             for chip in self._chips():

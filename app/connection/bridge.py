@@ -302,6 +302,8 @@ class EngineBridge(QObject):
         if isinstance(item, _TokenRun):
             self.tokens.emit(item.turn_id, item.conversation_id, "".join(item.parts), item.count)
             return
+        if isinstance(item, TurnDone) and item.pictures:  # the marks come with the turn's end: no second request
+            self.pictureMarks.emit(PictureMarks(item.pictures))
         signal = {
             ModelLoading: self.modelLoading,
             ModelReady: self.modelReady,

@@ -49,13 +49,40 @@ class Conversation:
 
 
 @dataclass(frozen=True)
-class MessagePicture:
-    """A picture as a message is given it: its ref in the store (a page or frame: its file's, with
-    a fragment) and the name of the file the person attached ("" : none, as for a pasted picture).
-    A page's or frame's caption says that name ("report.pdf, page 3"), in the chat and to the model."""
+class StoredPicture:
+    """A message's picture as the history keeps it: the stored file, named by the BLAKE3 digest of
+    its bytes (engine/pictures/store.py), for a page or frame a fragment (engine/pictures/parts.py),
+    and the name of the file the person attached ("" : none, as for a pasted picture). A page's or
+    frame's caption says that name ("report.pdf, page 3"), in the chat and to the model.
+    Made from a message's ref string with `parse`, which checks every part."""
 
-    ref: str
+    digest: str  # 64 hex: the stored file's bytes (a page's or frame's: its document's or video's)
+    extension: str  # the stored file's (".png", ".pdf"; "" : none)
+    fragment: str = ""  # "p=<page>@<dpi>" or "t=<seconds>@<fps>/<max frames>"; "" : the whole picture
     name: str = ""
+
+    @classmethod
+    def parse(cls, ref: str, name: str = "") -> StoredPicture:
+        """'<digest>.png', or '<digest>.pdf#p=2@144' for a page; ValueError for anything else."""
+        if not isinstance(ref, str):
+            raise TypeError(f"a picture's ref is text, not {type(ref).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"a picture's file name is text, not {type(name).__name__}")
+        base, fragment = parts.split(ref)
+        check_name(base)
+        parts.check_fragment(fragment)
+        digest, dot, ext = base.partition(".")
+        return cls(digest, dot + ext, fragment, name)
+
+    @property
+    def file(self) -> str:
+        """The stored file's name in the picture store."""
+        return self.digest + self.extension
+
+    @property
+    def ref(self) -> str:
+        """As a message row keeps it."""
+        return f"{self.file}#{self.fragment}" if self.fragment else self.file
 
 
 @dataclass(frozen=True)
@@ -71,8 +98,9 @@ class StoredMessage:
     note: str = ""  # a reply's turn line ("Continued 69 tokens from memory · …"), kept across restarts
     names: tuple[str, ...] = ()  # each picture's file name, in `pictures` order ("" or missing: none)
 
-    def named_pictures(self) -> list[MessagePicture]:
-        return [MessagePicture(r, self.names[i] if i < len(self.names) else "") for i, r in enumerate(self.pictures)]
+    def named_pictures(self) -> list[StoredPicture]:
+        names = self.names + ("",) * (len(self.pictures) - len(self.names))  # a damaged list: no names
+        return [StoredPicture.parse(r, n) for r, n in zip(self.pictures, names, strict=False)]
 
 
 @dataclass(frozen=True)
@@ -231,10 +259,10 @@ class History:
         conversation_id: str,
         role: str,
         text: str,
-        pictures: Iterable[str | MessagePicture] = (),
+        pictures: Iterable[str | StoredPicture] = (),
         status: str = COMPLETE,
     ) -> StoredMessage:
-        """`pictures`: MessagePictures, or bare refs (pictures without a file name)."""
+        """`pictures`: StoredPictures, or bare refs (pictures without a file name)."""
         refs, names = self._checked_pictures(pictures)
         now = self._now()
         with self._tx(durable=status == COMPLETE) as db:
@@ -269,7 +297,7 @@ class History:
             )
 
     def edit_message(
-        self, message_id: int, text: str, pictures: Iterable[str | MessagePicture] | None = None
+        self, message_id: int, text: str, pictures: Iterable[str | StoredPicture] | None = None
     ) -> StoredMessage:
         """Change a message and drop everything after it (edit-and-resend)."""
         now = self._now()
@@ -369,13 +397,12 @@ class History:
         base, fragment = parts.split(ref)
         return f"{self.pictures.path(base)}#{fragment}" if fragment else str(self.pictures.path(base))
 
-    def picture_ref(self, ref: str | MessagePicture) -> PictureRef:
-        """What the engine is sent: the stored file and its digest (from the name, no read); a page
-        or a frame (engine/pictures/parts.py) keyed from its file's digest the same way, named as
-        the person's file was (its caption says so)."""
-        picture = ref if isinstance(ref, MessagePicture) else MessagePicture(ref)
-        base, fragment = parts.split(picture.ref)
-        return parts.ref_at(self.pictures.path(base), base[:64], fragment, picture.name)
+    def picture_ref(self, picture: str | StoredPicture) -> PictureRef:
+        """What the engine is sent, the one place a stored picture becomes a PictureRef: the stored
+        file and its digest (from the name, no read); a page or a frame keyed from its file's
+        digest the same way, named as the person's file was (its caption says so)."""
+        p = picture if isinstance(picture, StoredPicture) else StoredPicture.parse(picture)
+        return parts.ref_at(self.pictures.path(p.file), p.digest, p.fragment, p.name)
 
     def purge_orphan_pictures(self, keep: Iterable[str] = ()) -> int:
         """Remove stored pictures that no message references (nor `keep`, e.g. a draft's).
@@ -397,19 +424,9 @@ class History:
         return removed
 
     @staticmethod
-    def _check_ref(ref: str) -> None:
-        base, fragment = parts.split(ref)
-        check_name(base)
-        parts.check_fragment(fragment)
-
-    @classmethod
-    def _checked_pictures(cls, pictures: Iterable[str | MessagePicture]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _checked_pictures(pictures: Iterable[str | StoredPicture]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The refs (each checked) and the file names of a message's pictures."""
-        given = [p if isinstance(p, MessagePicture) else MessagePicture(p) for p in pictures]
-        for p in given:
-            cls._check_ref(p.ref)
-            if not isinstance(p.name, str):
-                raise TypeError(f"a picture's file name is text, not {type(p.name).__name__}")
+        given = [p if isinstance(p, StoredPicture) else StoredPicture.parse(p) for p in pictures]
         return tuple(p.ref for p in given), tuple(p.name for p in given)
 
 

@@ -4,9 +4,11 @@ settings file is made private (0600 in a 0700 folder): it names the user's model
 
 from __future__ import annotations
 
+import logging
+import types
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from PySide6.QtCore import QSettings
 
@@ -18,16 +20,8 @@ from engine.protocol.settings import WEIGHT_FORMATS, EngineSettings
 
 from .secrets import Secrets, settings_file
 
-# Engine settings the user may change from the settings dialog (the rest stay at defaults).
-USER_ENGINE_KEYS = (
-    "elastic_idle_s",
-    "spill_idle_s",
-    "image_cache_entries",
-    "image_cache_ram_bytes",
-    "image_cache_disk_bytes",
-    "store_cap_bytes",
-    "weights",
-)
+log = logging.getLogger(__name__)
+
 MAX_RECENT = 8
 API_TOKEN = "api-token"  # its name among the secrets
 API_HOST = "127.0.0.1"
@@ -112,24 +106,23 @@ class Preferences:
     # ------------------------------------------------------------ engine
 
     def engine_settings(self) -> EngineSettings:
-        base = EngineSettings()
+        """EngineSettings from `engine/<field>`: every field of the dataclass, read as its own type.
+        A field never stored, or stored with a value this version cannot read, keeps its default."""
         changes: dict[str, Any] = {}
-        types = {f.name: f.type for f in fields(EngineSettings)}
-        for key in USER_ENGINE_KEYS:
-            raw = self.qs.value(f"engine/{key}")
+        for name in ENGINE_FIELDS:
+            raw = self.qs.value(f"engine/{name}")
             if raw is None or raw == "":
                 continue
-            if key == "store_cap_bytes" and str(raw) in ("0", "None"):
-                changes[key] = None
-                continue
-            if key == "weights":
-                changes[key] = str(raw) if str(raw) in WEIGHT_FORMATS else "auto"  # a stale value loads as auto
-                continue
-            changes[key] = float(raw) if "float" in str(types[key]) else int(raw)
+            try:
+                changes[name] = _engine_value(name, raw)
+            except (TypeError, ValueError):
+                log.warning("ignoring stored engine setting %s=%r", name, raw)
         changes.update({k: v for k, v in self.session_overrides.items() if k in EngineSettings.field_names()})
-        return base.with_changes(changes)
+        return EngineSettings().with_changes(changes)
 
     def set_engine_value(self, key: str, value) -> None:
+        if key not in ENGINE_FIELDS:
+            raise ValueError(f"unknown engine setting {key!r}")
         self.qs.setValue(f"engine/{key}", "None" if value is None else value)
 
     # ------------------------------------------------------------ paths and models
@@ -225,6 +218,48 @@ def _make_private(qs: QSettings) -> None:
     if path.parent.name == "Parley" or qs.format() == QSettings.Format.IniFormat:
         private_dir(path.parent)
     private_file(path)
+
+
+def _engine_fields() -> dict[str, tuple[type, bool]]:
+    """Each EngineSettings field: the type it holds (`int` for `int | None`) and whether it may be
+    None, from the dataclass's real type hints (its annotations are strings here)."""
+    hints = get_type_hints(EngineSettings)
+    out = {}
+    for f in fields(EngineSettings):
+        hint = hints[f.name]
+        union = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+        kinds = [k for k in union if k is not type(None)]
+        out[f.name] = (kinds[0], len(kinds) < len(union))
+    return out
+
+
+# the one list of engine settings kept in preferences: a new EngineSettings field is stored and
+# read back without being named here
+ENGINE_FIELDS = _engine_fields()
+
+
+def engine_setting_types() -> dict[str, type]:
+    return {name: kind for name, (kind, _optional) in ENGINE_FIELDS.items()}
+
+
+def _engine_value(name: str, raw: Any) -> Any:
+    """A stored value as its field's type. An INI file gives every value back as a string, the
+    registry and plist formats their own types; "None" is a field's None (None cannot be stored)."""
+    kind, optional = ENGINE_FIELDS[name]
+    if str(raw) == "None":
+        if not optional:
+            raise ValueError(f"{name} cannot be None")
+        return None
+    if kind is bool:
+        return _bool(raw)
+    if kind is int:
+        return int(str(raw))
+    if kind is float:
+        return float(str(raw))
+    value = str(raw)
+    if name == "weights" and value not in WEIGHT_FORMATS:
+        return "auto"  # a format from another version loads as auto
+    return value
 
 
 def _bool(v) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import platform
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +29,7 @@ from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice
 from ..chat import UNDO_SECONDS, ChatController, ChatView, MessageListModel, RetryButton, Sidebar
 from ..composer import Composer, PageBudget, PictureIntake, mime_has_pictures
 from ..connection import ApiControl, EngineBridge, EngineSwitch
-from ..history import History
+from ..history import History, StoredPicture
 from ..icons import app_icon, icon
 from ..memory import ChatMemoryMarks, MemoryDock, PictureMarkBook
 from ..models import ModelPicker
@@ -38,7 +37,7 @@ from ..settings import ApiConfig, Preferences, SettingsDialog
 from ..theme import apply_theme
 from ..version import VERSION
 from .empty_chat_button import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, is_demo
-from .window_chrome import StatusBar, StatusLine, WindowMenus
+from .window_chrome import SpeedMeter, StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
     from ..models import ModelsPage
@@ -66,7 +65,6 @@ class MainWindow(QMainWindow):
         self.edit_confirm: QMessageBox | None = None  # open while an edit waits for its go-ahead
         self.models_page: ModelsPage | None = None  # while the Models page is open
         self._closed = False
-        self._turn_t0: dict[int, float] = {}
 
         for cid in history.purge_deleted():  # deletions from earlier sessions are final
             bridge.forget(cid)  # and the engine may drop what it kept for them
@@ -115,6 +113,7 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.memory_dock], [380], Qt.Orientation.Horizontal)
 
         self.status = StatusLine(self.statusBar(), self.engines.label)
+        self.speed = SpeedMeter(self.status)
         self.menus = WindowMenus(self.menuBar(), self)
         self.chat.offer_varied_regenerate(prefs.sampling().greedy)
         self._wire()
@@ -147,11 +146,11 @@ class MainWindow(QMainWindow):
         b.modelLoading.connect(self._on_model_loading)
         b.modelReady.connect(self._on_model_ready)
         b.modelFailed.connect(self._on_model_failed)
-        b.turnStarted.connect(lambda ev: self._turn_t0.__setitem__(ev.turn_id, time.monotonic()))
-        b.tokens.connect(self._on_tokens)
+        b.turnStarted.connect(lambda ev: self.speed.started(ev.turn_id))
+        b.tokens.connect(lambda turn_id, _cid, _text, n: self.speed.tokens(turn_id, n))
         b.turnDone.connect(self._on_turn_done)
-        b.turnFailed.connect(lambda _ev: self.status.speed_label.clear())  # the last speed is no longer the latest
-        b.engineChanged.connect(lambda _engine: self.status.speed_label.clear())
+        b.turnFailed.connect(lambda ev: self.speed.clear(ev.turn_id))
+        b.engineChanged.connect(lambda _engine: self.speed.clear())
         b.memoryReport.connect(self.memory_dock.on_memory_report)
         b.encoderState.connect(self.memory_dock.on_encoder_state)
         b.spillState.connect(self.memory_dock.on_spill_state)
@@ -411,13 +410,9 @@ class MainWindow(QMainWindow):
         self._check_chat_pictures()
 
     def _check_chat_pictures(self) -> None:
-        """Ask the engine which of the open chat's pictures are encoded and cached."""
-        refs = {}
-        for m in self.controller.stored_messages():
-            for name in m.pictures:
-                ref = self.history.picture_ref(name)
-                refs[ref.digest] = ref
-        self.bridge.check_pictures(list(refs.values()))
+        """Ask the engine which of the open chat's pictures are encoded and cached (after a turn
+        the engine says it with the turn's end: TurnDone.pictures)."""
+        self.bridge.check_pictures(self.controller.engine_pictures())
 
     def _on_draft_pictures(self, refs: list[str]) -> None:
         """Pictures just attached: marked cached or new; a new one starts the encoder loading now."""
@@ -426,7 +421,8 @@ class MainWindow(QMainWindow):
     def _mark_draft_pictures(self) -> None:
         notes = {}
         for att in self.composer.attachments():
-            words = self.picture_marks.words(self.history.picture_ref(att.ref).digest)
+            # a picture's mark is under its file's digest (a document's pages are marked in the chat)
+            words = self.picture_marks.words(StoredPicture.parse(att.ref).digest)
             if words is not None:
                 notes[att.ref] = words[1]
         self.composer.set_picture_notes(notes)
@@ -438,19 +434,10 @@ class MainWindow(QMainWindow):
         conv = self.history.get_conversation(cid) if cid and not self._closed else None
         self.setWindowTitle(f"{conv.title} — Parley" if conv else "Parley")
 
-    def _on_tokens(self, turn_id: int, _cid: str, _text: str, _n: int) -> None:
-        t0 = self._turn_t0.get(turn_id)
-        if t0 and time.monotonic() - t0 > 0.2:
-            n = self.controller.tokens_so_far(turn_id)
-            self.status.speed_label.setText(f"{n / (time.monotonic() - t0):.1f} tok/s")
-
     def _on_turn_done(self, ev: TurnDone) -> None:
-        self._turn_t0.pop(ev.turn_id, None)
-        if ev.stats.generated_tokens:  # a turn stopped before it began measured nothing
-            self.status.speed_label.setText(f"{ev.stats.tokens_per_s:.1f} tok/s")
+        # its pictures' marks came with it (the bridge passed TurnDone.pictures on): nothing to ask
+        self.speed.done(ev.turn_id, ev.stats)
         self.memory_dock.on_turn_stats(ev.stats, ev.conversation_id)
-        if ev.conversation_id == self.controller.current_id:
-            self._check_chat_pictures()  # its pictures are encoded and cached now
 
     def _on_notice(self, ev: Notice) -> None:
         if ev.level == "info":

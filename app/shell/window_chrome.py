@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
@@ -14,6 +15,8 @@ from ..icons import icon
 from ..settings import FAILED, LISTENING, OFF
 
 if TYPE_CHECKING:  # types only: the window builds both
+    from engine.protocol.turn_stats import TurnStats
+
     from ..chat import ChatController, Sidebar
 
 
@@ -56,6 +59,9 @@ class StatusLine:
         for w in (self.progress, self.api_label, engine_label, self.model_label, self.device_label, self.speed_label):
             bar.addPermanentWidget(w)
 
+    def show_speed(self, tokens_per_s: float | None) -> None:
+        self.speed_label.setText("" if tokens_per_s is None else f"{tokens_per_s:.1f} tok/s")
+
     def show_api_state(self, state: str, detail: str) -> None:
         """The API label and a passing message for each server state."""
         if state == LISTENING:
@@ -68,6 +74,40 @@ class StatusLine:
         elif state == OFF:
             self.bar.showMessage("API server off", 4000)
         self.api_label.setVisible(state != OFF)
+
+
+class SpeedMeter:
+    """Tokens per second in the status line: measured here while a reply streams, then the
+    engine's own figure from the turn's stats. A failed turn or another engine clears it: the
+    last speed shown is no longer the latest."""
+
+    WARM_UP_S = 0.2  # the first tokens' rate says little: wait before showing one
+
+    def __init__(self, status: StatusLine):
+        self.status = status
+        self._turns: dict[int, tuple[float, int]] = {}  # turn id -> (started, tokens so far)
+
+    def started(self, turn_id: int) -> None:
+        self._turns[turn_id] = (time.monotonic(), 0)
+
+    def tokens(self, turn_id: int, count: int) -> None:
+        if turn_id not in self._turns:
+            return
+        t0, n = self._turns[turn_id]
+        self._turns[turn_id] = (t0, n + count)
+        elapsed = time.monotonic() - t0
+        if elapsed > self.WARM_UP_S:
+            self.status.show_speed((n + count) / elapsed)
+
+    def done(self, turn_id: int, stats: TurnStats) -> None:
+        self._turns.pop(turn_id, None)
+        if stats.generated_tokens:  # a turn stopped before it began measured nothing
+            self.status.show_speed(stats.tokens_per_s)
+
+    def clear(self, turn_id: int | None = None) -> None:
+        if turn_id is not None:
+            self._turns.pop(turn_id, None)
+        self.status.show_speed(None)
 
 
 class MenuHost(Protocol):

@@ -103,7 +103,8 @@ class TurnPipeline:
         else:
             restore_ahead_s = 0.0
         stats = self._stats(result, restored, restore_s, restore_ahead_s, before_run_s, gstats, spilled)
-        return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped)
+        places = self.gate.places([p for m in turn.messages for p in m.images])  # the chat's pictures, cached now
+        return TurnDone(tid, cid, result.reply, result.token_ids, stats, stopped=result.stopped, pictures=places)
 
     def _stateless_conversation(self, prompt: Prompt) -> str:
         """A stateless client (the API): continue whichever of its sessions fits best; the ones

@@ -104,6 +104,10 @@ class TurnDone(Event):
     token_ids: list[int]
     stats: TurnStats  # LocalTurnStats or RemoteTurnStats (engine/protocol/turn_stats.py)
     stopped: bool = False  # True when the user stopped the reply early
+    # where the turn's pictures' features are now, by digest, as PictureMarks says it: sent with
+    # the turn's end so a window needs no second request; empty where the engine cannot say
+    # (a remote engine: the server keeps its caches to itself)
+    pictures: dict[str, PicturePlace] = field(default_factory=dict)
 
 
 @dataclass

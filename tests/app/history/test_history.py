@@ -13,7 +13,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from app.history.history import COMPLETE, INTERRUPTED, History
+from app.history.history import COMPLETE, INTERRUPTED, History, StoredPicture
+from engine.pictures.document import PageRef
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -178,6 +179,42 @@ def test_bad_picture_refs_are_refused(history):
         history.add_message(c.id, "user", "x", pictures=["../../etc/passwd"])
     with pytest.raises(ValueError):
         history.picture_path("/abs/path.png")
+
+
+def test_a_stored_picture_names_its_digest_file_and_fragment(history, tmp_path):
+    """A message's picture, typed: the digest the engine's cache is keyed by comes from the parsed
+    name (no read, no slicing elsewhere), a page keeps its fragment, the person's file name rides
+    along; what the engine is sent is made in one place (History.picture_ref)."""
+    data = b"%PDF-1.4 not really"
+    src = tmp_path / "report.pdf"
+    src.write_bytes(data)
+    digest = blake3.blake3(data).hexdigest()
+    stored = history.add_file(src, digest)
+    page = StoredPicture.parse(stored + "#p=2@144", "report.pdf")
+    assert (page.digest, page.extension, page.fragment, page.name) == (digest, ".pdf", "p=2@144", "report.pdf")
+    assert (page.file, page.ref) == (stored, stored + "#p=2@144")
+    plain = StoredPicture.parse("ab" * 32 + ".png")
+    assert (plain.digest, plain.extension, plain.fragment, plain.name) == ("ab" * 32, ".png", "", "")
+
+    c = history.create_conversation()
+    msg = history.add_message(c.id, "user", "page 3?", [page, plain])
+    assert history.messages(c.id)[0].named_pictures() == [page, plain] == msg.named_pictures()
+    sent = history.picture_ref(page)
+    assert isinstance(sent, PageRef) and sent.path == str(history.picture_path(stored))
+    assert sent.digest == PageRef.of(sent.path, digest, 2, 144, "report.pdf").digest != digest
+    assert "report.pdf" in (sent.caption or "")
+    assert history.picture_ref(plain.ref).digest == plain.digest  # a bare ref: the same conversion
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["../../etc/passwd", "ab" * 32 + ".png#p=x", "AB" * 32 + ".png", "ab" * 31 + ".png", "ab" * 32 + ".png#t=1"],
+)
+def test_a_stored_picture_with_a_bad_part_is_refused(history, bad):
+    with pytest.raises(ValueError):
+        StoredPicture.parse(bad)
+    with pytest.raises(ValueError):
+        history.add_message(history.create_conversation().id, "user", "x", pictures=[bad])
 
 
 def test_reopen_sees_everything(tmp_path):

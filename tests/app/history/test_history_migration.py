@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.history.history import COMPLETE, INTERRUPTED, History, MessagePicture
+from app.history.history import COMPLETE, INTERRUPTED, History, StoredPicture
 from app.history.history_db import _FTS_SCHEMA, DAMAGED_SUFFIX, SCHEMA_VERSION
 
 # app/history/history_db.py's _SCHEMA at schema version 1, as released
@@ -185,7 +185,8 @@ def test_a_version_2_history_keeps_its_pages_and_names_new_ones(tmp_path):
         old, reply = h.messages("c1")
         assert (old.text, old.pictures, old.names, reply.note) == ("What is on page 2?", (PAGE_2,), (), "x")
         assert [h.picture_ref(p).caption for p in old.named_pictures()] == ["Page 2"]
-        new = h.add_message("c1", "user", "And this one?", [MessagePicture(PAGE_2, "report.pdf"), "cd" * 32 + ".png"])
+        named = StoredPicture.parse(PAGE_2, "report.pdf")
+        new = h.add_message("c1", "user", "And this one?", [named, "cd" * 32 + ".png"])
         assert new.names == ("report.pdf", "")
         h.edit_message(new.id, "And this one, please?")  # the pictures as they were: their names too
     finally:

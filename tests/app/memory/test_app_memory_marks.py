@@ -237,3 +237,30 @@ def test_the_dock_speaks_of_the_open_chat_in_plain_words(make_window, qtbot, tmp
     again.memory_dock.refresh_now()
     shown[other] = again.memory_dock.words.labels["turn"].text()
     assert shown == {a: a_line, b: b_line}
+
+
+def test_a_turns_pictures_are_marked_when_it_ends_without_asking_the_engine_again(
+    make_window, qtbot, tmp_path, monkeypatch
+):
+    """The marks come with the turn's end (TurnDone.pictures): the chat shows each picture cached
+    as the reply finishes, and the window sends the engine no second request for them."""
+    w = make_window(max_new_tokens=4)
+    engine = w.bridge.builtin
+    asked: list[tuple[int, bool]] = []  # (pictures, draft) of each CheckPictures the engine gets
+    check = engine.check_pictures
+
+    def counted(refs, draft=False):
+        asked.append((len(refs), draft))
+        check(refs, draft)
+
+    monkeypatch.setattr(engine, "check_pictures", counted)
+    w.composer.take_files([str(make_picture(tmp_path / "a.png", seed=3))])
+    qtbot.waitUntil(lambda: "Not encoded yet" in w.composer.chips.itemAt(0).widget().toolTip(), timeout=TIMEOUT_MS)
+    assert asked == [(1, True)]  # the draft's picture: marked new, the encoder loads meanwhile
+    send(qtbot, w, "what is this")
+    wait_reply(qtbot, w)
+    assert picture_mark(w, 0) is not None and picture_mark(w, 0)[0] == "cached"  # as the reply ends: no wait
+    send(qtbot, w, "and what colour is it")
+    wait_reply(qtbot, w)
+    assert picture_mark(w, 0)[0] == "cached"
+    assert asked == [(1, True)]  # two turns, and not one more request for their marks

@@ -139,6 +139,7 @@ def test_three_turns_same_text_as_a_bare_client_streamed_or_not(parley, pictures
     for i, t in enumerate(turns):
         s = t.stats
         assert s.engine == "remote" and s.generated_tokens == N and s.prompt_tokens > 0
+        assert t.pictures == {}  # the server keeps its picture cache to itself: no marks, none made up
         assert s.ttft_s > 0 and s.decode_s >= 0 and s.usage_reported
         if i:  # the server reused the conversation's prefix and re-sent pictures never woke its encoder
             assert s.cached_tokens > 0

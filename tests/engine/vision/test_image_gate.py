@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from engine.protocol.events import EncoderState, Message, TurnFailed
+from engine.protocol.events import EncoderState, Message, PictureMarks, PicturePlace, TurnFailed
 from tests.fixtures.pictures import make_picture, pics
 from tests.fixtures.tiny_models import FAMILIES
 from tests.helpers.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
@@ -36,6 +37,36 @@ def test_cached_features_give_the_fresh_encoding_reply(family, tiny_model, tmp_p
         assert d2.stats.image_cache_hits == 2 and d2.stats.pictures_encoded == 0
         assert d2.token_ids == ref.reply_ids(other, NEW)
         assert d1.token_ids == ref.reply_ids(first, NEW)
+    finally:
+        engine.shutdown()
+
+
+def test_a_turns_end_says_where_its_pictures_are(tiny_model, tmp_path):
+    """TurnDone.pictures: the marks a window shows come with the turn, by digest, for every
+    picture of the conversation (the earlier turns' too), as a CheckPictures would say them."""
+    a, b = make_picture(tmp_path / "a.png", 1), make_picture(tmp_path / "b.png", 2)
+    ra, rb = pics(a, b)
+    engine = open_engine(tiny_model("llava"), tmp_path / "d")
+    marks: list[PictureMarks] = []
+    got = threading.Event()
+
+    def listen(e) -> None:
+        if isinstance(e, PictureMarks):
+            marks.append(e)
+            got.set()
+
+    engine.add_listener(listen)
+    try:
+        convo = [Message("user", "What is this?", [ra])]
+        d1 = expect_done(ask(engine, "c", convo, NEW))
+        assert d1.pictures == {ra.digest: PicturePlace.RAM}
+        convo += [Message("assistant", d1.reply), Message("user", "And this?", [rb])]
+        d2 = expect_done(ask(engine, "c", convo, NEW))
+        assert d2.pictures == {ra.digest: PicturePlace.RAM, rb.digest: PicturePlace.RAM}
+        assert marks == []  # nobody asked: the turn's end said it all
+        engine.check_pictures([ra, rb])
+        assert got.wait(30), "no PictureMarks"
+        assert marks[0].places == d2.pictures  # the same words either way
     finally:
         engine.shutdown()
 

@@ -112,7 +112,7 @@ def test_desktop_entry_is_well_formed_and_matches_the_app():
         "System",
         "Utility",
     )
-    src = (ROOT / "app" / "main.py").read_text(encoding="utf-8")  # the names the window announces
+    src = (ROOT / "app" / "shell" / "main.py").read_text(encoding="utf-8")  # the names the window announces
     assert f'setDesktopFileName("{ENTRY.stem}")' in src
     assert f'setApplicationName("{keys["StartupWMClass"]}")' in src
 

@@ -12,6 +12,27 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's flags as lscpu names them (Linux; empty elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def precision(quick: bool) -> dict[str, str]:
+    """dtype and weights for a benchmark whose subject is not the weight format: bf16, the
+    precision its figures are given in; in --quick on a CPU without bf16 units, fp32 (bf16 runs
+    3.5-6.5x slower there). Both named, so a fresh data folder neither times every weight format
+    (calibrate.py: 20-30 s at these shapes) nor compiles numba's kernels (8-12 s) first."""
+    if quick and not cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        return {"dtype": "float32", "weights": "fp32"}
+    return {"dtype": "bfloat16", "weights": "bf16"}
+
+
 def workdir(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"parley-bench-{name}-"))
 

@@ -18,7 +18,7 @@ import argparse
 import threading
 import time
 
-from _common import parse_args, ratio_line, same_length_text, workdir
+from _common import parse_args, precision, ratio_line, same_length_text, workdir
 
 from engine.pictures.attach import attach
 from engine.pictures.video import FrameSampling
@@ -105,7 +105,7 @@ def main() -> None:
     pages = pdf.refs(dpi=args.dpi)
     frames = clip.refs(sampling=FrameSampling(fps=2, max_frames=args.frames))
 
-    engine = open_engine(model_dir, d / "data", dtype="bfloat16", elastic=True, elastic_idle_s=86400)
+    engine = open_engine(model_dir, d / "data", **precision(args.quick), elastic=True, elastic_idle_s=86400)
     try:
         first_token_s(engine, "warm-up", [Message("user", "Hello there.")])  # one-time kernel set-up
         limit = pixel_limit(engine.loaded)

@@ -20,7 +20,7 @@ import json
 import statistics
 import time
 
-from _common import parse_args, ratio_line, same_length_text, workdir
+from _common import parse_args, precision, ratio_line, same_length_text, workdir
 
 from engine.protocol.events import Message
 from engine.protocol.turn_stats import LocalTurnStats
@@ -56,7 +56,7 @@ def main() -> None:
     ask_pic = [Message("user", QUESTION, pics(pic))]
     series = {"shape": SHAPE, "quick": bool(args.quick), "gated": [], "gate_off": [], "text_only": []}
 
-    gated = open_engine(model_dir, d / "data-gated", dtype="bfloat16", elastic=True, elastic_idle_s=86400)
+    gated = open_engine(model_dir, d / "data-gated", **precision(args.quick), elastic=True, elastic_idle_s=86400)
     try:
         turn(gated, "warm-up", [Message("user", "Hello there.")])  # one-time kernel set-up
         gated.unload_encoder()
@@ -84,7 +84,7 @@ def main() -> None:
     ungated = open_engine(
         model_dir,
         d / "data-ungated",
-        dtype="bfloat16",
+        **precision(args.quick),
         elastic=True,
         elastic_idle_s=86400,
         image_cache_entries=0,

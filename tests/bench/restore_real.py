@@ -126,7 +126,14 @@ def main() -> None:
         "skipped": [],
         "spills": [],
     }
-    engine = open_engine(model_dir, d / "data", dtype=args.dtype, spill_idle_s=86400, elastic_idle_s=86400)
+    engine = open_engine(
+        model_dir,
+        d / "data",
+        dtype=args.dtype,
+        weights={"bfloat16": "bf16", "float32": "fp32"}[args.dtype],  # named: no format calibration first
+        spill_idle_s=86400,
+        elastic_idle_s=86400,
+    )
     measured = None  # (tokens, prefill seconds) of the last length that ran
     grow_from = None  # the shortest conversation: (id, messages, last reply, prompt tokens)
     try:

@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 
-from _common import distinct_words, parse_args, ratio_line, workdir
+from _common import distinct_words, parse_args, precision, ratio_line, workdir
 
 from engine.local.prompt import render
 from engine.protocol.events import ChatMemoryReport, KVPlace, Message
@@ -90,7 +90,7 @@ def main() -> None:
     model_dir = build_published(SHAPE, **reduce)
     d = workdir("resume-prefetch")
     data = d / "data"
-    settings = dict(dtype="bfloat16", spill_idle_s=86400, elastic_idle_s=86400)
+    settings = dict(**precision(args.quick), spill_idle_s=86400, elastic_idle_s=86400)
 
     # the chat to be spilled, built before the restart; the exit writes its KV to the SSD
     engine = open_engine(model_dir, data, **settings)

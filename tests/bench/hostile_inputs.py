@@ -468,11 +468,11 @@ def window_all(cases: list[Case], d: Path) -> list[str]:
     from PySide6.QtCore import QSettings, QTimer
 
     import app  # noqa: F401  (PySide6 refcount workaround)
-    from app.bridge import EngineBridge
-    from app.history import History
-    from app.main import make_application
-    from app.main_window import MainWindow
-    from app.preferences import Preferences
+    from app.connection.bridge import EngineBridge
+    from app.history.history import History
+    from app.settings.preferences import Preferences
+    from app.shell.main import make_application
+    from app.shell.main_window import MainWindow
 
     make_application([])
     data = d / "window"

@@ -272,6 +272,18 @@ def model_packages() -> list[str]:
     return sorted(n for n in names if (models_dir / n).is_dir())
 
 
+# files that hooks collect and Parley never runs: libtorch's C++ test programs (133 MB)
+_NEVER_RUN = re.compile(r"^torch/(bin|test)/|^torch/lib/lib\w*_test\.so$")
+
+
+def dropped(dest: str, cuda: bool) -> bool:
+    """Whether a file the analysis and hooks collected (by its path in the bundle) stays out: a
+    test program, or a CUDA library in a bundle whose torch has no CUDA (bitsandbytes' hook takes
+    all its per-CUDA kernels, torchvision's its nvjpeg)."""
+    dest = dest.replace("\\", "/")
+    return bool(_NEVER_RUN.search(dest)) or (not cuda and bool(_CUDA_LIB.search(Path(dest).name)))
+
+
 @dataclass
 class Contents:
     hiddenimports: list[str] = field(default_factory=list)

@@ -63,3 +63,12 @@ def test_every_module_of_app_and_engine_is_a_hidden_import():
     assert "engine.pictures.video" in modules and "app.self_check" in modules and "app" in modules
     on_disk = [p for d in ("app", "engine") for p in (ROOT / d).rglob("*.py") if "__pycache__" not in p.parts]
     assert len(modules) == len(on_disk) + 1  # + main
+
+
+def test_test_programs_and_unusable_cuda_libraries_stay_out():
+    never = ["torch/bin/protoc", "torch/test/cpu_generator_test", "torch/lib/libtorchbind_test.so"]
+    assert all(bundle_contents.dropped(d, cuda=True) for d in never)
+    cuda_only = ["bitsandbytes/libbitsandbytes_cuda128.so", "torchvision.libs/libnvjpeg.36e11081.so.13"]
+    assert all(bundle_contents.dropped(d, cuda=False) and not bundle_contents.dropped(d, cuda=True) for d in cuda_only)
+    kept = ["torch/lib/libtorch_cpu.so", "bitsandbytes/libbitsandbytes_cpu.so", "pypdfium2_raw/libpdfium.so"]
+    assert not any(bundle_contents.dropped(d, cuda=False) for d in kept)

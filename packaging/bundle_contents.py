@@ -91,8 +91,9 @@ _EXTENSION = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if s not in
 # plugins the window imports, not Qt Quick or Designer); the rest ship every library they install
 NATIVE_BY_HOOK = {"pyside6-essentials", "shiboken6"}
 # with a torch built without CUDA, libraries for CUDA cannot be called: bitsandbytes' per-CUDA
-# kernels (125 MB), torchvision's nvjpeg and cudart
-_CUDA_LIB = re.compile(r"cuda|cudart|nvjpeg|cublas|cudnn|nccl|nvrtc", re.IGNORECASE)
+# kernels (125 MB), torchvision's nvjpeg and cudart. By the start of the name: ICU's libicudata
+# contains "cuda" and is Qt's.
+_CUDA_LIB = re.compile(r"^lib(cuda|cudart|nvjpeg|cublas|cudnn|nccl|nvrtc|bitsandbytes_cuda)", re.IGNORECASE)
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -272,8 +273,9 @@ def model_packages() -> list[str]:
     return sorted(n for n in names if (models_dir / n).is_dir())
 
 
-# files that hooks collect and Parley never runs: libtorch's C++ test programs (133 MB)
-_NEVER_RUN = re.compile(r"^torch/(bin|test)/|^torch/lib/lib\w*_test\.so$")
+# files that hooks collect and Parley never runs: libtorch's C++ test programs and protoc (133 MB);
+# torch/bin/torch_shm_manager stays (torch's import looks for it)
+_NEVER_RUN = re.compile(r"^torch/bin/(?!torch_shm_manager$)|^torch/test/|^torch/lib/lib\w*_test\.so$")
 
 
 def dropped(dest: str, cuda: bool) -> bool:

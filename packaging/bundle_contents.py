@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
+import importlib.util
 import re
 import sys
 from collections.abc import Iterable
@@ -334,8 +335,6 @@ def contents(root: Path = ROOT) -> Contents:
 def _importable(name: str) -> bool:
     """`from X import Y` names X.Y, which is a module only sometimes."""
     try:
-        import importlib.util
-
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError, AttributeError):
         return False

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run check test bench bench-report bench-tools setup clean install-desktop uninstall-desktop bundle
+.PHONY: run check test bench bench-report bench-tools setup clean install-desktop uninstall-desktop bundle bundle-check bundle-archive
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,10 +55,21 @@ install-desktop: $(STAMP)
 uninstall-desktop:
 	$(PYTHON) packaging/linux/install_desktop.py uninstall
 
-# A one-folder app in dist/Parley (dist/Parley.app on macOS); PyInstaller is installed on demand.
-bundle: $(STAMP)
-	$(PY) -m pip install --disable-pip-version-check -q "pyinstaller>=6.11"
-	$(PY) -m PyInstaller --noconfirm --clean --distpath dist --workpath build packaging/parley.spec
+# A one-folder app in dist/Parley (dist/Parley.app on macOS), built with PyInstaller from a venv of its
+# own kept in ~/.cache/parley-bundle (made on first use, minutes). FLAVOUR=auto (default: cuda where an
+# NVIDIA GPU is present, else cpu) | cpu (torch without CUDA) | cuda. See packaging/bundle.py.
+FLAVOUR ?= auto
+bundle:
+	$(PYTHON) packaging/bundle.py build --flavour $(FLAVOUR)
+
+# The bundle, built or reused when its inputs are unchanged, runs `parley --self-check` offscreen.
+bundle-check:
+	$(PYTHON) packaging/bundle.py check --flavour $(FLAVOUR)
+
+# Linux: dist/Parley-<version>-linux-<arch>-<flavour>.tar.gz (unpack, run Parley/parley;
+# `python3 Parley/install-desktop.py install` adds the menu entry and icons).
+bundle-archive:
+	$(PYTHON) packaging/bundle.py archive --flavour $(FLAVOUR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data-dir", help="keep history, caches and the KV store in this folder")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "--self-check",
+        action="store_true",
+        help="check this installation (every module, the demo model on a picture, a PDF page and a "
+        "video frame, the window offscreen) and exit: 0 when all passed, one line per check",
+    )
     sub = parser.add_subparsers(dest="command")
 
     ask = sub.add_parser("ask", help="ask one question and print the reply")
@@ -148,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     # Apple GPU: an op MPS lacks runs on the CPU instead of failing the turn (read when torch loads)
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
     try:
+        if args.self_check:
+            from app.shell.self_check import run as self_check
+
+            return self_check()
         if args.command is None:
             return cmd_window(args)
         return args.func(args)

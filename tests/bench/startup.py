@@ -10,6 +10,10 @@ The app reports its milestones itself: $PARLEY_STARTUP_TRACE (app/shell/startup_
 has loaded, each with the wall-clock time and the heavy modules imported by then. "Launch" is
 the moment before the process is spawned, so interpreter start and every import count.
 `--quick`: one launch with a tiny random model.
+
+With a built bundle (`make bundle`: dist/Parley/parley, or `--bundle PATH`) the same launches run
+the bundle too, and a bundle row compares: window shown (goal ≤ 2 s) and model ready (goal ≤ 1.5×
+the checkout's). `--quick` leaves the bundle out (a build may or may not be there).
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ def isolated_env(home: Path, trace: Path) -> dict:
     }
 
 
-def launch_once(model: Path, d: Path) -> dict[str, tuple[float, str]]:
+BUNDLE = ROOT / "dist" / "Parley" / "parley"
+
+
+def launch_once(model: Path, d: Path, program: list[str] | None = None) -> dict[str, tuple[float, str]]:
     """Start the app, wait (up to DEADLINE_S) for its `shown` and `ready` marks, close it as a
     logout would (SIGTERM) and return the marks with times relative to the launch, and the
     moments SIGTERM was sent (`quit`) and the process was gone (`gone`)."""
     trace, log_path = d / "trace", d / "app.log"
     env = isolated_env(d / "home", trace)
-    argv = [sys.executable, str(ROOT / "main.py"), "--data-dir", str(d / "data"), "--model", str(model)]
+    program = program or [sys.executable, str(ROOT / "main.py")]  # the checkout; or the bundle's executable
+    argv = [*program, "--data-dir", str(d / "data"), "--model", str(model)]
     with open(log_path, "w") as log:
         launched = time.time()
         proc = subprocess.Popen(argv, env=env, cwd=str(d), stdout=log, stderr=subprocess.STDOUT)
@@ -87,7 +95,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="launches; the median is reported")
     parser.add_argument("--model", default=str(DEMO_MODEL), help="model folder to load")
-    args = parse_args(parser, quick={"runs": 1, "model": None})
+    parser.add_argument(
+        "--bundle", default=str(BUNDLE), help="a built bundle's executable to compare (default: dist/Parley/parley)"
+    )
+    args = parse_args(parser, quick={"runs": 1, "model": None, "bundle": ""})
     d = workdir("startup")
     if args.model is None:
         from tests.fixtures.tiny_models import build_tiny_model
@@ -138,6 +149,39 @@ def main() -> None:
     print(
         ratio_line(
             f"SIGTERM → process gone, median of {args.runs}", statistics.median(gone), at_most=1.0, unit="s", digits=2
+        )
+    )
+
+    if args.bundle and Path(args.bundle).is_file():
+        bundle_row(Path(args.bundle), Path(args.model), args.runs, d, statistics.median(ready))
+    elif args.bundle:
+        print(f"bundle: not measured ({args.bundle} is not built: make bundle)")
+
+
+def bundle_row(exe: Path, model: Path, runs: int, d: Path, checkout_ready: float) -> None:
+    shown, ready = [], []
+    for run in range(runs):
+        marks = launch_once(model, d / f"bundle{run}", [str(exe)])
+        shown.append(marks["shown"][0])
+        ready.append(marks["ready"][0])
+        print(f"bundle launch {run + 1}: window shown {shown[-1]:.2f} s, model ready {ready[-1]:.2f} s", flush=True)
+    print(
+        ratio_line(
+            f"bundle: launch → window shown, median of {runs}",
+            statistics.median(shown),
+            at_most=2.0,
+            unit="s",
+            digits=2,
+        )
+    )
+    print(
+        ratio_line(
+            f"bundle: model ready / the checkout's, median of {runs}",
+            statistics.median(ready) / checkout_ready,
+            at_most=1.5,
+            unit="×",
+            digits=2,
+            note=f"{statistics.median(ready):.2f} s vs {checkout_ready:.2f} s",
         )
     )
 

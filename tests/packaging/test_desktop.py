@@ -163,6 +163,34 @@ def test_install_and_uninstall_for_the_user(tmp_path):
     assert not [p for p in share.rglob("*") if p.is_file()]
 
 
+def test_install_from_an_unpacked_bundle_archive(tmp_path):
+    """`make bundle-archive` packs this script beside the executable: run from there it points the
+    entry at that executable and takes the icons from the bundle, no checkout or venv needed."""
+    bundle = tmp_path / "unpacked here" / "Parley"
+    (bundle / "_internal" / "resources").mkdir(parents=True)
+    shutil.copytree(ROOT / "resources" / "icons", bundle / "_internal" / "resources" / "icons")
+    exe = bundle / "parley"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    shutil.copyfile(ROOT / "packaging" / "linux" / "install_desktop.py", bundle / "install-desktop.py")
+    shutil.copyfile(ENTRY, bundle / "parley.desktop")
+    home = tmp_path / "home"
+    res = subprocess.run(
+        [sys.executable, str(bundle / "install-desktop.py"), "install"],
+        env={**os.environ, "HOME": str(home), "XDG_DATA_HOME": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    share = home / ".local" / "share"
+    keys = parse_entry((share / "applications" / "parley.desktop").read_text(encoding="utf-8"))
+    assert split_exec(keys["Exec"]) == [str(exe)]
+    assert keys["TryExec"] == str(exe)
+    for n in PNG_SIZES:
+        assert png_size(share / f"icons/hicolor/{n}x{n}/apps/parley.png") == (n, n)
+
+
 @pytest.mark.skipif(
     shutil.which("desktop-file-validate") is None,
     reason="desktop-file-validate not installed (apt-get install desktop-file-utils)",

@@ -179,9 +179,11 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.weight, self.scale, self.bias = weight, scale, bias
         self.decode_scale = decode_scale
-        # row_kernels' compiled kernels: decoded rows go through numba's int8 kernel in fp32
+        # row_kernels' compiled kernels: decoded rows go through numba's int8 kernel in fp32.
+        # scale32 is a plain tensor, not a parameter: a model cast to bf16 as a whole (an int4
+        # model computing in bf16: its head and embedding are int8) must not round it to bf16.
         self.rows = rows
-        self.scale32 = None if rows is None else _frozen(scale.detach().float())
+        self.scale32 = None if rows is None else scale.detach().float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()

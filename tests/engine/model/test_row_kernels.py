@@ -228,3 +228,17 @@ def test_int4_decoded_rows_quantize_activations_exactly_as_prompts_do(kernels):
     q = torch.cat([torch.from_numpy(lo).transpose(1, 2), torch.from_numpy(hi).transpose(1, 2)], 2)  # (m, blocks, 32)
     decoded = (q.float() * torch.from_numpy(xd)[..., None]).reshape(len(x), -1)[:, :1000]
     assert torch.equal(decoded, row_kernels.fake_quantized_activations(x))
+
+
+def test_an_int8_layer_cast_with_its_model_to_bf16_still_decodes_through_numba(kernels):
+    """An int4 model computing in bf16 casts the whole model after its int8 head is made: the
+    decoded row must still go through the kernel with the fp32 scales (it failed with "unsupported
+    ScalarType BFloat16")."""
+    m = _module("int8", torch.randn(64, 128, generator=torch.Generator().manual_seed(5)), None, kernels)
+    m.to(torch.bfloat16)
+    x = torch.randn(1, 128, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    with torch.inference_mode():
+        y = m(x)
+    ref = _reference("int8", m, x.float())
+    assert y.dtype == torch.bfloat16 and m.scale32.dtype == torch.float32
+    assert (y.double() - ref).abs().max() <= 2e-2 * ref.abs().max()

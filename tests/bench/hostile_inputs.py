@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import ROOT, parse_args, ratio_line, workdir
+from _heartbeat import Heartbeat, run_until
 
 from engine.platform.paths import DEMO_MODEL
 from tests.fixtures.documents import make_pdf
@@ -69,7 +70,6 @@ from tests.fixtures.hostile import (
 ANSWER_S = 60.0  # the issue's goals
 ASK_RSS_GB = 3.0
 STALL_MS = 100.0
-HEARTBEAT_MS = 5
 GIVE_UP_S = 300.0  # a case still running past this is stopped (and fails its goal)
 QUESTION = "What is in this file?"
 HONEST = "Hello"
@@ -413,53 +413,6 @@ def serve_all(cases: list[Case], d: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ 3. the window
-
-
-class Heartbeat:
-    """Gaps (wall ms) between ticks of a 5 ms timer on the UI thread, with the UI thread's own CPU
-    time in each (as in ui_stall.py) and the whole process's: a long gap with little UI-thread CPU
-    is the UI thread waiting; for the GIL when the process's other threads ran meanwhile, for a
-    core when nothing here did."""
-
-    def __init__(self):
-        from PySide6.QtCore import QTimer
-
-        self.gaps: list[float] = []
-        self.cpu: list[float] = []
-        self.process_cpu: list[float] = []
-        self._last = self._cpu = self._process_cpu = 0.0
-        self.timer = QTimer()
-        self.timer.setInterval(HEARTBEAT_MS)
-        self.timer.timeout.connect(self._tick)
-
-    def start(self) -> None:
-        self.gaps.clear()
-        self.cpu.clear()
-        self.process_cpu.clear()
-        self._last, self._cpu, self._process_cpu = time.perf_counter(), time.thread_time(), time.process_time()
-        self.timer.start()
-
-    def stop(self) -> None:
-        self.timer.stop()
-
-    def _tick(self) -> None:
-        now, cpu, process_cpu = time.perf_counter(), time.thread_time(), time.process_time()
-        self.gaps.append((now - self._last) * 1000)
-        self.cpu.append((cpu - self._cpu) * 1000)
-        self.process_cpu.append((process_cpu - self._process_cpu) * 1000)
-        self._last, self._cpu, self._process_cpu = now, cpu, process_cpu
-
-
-def run_until(done, timeout_s: float) -> None:
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    loop = QEventLoop()
-    check = QTimer()
-    check.timeout.connect(lambda: loop.quit() if done() else None)
-    check.start(20)
-    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
-    loop.exec()
-    check.stop()
 
 
 def window_all(cases: list[Case], d: Path) -> list[str]:

@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 from _common import parse_args, ratio_line  # noqa: E402  (puts the project root on sys.path)
+from _heartbeat import HEARTBEAT_MS, Heartbeat, run_until  # noqa: E402
 
 if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from PySide6.QtCore import QElapsedTimer, QEventLoop, QSettings, QTimer  # noqa: E402
+from PySide6.QtCore import QSettings, QTimer  # noqa: E402
 
 import app  # noqa: E402,F401  (PySide6 refcount workaround)
 from app.connection.bridge import EngineBridge  # noqa: E402
@@ -37,50 +38,8 @@ from tests.fixtures.pictures import make_picture  # noqa: E402
 from tests.fixtures.tiny_models import build_tiny_model  # noqa: E402
 
 GOAL_MS = 50.0
-HEARTBEAT_MS = 5
 # 600 messages are ~22K tokens: the tiny model's default context (4096) would refuse the turn
 CONTEXT_TOKENS = 32768
-
-
-class Heartbeat:
-    """Gaps between ticks (wall ms) and the UI thread's own CPU time inside each gap: a long gap
-    with little CPU is the OS or the engine thread (GIL) keeping the UI thread waiting."""
-
-    def __init__(self):
-        self.gaps: list[float] = []
-        self.cpu: list[float] = []
-        self._cpu0 = 0.0
-        self.clock = QElapsedTimer()
-        self.timer = QTimer()
-        self.timer.setInterval(HEARTBEAT_MS)
-        self.timer.timeout.connect(self._tick)
-
-    def start(self) -> None:
-        self.gaps.clear()
-        self.cpu.clear()
-        self._cpu0 = time.thread_time()
-        self.clock.start()
-        self.timer.start()
-
-    def stop(self) -> None:
-        self.timer.stop()
-
-    def _tick(self) -> None:
-        self.gaps.append(self.clock.nsecsElapsed() / 1e6)
-        cpu = time.thread_time()
-        self.cpu.append((cpu - self._cpu0) * 1000)
-        self._cpu0 = cpu
-        self.clock.restart()
-
-
-def run_until(app, done, timeout_s: float = 120.0) -> None:
-    loop = QEventLoop()
-    check = QTimer()
-    check.timeout.connect(lambda: loop.quit() if done() else None)
-    check.start(20)
-    QTimer.singleShot(int(timeout_s * 1000), loop.quit)
-    loop.exec()
-    check.stop()
 
 
 def main() -> int:
@@ -90,7 +49,7 @@ def main() -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 when the goal is missed")
     args = parse_args(ap, quick={"tokens": 200, "messages": 60})
 
-    qapp = make_application([])
+    _app = make_application([])  # held while the benchmark runs
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = build_tiny_model("llava", tmp / "model", text={"max_position_embeddings": CONTEXT_TOKENS})
@@ -110,18 +69,18 @@ def main() -> int:
         w.resize(1200, 800)
         w.show()
         w.load_model(str(model))
-        run_until(qapp, lambda: w.model_ready)
+        run_until(lambda: w.model_ready)
 
         w.controller.open_conversation(None)
         w.chat.delegate.clear_caches()  # measure a cold open: no laid-out documents yet
-        run_until(qapp, lambda: False, 0.2)
+        run_until(lambda: False, 0.2)
         beat = Heartbeat()
         beat.start()
         t0 = time.perf_counter()
         w.controller.open_conversation(conv.id)
         shown = []
         QTimer.singleShot(0, lambda: shown.append(time.perf_counter()))
-        run_until(qapp, lambda: False, 1.0)
+        run_until(lambda: False, 1.0)
         beat.stop()
         open_s, open_stall = shown[0] - t0, max(beat.gaps)
 
@@ -135,7 +94,7 @@ def main() -> int:
             w.bridge.turnFailed.connect(failed.append)
             beat.start()
             w.composer.submit()
-            run_until(qapp, lambda done=done, failed=failed: bool(done or failed))
+            run_until(lambda done=done, failed=failed: bool(done or failed))
             beat.stop()
             w.bridge.turnDone.disconnect(done.append)
             w.bridge.turnFailed.disconnect(failed.append)

@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QByteArray, Qt, QUrl
+from PySide6.QtCore import QByteArray, QSize, Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
@@ -57,7 +57,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Parley")
         self.setWindowIcon(app_icon())
         self.setStatusBar(StatusBar())  # messages cut before the engine and model labels
-        self.resize(1200, 800)
+        # 1200 x 800, within the screen: at 1280 x 720 a taller window hid the composer below its edge
+        self.resize(QSize(1200, 800).boundedTo(self.screen().availableGeometry().size()))
         self.model_ready = False
         self.model_path: str | None = None
         self.model_name = ""

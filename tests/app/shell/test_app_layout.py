@@ -184,3 +184,30 @@ def test_a_long_status_message_ends_before_the_engine_label(make_window, qtbot):
     assert w.statusBar().toolTip() == long  # the whole message is still there to read
     w.statusBar().showMessage("Copied", 1500)  # a short one is shown whole
     assert w.statusBar().currentMessage() == "Copied"
+
+
+def test_a_first_launch_window_fits_the_screen_so_the_composer_is_in_sight(qtbot, tmp_path):
+    """No saved geometry: the window opens at most the screen's free size (on a 1280 x 720 screen
+    a 1200 x 800 window hid the composer and the status bar below its edge)."""
+    from app.connection.bridge import EngineBridge
+    from app.history.history import History
+    from app.shell.main_window import MainWindow
+    from tests.helpers.window import make_prefs
+
+    prefs = make_prefs(tmp_path / "prefs.ini")
+    w = MainWindow(
+        EngineBridge.create(prefs.engine_settings(), tmp_path / "data"),
+        History(tmp_path / "data"),
+        prefs,
+        tmp_path / "data",
+    )
+    qtbot.addWidget(w)
+    try:
+        free = w.screen().availableGeometry().size()
+        assert w.width() <= free.width() and w.height() <= free.height(), (w.size(), free)
+        w.show()
+        qtbot.waitExposed(w)
+        composer = w.composer.mapTo(w, w.composer.rect().bottomRight())
+        assert composer.y() <= free.height()
+    finally:
+        w.shutdown()

@@ -1,5 +1,6 @@
 """Parley entry point: the window by default; `ask`, `replay`, `serve` and `models` headless
-(engine/headless/, engine/library/cli.py). Here: the command line and which command runs."""
+(engine/headless/, engine/library/cli.py), `export` from the history (app/history/export.py).
+Here: the command line and which command runs."""
 
 from __future__ import annotations
 
@@ -39,6 +40,32 @@ def cmd_serve(args) -> int:
     from engine.headless.serve import cmd_serve as run
 
     return run(args)
+
+
+def cmd_export(args) -> int:
+    from app.history.export import ExportError, chat_list, export_chat, find_chat, open_history
+
+    try:
+        history = open_history(data_dir(args.data_dir))
+    except ExportError as e:
+        raise CommandError(str(e)) from e
+    try:
+        if args.list or not args.chat:
+            for line in chat_list(history):
+                print(line)
+            return 0
+        if not args.to:
+            raise CommandError("say where to write the export: --to FOLDER")
+        done = export_chat(history, find_chat(history, args.chat).id, args.to)
+    except ExportError as e:
+        raise CommandError(str(e)) from e
+    finally:
+        history.close()
+    pictures = f" and {done.pictures} pictures in {done.folder.name}/" if done.folder else ""
+    print(f"wrote {done.markdown}, {done.json.name}{pictures}")
+    for line in done.missing:
+        print(f"not exported: {line}", file=sys.stderr)
+    return 0
 
 
 def cmd_window(args) -> int:
@@ -138,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_weights(srv)
     srv.set_defaults(func=cmd_serve)
+
+    exp = sub.add_parser("export", help="write a chat as Markdown (its pictures in a folder beside it) and JSON")
+    exp.add_argument("--data-dir", default=argparse.SUPPRESS)
+    exp.add_argument("chat", nargs="?", help="the chat's title or id (or the start of its id); none: list the chats")
+    exp.add_argument("--to", metavar="FOLDER", help="the folder to write into (made when missing)")
+    exp.add_argument("--list", action="store_true", help="list the chats (id, last change, title) and exit")
+    exp.set_defaults(func=cmd_export)
 
     from engine.library.cli import add_parser as add_models_parser
 

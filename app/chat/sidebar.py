@@ -192,6 +192,7 @@ class Sidebar(QWidget):
     deleteRequested = Signal(str)
     undoRequested = Signal(str)
     renameRequested = Signal(str, str)
+    exportRequested = Signal(str)
 
     def __init__(self, history: History, marks: ChatMemoryMarks | None = None, parent=None):
         super().__init__(parent)
@@ -302,6 +303,7 @@ class Sidebar(QWidget):
         cid = index.data(IdRole)
         menu = QMenu(self)
         menu.addAction("Rename", lambda: self.list.edit(index))
+        menu.addAction("Export…", lambda: self.exportRequested.emit(cid))
         menu.addAction("Delete", lambda: self.delete(cid))
         menu.exec(self.list.viewport().mapToGlobal(pos))
 

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 
 from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
 
-from ..chat import UNDO_SECONDS, ChatController, ChatView, MessageListModel, RetryButton, Sidebar
+from ..chat import UNDO_SECONDS, ChatController, ChatExport, ChatView, MessageListModel, RetryButton, Sidebar
 from ..composer import Composer, PageBudget, PictureIntake, mime_has_pictures
 from ..connection import ApiControl, EngineBridge, EngineSwitch
 from ..history import History, StoredPicture
@@ -115,6 +115,7 @@ class MainWindow(QMainWindow):
 
         self.status = StatusLine(self.statusBar(), self.engines.label)
         self.speed = SpeedMeter(self.status)
+        self.chat_export = ChatExport(history, lambda text: self.statusBar().showMessage(text, 12000), self)
         self.menus = WindowMenus(self.menuBar(), self)
         self.chat.offer_varied_regenerate(prefs.sampling().greedy)
         self._wire()
@@ -184,6 +185,7 @@ class MainWindow(QMainWindow):
         self.composer.edit.nothingToUndo.connect(self.sidebar.undo_delete)
         self.sidebar.undoRequested.connect(c.restore_conversation)
         self.sidebar.renameRequested.connect(c.rename)
+        self.sidebar.exportRequested.connect(self.chat_export.start)
         self.composer.sendRequested.connect(self._send)
         self.composer.stopRequested.connect(c.stop)
         self.chat.actionTriggered.connect(self._message_action)
@@ -338,6 +340,9 @@ class MainWindow(QMainWindow):
             self.controller.stop()
         elif self.composer.editing_message_id is not None:
             self.composer.cancel_edit()
+
+    def export_current(self) -> None:
+        self.chat_export.start(self.controller.current_id)
 
     def delete_current(self) -> None:
         if self.controller.current_id:

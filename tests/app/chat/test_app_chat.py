@@ -225,3 +225,29 @@ def test_a_deleted_chat_says_how_to_undo_and_ctrl_z_in_the_composer_undoes_typin
     assert w.history.get_conversation(kept).deleted is None  # then the delete
     assert w.controller.current_id == kept and [m.text for m in w.messages.items()][0] == "keep me"
     assert not w.sidebar.undo_bar.isVisible()
+
+
+def test_export_chat_from_the_file_menu_writes_markdown_and_pictures(make_window, qtbot, tmp_path, monkeypatch):
+    """File ▸ Export chat… asks for a folder (the dialog answered here), writes off the UI thread and
+    says where in the status bar; the sidebar's menu asks the same."""
+    from app.chat import chat_export
+
+    w = make_window()
+    w.composer.take_files([str(make_picture(tmp_path / "shapes.png", seed=3))])
+    send(qtbot, w, "What is in this picture?")
+    wait_reply(qtbot, w)
+    out = tmp_path / "exported"
+    asked: list[str] = []
+    monkeypatch.setattr(
+        chat_export.QFileDialog, "getExistingDirectory", lambda _parent, title, _start: asked.append(title) or str(out)
+    )
+    action = next(a for a in w.menuBar().actions()[0].menu().actions() if a.text() == "Export chat…")
+    action.trigger()
+    qtbot.waitUntil(lambda: w.statusBar().currentMessage().startswith("Exported to"), timeout=TIMEOUT_MS)
+    [md] = out.glob("*.md")
+    text = md.read_text(encoding="utf-8")
+    assert "What is in this picture?" in text and w.messages.items()[-1].text.strip() in text
+    assert (md.with_suffix("") / "01 shapes.png").is_file()
+    w.sidebar.exportRequested.emit(w.controller.current_id)
+    qtbot.waitUntil(lambda: len(list(out.glob("*.md"))) == 2, timeout=TIMEOUT_MS)
+    assert asked == ["Export the chat into…"] * 2

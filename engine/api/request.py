@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..pictures.store import Hold, PictureStore
 from ..protocol.events import Message, Sampling
 from .errors import ApiError, bad
-from .files import file_part_url, store_file_upload
+from .files import Upload, file_part, store_file_upload
 from .pictures import data_url_mime, decode_data_url, store_upload
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -50,8 +50,8 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     return float(v)
 
 
-def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str, str]]]:
-    """-> (text, [(data URL, its parameter, kind "image" | "file" | "video")]) of one message."""
+def _content(msg: dict, i: int, role: str) -> tuple[str, list[Upload]]:
+    """-> (text, its pictures, PDFs and videos) of one message."""
     param = f"messages[{i}].content"
     content = msg.get("content")
     if content is None:
@@ -63,7 +63,7 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str, st
     if not isinstance(content, list):
         raise bad(f"'{param}' must be a string or a list of content parts.", param, "invalid_type")
     texts: list[str] = []
-    urls: list[tuple[str, str, str]] = []  # (data URL, its parameter path for error messages, kind)
+    urls: list[Upload] = []
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -82,11 +82,11 @@ def _content(msg: dict, i: int, role: str) -> tuple[str, list[tuple[str, str, st
                 raise bad(
                     f"Pictures can only be sent in user messages ({p} is in a {role} message).", p, "invalid_value"
                 )
-            urls.append((url, f"{p}.image_url.url", "image"))
+            urls.append(Upload(url, f"{p}.image_url.url", "image"))
         elif kind in ("file", "video_url"):  # a PDF's pages, a video's frames
             if role != "user":
                 raise bad(f"Files can only be sent in user messages ({p} is in a {role} message).", p, "invalid_value")
-            urls.append(file_part_url(part, p))
+            urls.append(file_part(part, p))
         else:
             raise bad(
                 f"Content part type {kind!r} is not supported (use 'text', 'image_url', 'file' (a PDF) "
@@ -226,12 +226,13 @@ def parse_chat_request(
     total = 0  # pictures so far, a PDF's pages and a video's frames included
     for role, text, urls in parsed:
         refs = []
-        for url, p, kind in urls:
-            if kind == "image":
-                refs.append(store_upload(pictures, decode_data_url(url, p), p, hold))
+        for up in urls:
+            p = up.param
+            if up.kind == "image":
+                refs.append(store_upload(pictures, decode_data_url(up.url, p), p, hold))
                 continue
-            data = decode_data_url(url, p, "application/pdf" if kind == "file" else "video/")
-            refs.extend(store_file_upload(pictures, data, data_url_mime(url), p, kind, hold))
+            data = decode_data_url(up.url, p, "application/pdf" if up.kind == "file" else "video/")
+            refs.extend(store_file_upload(pictures, data, data_url_mime(up.url), up, hold))
             if total + len(refs) > max_pictures:  # a PDF's pages count as pictures
                 raise bad(
                     f"Too many pictures: this request's files hold more than {max_pictures} pages or frames.",

@@ -256,3 +256,34 @@ def test_token_is_required_when_set(served):
     wide = ApiServer(served.engine, "0.0.0.0", 0, token="s3cret-token")
     wide.stop()
     assert_good_request_works(served)
+
+
+@pytest.mark.parametrize(
+    ("filename", "caption"),
+    [
+        ("memo.pdf", "memo.pdf, page 2"),
+        ("C:\\Users\\ann\\Documents\\memo.pdf", "memo.pdf, page 2"),  # only the file's own name
+        ("../../srv/data/memo.pdf", "memo.pdf, page 2"),
+        ("me\nmo\x00\u202e.pdf", "memo.pdf, page 2"),  # no new line, NUL or direction override in the prompt
+        (None, "Page 2"),
+        ("", "Page 2"),
+    ],
+)
+def test_a_pdf_parts_filename_names_its_pages_as_a_dropped_files_name_does(tmp_path, filename, caption):
+    from engine.api.errors import ApiError
+    from engine.api.request import parse_chat_request
+    from engine.pictures.store import PictureStore
+    from tests.fixtures.documents import make_pdf
+
+    store = PictureStore(tmp_path / "pictures")
+    pdf = make_pdf(tmp_path / "x.pdf", 2, size=(60, 80))
+    part: dict = {"file_data": data_url(pdf, "application/pdf")}
+    if filename is not None:
+        part["filename"] = filename
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "?"}, {"type": "file", "file": part}]}]}
+    request = parse_chat_request(json.dumps(body).encode(), store)
+    assert [r.caption for r in request.messages[0].images] == [caption.replace("2", "1"), caption]
+    part["filename"] = 7
+    with pytest.raises(ApiError) as err:
+        parse_chat_request(json.dumps(body).encode(), store)
+    assert err.value.status == 400 and err.value.body()["error"]["param"] == "messages[0].content[1].file.filename"

@@ -341,7 +341,8 @@ def test_a_document_larger_than_the_context_says_what_fits(tmp_path):
 def test_the_api_takes_a_pdf_file_part_and_a_video_url(tiny_model, tmp_path):
     """A `file` part (a PDF, as OpenAI's clients send one) and a `video_url` part (vLLM's shape)
     become pages and frames: the reply equals a fresh full prefill, a re-send encodes nothing,
-    and a bad file is a 400 with one sentence."""
+    and a bad file is a 400 with one sentence. The PDF's `filename` names its pages, as a dropped
+    file's name does ("memo.pdf, page 2")."""
     import json
 
     from tests.helpers.api_served import Served, data_url
@@ -356,7 +357,8 @@ def test_the_api_takes_a_pdf_file_part_and_a_video_url(tiny_model, tmp_path):
             {"type": "video_url", "video_url": {"url": data_url(clip, "video/mp4")}},
         ]
         r = served.chat([{"role": "user", "content": content}], max_tokens=NEW)
-        pictures = attach(pdf).refs() + attach(clip).refs()
+        pictures = attach(pdf).refs(named=True) + attach(clip).refs()
+        assert pictures[1].caption == "memo.pdf, page 2"
         text, _ = served.ref_text([Message("user", "What is in these?", pictures)], NEW)
         assert r.choices[0].message.content == text
         again = served.chat([{"role": "user", "content": content}], max_tokens=NEW)

@@ -87,13 +87,14 @@ def test_pages_that_do_not_load_are_refused_at_attach(tmp_path, maker, words):
 
 
 def test_the_api_answers_a_page_that_does_not_load_with_a_400(tmp_path):
-    from engine.api.files import store_file_upload
+    from engine.api.files import Upload, store_file_upload
     from engine.pictures.store import PictureStore
 
     store = PictureStore(tmp_path / "data" / "pictures")
     data = pdf_count_lies(tmp_path / "lies.pdf").read_bytes()
     with pytest.raises(ApiError) as err:
-        store_file_upload(store, data, "application/pdf", "messages[0].content[0].file.file_data", "file")
+        url_part = Upload("", "messages[0].content[0].file.file_data", "file")
+        store_file_upload(store, data, "application/pdf", url_part)
     body = err.value.body()["error"]
     assert err.value.status == 400 and body["code"] == "invalid_file"
     assert body["message"].startswith("The PDF, page 2 cannot be read") and str(tmp_path) not in json.dumps(body)

@@ -19,6 +19,7 @@ Needs a real display server (QT_QPA_PLATFORM=xcb under Xvfb, set here unless alr
   bad-drop.png  a 6-page PDF (one chip with its page count and range), then an empty PDF and a
                 damaged PNG dropped next to it, a good picture and a draft: the inline refusal,
                 with the draft, the picture and the document kept
+  versions.png  the last reply asked again ("More varied"): "‹ 2/2 ›" under it switches back
 
 The replies and what the pictures show are printed, so a wrong answer is easy to spot.
 """
@@ -288,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
             if not w.composer.problem.isVisible() or kept != ["star.png", "notes.pdf"]:
                 raise SystemExit("screenshots: the refusal did not show as expected")
             grab(w, out / "bad-drop.png")
+
+            w.composer.clear()
+            w.controller.seeds = lambda: 7  # "More varied" samples from this seed: the same shot every run
+            w.controller.regenerate(varied=True)  # the old reply stays as version 1
+            wait_until(lambda: not w.controller.is_generating(), 60, "a more varied reply")
+            settle(300)
+            grab(w, out / "versions.png")
         finally:
             w.close()  # as the user would: the engine stops, the history closes
             settle(100)

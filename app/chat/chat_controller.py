@@ -1,4 +1,7 @@
-"""What happens when the user sends, stops, regenerates or edits: history + engine + the view.
+"""What happens when the user sends, stops, regenerates, edits or switches versions: history +
+engine + the view. An edit or a regenerate adds a version (app/history/history.py) and keeps the
+old one with the turns that followed it; the view then shows the new version, and "‹ 2/3 ›" on a
+message switches between them. The engine is sent the shown version's messages at the next turn.
 
 Each reply is written to history before its first token (as `interrupted`), its text saved
 about once a second while it streams, and flipped to `complete` when the engine says done;
@@ -81,10 +84,13 @@ class ChatController(QObject):
         items = []
         if conversation_id:
             streaming = {a.message_id: a for a in self._active.values() if not a.discarded}
+            versions = self.history.versions(conversation_id)
             for m in self.history.messages(conversation_id):
                 if m.role == "system":
                     continue
                 item = self._item(m)
+                if (v := versions.get(m.id)) is not None:
+                    item.versions = (v.shown + 1, v.count)
                 if m.id in streaming:
                     item.text, item.streaming = streaming[m.id].text(), True
                 items.append(item)
@@ -163,9 +169,10 @@ class ChatController(QObject):
             self.bridge.stop(tid)
 
     def regenerate(self, message_id: int | None = None, varied: bool = False) -> int | None:
-        """Drop the reply (default: the last one) and everything after it; ask again. `varied`:
-        sample this one reply (Settings' temperature and top-p, a seed from `seeds`) even when
-        replies are greedy."""
+        """Ask again for a reply (default: the last one): the new reply is a version beside the
+        old, which keeps the turns that followed it (an empty one, from a failed turn, is dropped).
+        `varied`: sample this one reply (Settings' temperature and top-p, a seed from `seeds`)
+        even when replies are greedy."""
         cid = self.current_id
         if cid is None:
             return None
@@ -173,45 +180,65 @@ class ChatController(QObject):
         if message_id is None:
             replies = [m for m in msgs if m.role == "assistant"]
             message_id = replies[-1].id if replies and replies[-1] is msgs[-1] else None
-        old = self.history.get_message(message_id) if message_id is not None else None
+        at = next((i for i, m in enumerate(msgs) if m.id == message_id), None)
+        old = msgs[at] if at is not None and msgs[at].role == "assistant" else None
         self._discard_active(cid)
-        if message_id is not None:
-            self.history.delete_from(message_id)
-            self.model.remove_from(message_id)
-        rest = self.history.messages(cid)
-        if not rest or rest[-1].role != "user":
+        if old is not None:
+            if not old.text:
+                self.history.delete_from(old.id)
+            msgs = msgs[:at]
+            if msgs:
+                self.history.show_until(msgs[-1].id)
+        if not msgs or msgs[-1].role != "user":
+            self.open_conversation(cid)
             return None
         sampling = self.prefs.sampling()
         if varied:
             sampling = replace(sampling, greedy=False, seed=self.seeds())
         turn_id = self._start_reply(cid, sampling)
-        if sampling.greedy and old is not None and old.role == "assistant":
+        if sampling.greedy and old is not None:
             self._active[turn_id].replaced = old.text
+        self.open_conversation(cid)
         return turn_id
 
-    def later_messages(self, message_id: int) -> list[StoredMessage]:
-        """What sending an edit of `message_id` removes besides its own reply."""
-        msgs = [m for m in self.history.messages(self.current_id) if m.role != "system"] if self.current_id else []
-        at = next((i for i, m in enumerate(msgs) if m.id == message_id), None)
-        if at is None:
-            return []
-        after = msgs[at + 1 :]
-        return after[1:] if after and after[0].role == "assistant" else after
-
     def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str | StoredPicture]) -> int | None:
+        """Send an edited question as a new version of it; the old version keeps what followed it."""
         cid = self.current_id
         old = self.history.get_message(message_id)
         if old is None or old.conversation_id != cid or old.role != "user":
             return None
         self._discard_active(cid)
-        msg = self.history.edit_message(message_id, text, picture_refs)
-        row = self.model.row_of(message_id)
-        if row is not None and row + 1 < self.model.rowCount():
-            self.model.remove_from(self.model.item(row + 1).id)
-        self.model.update(message_id, text=msg.text, edited=True, **self._pictures_shown(msg))
+        self.history.add_version(message_id, text, picture_refs)
         turn_id = self._start_reply(cid)
+        self.open_conversation(cid)
         self.conversationsChanged.emit()
         return turn_id
+
+    def switch_version(self, message_id: int, step: int) -> bool:
+        """Show the version `step` away (-1: the one before) of a message of the open chat, with
+        the turns that followed it there. Not while a reply of this chat is being written: the
+        reply belongs to the version shown. True when it switched."""
+        cid = self.current_id
+        versions = self.history.versions(cid).get(message_id) if cid else None
+        if cid is None or versions is None:
+            return False
+        if self.is_generating(cid):
+            self.note.emit("Stop the reply (or let it finish) before switching to another version.")
+            return False
+        to = versions.shown + step
+        if not 0 <= to < versions.count:
+            return False
+        self.history.show_version(versions.ids[to])
+        self.open_conversation(cid)
+        return True
+
+    def open_message(self, conversation_id: str, message_id: int) -> None:
+        """Open a chat at the version that holds this message (a search hit in an older version)."""
+        if self.history.get_message(message_id) is not None and message_id not in {
+            m.id for m in self.history.messages(conversation_id)
+        }:
+            self.history.show_version(message_id)
+        self.open_conversation(conversation_id)
 
     def _discard_active(self, cid: str) -> None:
         for a in self._active.values():

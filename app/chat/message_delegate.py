@@ -49,8 +49,9 @@ class Geometry:
     doc: QTextDocument | None = None
     footer_y: int = 0
     tags: str = ""
-    actions: list[tuple[str, QRect]] = field(default_factory=list)
+    actions: list[tuple[str, QRect]] = field(default_factory=list)  # the version switcher's parts too
     note: QRect | None = None  # where a reply's last-turn line is drawn (word-wrapped)
+    versions: str = ""  # "2/3" between the switcher's arrows ("" : one version)
 
 
 def mix(a: QColor, b: QColor, t: float) -> QColor:
@@ -63,6 +64,9 @@ def mix(a: QColor, b: QColor, t: float) -> QColor:
 
 # "varied": regenerate once with sampling, offered while replies are greedy (a greedy repeat is the same text)
 ACTION_LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "varied": "More varied"}
+# a message with versions: "‹ 2/3 ›", always shown; "versions" is the count between the arrows
+SWITCHER = ("older", "versions", "newer")
+SWITCHER_LABELS = {"older": "‹", "newer": "›"}
 
 
 class MessageDelegate(QStyledItemDelegate):
@@ -112,7 +116,7 @@ class MessageDelegate(QStyledItemDelegate):
 
     def _document(self, it: MessageItem, text_width: int) -> QTextDocument:
         mid = it.id
-        key = (it.version, text_width, self._font_key)
+        key = (it.revision, text_width, self._font_key)
         hit = self._docs.get(mid)
         if hit is not None and hit[0] == key:
             self._docs.move_to_end(mid)
@@ -213,26 +217,30 @@ class MessageDelegate(QStyledItemDelegate):
         if it.edited:
             tags.append("edited")
         geo.tags = " · ".join(tags)
-        names = ["copy"]
+        names = list(SWITCHER) if it.versions else []
+        names.append("copy")
         if user:
             names.append("edit")
         elif is_last and not it.streaming:
             names.append("regenerate")
             if self.offer_varied:
                 names.append("varied")
-        labels = ACTION_LABELS
-        # Actions sit under the bubble, on the side it is aligned to.
+        if it.versions:
+            geo.versions = f"{it.versions[0]}/{it.versions[1]}"
+        # Actions sit under the bubble, on the side it is aligned to; the switcher's parts close together.
         cursor = int(bubble.right()) if user else int(bubble.left())
         spans = []
-        for name in reversed(names) if user else names:
-            w = fm.horizontalAdvance(labels[name]) + 4
+        order = names[::-1] if user else names
+        for i, name in enumerate(order):
+            w = fm.horizontalAdvance(self.label(geo, name)) + (8 if name in SWITCHER_LABELS else 4)
+            gap = 2 if name in SWITCHER and order[i + 1 : i + 2] and order[i + 1] in SWITCHER else 10
             if user:
                 cursor -= w
                 spans.append((name, QRect(cursor, footer_y, w, fm.height())))
-                cursor -= 10
+                cursor -= gap
             else:
                 spans.append((name, QRect(cursor, footer_y, w, fm.height())))
-                cursor += w + 10
+                cursor += w + gap
         geo.actions = spans
         return geo
 
@@ -246,10 +254,10 @@ class MessageDelegate(QStyledItemDelegate):
         it = self._view.msg_model._items[index.row()]
         width = self._view.layout_width
         hit = self._sizes.get(it.id)
-        if hit is not None and hit[0] == it.version and hit[1] == width:
+        if hit is not None and hit[0] == it.revision and hit[1] == width:
             return hit[3]
         h = self.geometry(index, width).height
-        self._sizes[it.id] = (it.version, width, h, QSize(width, h))
+        self._sizes[it.id] = (it.revision, width, h, QSize(width, h))
         return QSize(width, h)
 
     # ------------------------------------------------------------ painting
@@ -333,20 +341,35 @@ class MessageDelegate(QStyledItemDelegate):
             else:
                 left = (geo.actions[-1][1].right() + 16) if geo.actions else int(geo.bubble.left())
             painter.drawText(QRect(left, geo.footer_y, tag_w, fm.height()), Qt.AlignmentFlag.AlignLeft, geo.tags)
+        link = pal.color(QPalette.ColorRole.Link)
+        for part, rect in geo.actions:
+            if part not in SWITCHER or not it.versions:
+                continue
+            place, count = it.versions
+            at_end = (part == "older" and place == 1) or (part == "newer" and place == count)
+            hovered = self.hover == (mid, part) and not at_end
+            faint = mix(muted, pal.color(QPalette.ColorRole.Base), 0.6)  # an arrow with no version beyond it
+            painter.setPen(link if hovered else faint if at_end else muted)
+            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, self.label(geo, part))
         if show_actions:
-            link = pal.color(QPalette.ColorRole.Link)
-            labels = ACTION_LABELS
             for name, rect in geo.actions:
+                if name in SWITCHER:
+                    continue
                 hovered = self.hover == (mid, name)
                 f = painter.font()
                 f.setUnderline(hovered)
                 painter.setFont(f)
                 painter.setPen(link if hovered else muted)
-                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, labels[name])
+                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, ACTION_LABELS[name])
             f = painter.font()
             f.setUnderline(False)
             painter.setFont(f)
         painter.restore()
+
+    @staticmethod
+    def label(geo: Geometry, name: str) -> str:
+        """What a footer part says: an action's word, an arrow, or the versions' count."""
+        return geo.versions if name == "versions" else SWITCHER_LABELS.get(name) or ACTION_LABELS[name]
 
     @staticmethod
     def _paint_badge(painter: QPainter, thumb: QRect, word: str) -> None:

@@ -16,7 +16,7 @@ PicturesRole = Qt.ItemDataRole.UserRole + 3  # list of absolute picture paths
 StatusRole = Qt.ItemDataRole.UserRole + 4  # "complete" | "interrupted"
 StreamingRole = Qt.ItemDataRole.UserRole + 5  # bool
 EditedRole = Qt.ItemDataRole.UserRole + 6  # bool
-VersionRole = Qt.ItemDataRole.UserRole + 7  # int, bumps on every change (layout caches key on it)
+RevisionRole = Qt.ItemDataRole.UserRole + 7  # int, bumps on every change (layout caches key on it)
 IsLastRole = Qt.ItemDataRole.UserRole + 8  # bool
 
 
@@ -29,7 +29,8 @@ class MessageItem:
     status: str = "complete"
     streaming: bool = False
     edited: bool = False
-    version: int = 0
+    revision: int = 0  # bumps on every change (layout caches key on it)
+    versions: tuple[int, int] | None = None  # (shown, count), 1-based: "‹ 2/3 ›"; None: one version
     digests: list[str] = field(default_factory=list)  # each picture's content digest, in `pictures` order
     note: str = ""  # a reply's last-turn line (app/memory/turn_line.py), shown under it
     captions: list[str] = field(default_factory=list)  # under each picture ("report.pdf, page 3"; "": none)
@@ -67,7 +68,7 @@ class MessageListModel(QAbstractListModel):
             StatusRole: it.status,
             StreamingRole: it.streaming,
             EditedRole: it.edited,
-            VersionRole: it.version,
+            RevisionRole: it.revision,
             IsLastRole: index.row() == len(self._items) - 1,
         }.get(role)
 
@@ -105,7 +106,7 @@ class MessageListModel(QAbstractListModel):
             return
         it = self._items[row]
         it.text += text
-        it.version += 1
+        it.revision += 1
         self.textGrew.emit(row)
 
     def update(self, message_id: int, **changes) -> None:
@@ -113,7 +114,7 @@ class MessageListModel(QAbstractListModel):
         if row is None:
             return
         it = replace(self._items[row], **changes)
-        it.version = self._items[row].version + 1
+        it.revision = self._items[row].revision + 1
         self._items[row] = it
         self._changed(row)
 

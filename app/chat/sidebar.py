@@ -52,6 +52,7 @@ class Row:
     id: str
     title: str
     subtitle: str
+    message_id: int | None = None  # a search hit in a message: open the version that holds it
 
 
 def when(ts: float, now: float | None = None) -> str:
@@ -188,6 +189,7 @@ class TwoLineDelegate(QStyledItemDelegate):
 
 class Sidebar(QWidget):
     conversationActivated = Signal(str)
+    messageActivated = Signal(str, int)  # a search hit: conversation id, the message it was found in
     newRequested = Signal()
     deleteRequested = Signal(str)
     undoRequested = Signal(str)
@@ -230,8 +232,8 @@ class Sidebar(QWidget):
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.setFrameShape(QFrame.Shape.NoFrame)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # titles are elided
-        self.list.clicked.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
-        self.list.activated.connect(lambda i: self.conversationActivated.emit(i.data(IdRole)))
+        self.list.clicked.connect(self._activate)
+        self.list.activated.connect(self._activate)
         lay.addWidget(self.list, 1)
         if marks is not None:  # the rows' marks are read when painted: a repaint shows the news
             marks.changed.connect(self.list.viewport().update)
@@ -269,7 +271,7 @@ class Sidebar(QWidget):
             for hit in self.history.search(query):
                 if hit.conversation_id not in seen:
                     seen.add(hit.conversation_id)
-                    rows.append(Row(hit.conversation_id, hit.title, hit.snippet))
+                    rows.append(Row(hit.conversation_id, hit.title, hit.snippet, hit.message_id))
         else:
             rows = [Row(c.id, c.title, when(c.updated)) for c in self.history.list_conversations()]
         self.model.set_rows(rows)
@@ -306,6 +308,13 @@ class Sidebar(QWidget):
         menu.addAction("Export…", lambda: self.exportRequested.emit(cid))
         menu.addAction("Delete", lambda: self.delete(cid))
         menu.exec(self.list.viewport().mapToGlobal(pos))
+
+    def _activate(self, index) -> None:
+        row = self.model.rows[index.row()]
+        if row.message_id is not None:
+            self.messageActivated.emit(row.id, row.message_id)
+        else:
+            self.conversationActivated.emit(row.id)
 
     def rename_current(self) -> None:
         if self.list.currentIndex().isValid():

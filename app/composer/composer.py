@@ -371,18 +371,11 @@ class Composer(QFrame):
         self.editing_message_id = None
         self.banner.hide()
 
-    def begin_edit(self, message_id: int, text: str, atts: list[Attachment], later: int = 0) -> None:
-        """Edit a sent message; `later`: how many messages after its reply sending it removes."""
+    def begin_edit(self, message_id: int, text: str, atts: list[Attachment]) -> None:
+        """Edit a sent message: sending it adds a new version; the old one keeps its replies."""
         self.clear()
         self.editing_message_id = message_id
-        self.banner_label.setText(
-            "Editing a message — sending it removes the "
-            + (
-                f"{later} later message{'s' if later != 1 else ''}"
-                if later
-                else "reply to it: its reply is asked again"
-            )
-        )
+        self.banner_label.setText("Editing a message — sending it adds a new version; the old one stays (‹ ›)")
         self.edit.setPlainText(text)
         self.add_attachments(atts)
         self.banner.show()

@@ -5,7 +5,7 @@ May import: nothing else in app/ (the bottom room)."""
 
 from .chat_titles import title_from, unique_title
 from .export import ExportedChat, ExportError, export_chat
-from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage, StoredPicture
+from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage, StoredPicture, Versions
 
 __all__ = [
     "ExportError",
@@ -18,4 +18,5 @@ __all__ = [
     "StoredMessage",
     "title_from",
     "unique_title",
+    "Versions",
 ]

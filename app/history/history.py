@@ -5,6 +5,12 @@ Layout under the data dir:
     pictures/ab/abcdef….png     pictures, named by BLAKE3 of their bytes (engine/pictures/store.py,
                                 shared with the API; a message's picture ref is the file's name)
 
+Versions: an edit or a regenerate adds a version of that message beside the old one (same
+parent, same role); the turns that followed each version stay with it. A conversation is a tree
+of messages (`parent`: the message each one follows) and what is shown is one path through it,
+from the first message to `conversations.leaf`. `messages()` is that path; `versions()` says
+where each message on it stands among its siblings; `show_version()` switches the path.
+
 Durability: every finished message is committed with synchronous=FULL (survives power loss);
 the text of a reply still streaming is rewritten now and then with synchronous=NORMAL, which in
 WAL mode survives the process dying. A reply row is created as `interrupted` before its first
@@ -101,6 +107,18 @@ class StoredMessage:
     def named_pictures(self) -> list[StoredPicture]:
         names = self.names + ("",) * (len(self.pictures) - len(self.names))  # a damaged list: no names
         return [StoredPicture.parse(r, n) for r, n in zip(self.pictures, names, strict=False)]
+
+
+@dataclass(frozen=True)
+class Versions:
+    """A message's versions: it and its siblings (same parent, same role), oldest first."""
+
+    ids: tuple[int, ...]
+    shown: int  # index into ids of the one on the shown path
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(frozen=True)
@@ -247,8 +265,67 @@ class History:
     # ------------------------------------------------------------ messages
 
     def messages(self, conversation_id: str) -> list[StoredMessage]:
-        rows = self._query("SELECT * FROM messages WHERE conversation = ? ORDER BY id", (conversation_id,))
-        return [_message(r) for r in rows]
+        """The shown version of the conversation, first message first."""
+        with self._lock:
+            return [_message(r) for r in self._path(self._db, conversation_id)]
+
+    def versions(self, conversation_id: str) -> dict[int, Versions]:
+        """For each message on the shown path that has more than one version: its versions."""
+        with self._lock:
+            path = self._path(self._db, conversation_id)
+            rows = self._db.execute(
+                "SELECT id, parent, role FROM messages WHERE conversation = ? ORDER BY id", (conversation_id,)
+            ).fetchall()
+        siblings: dict[tuple[int | None, str], list[int]] = {}
+        for r in rows:
+            siblings.setdefault((r["parent"], r["role"]), []).append(r["id"])
+        out = {}
+        for r in path:
+            ids = siblings.get((r["parent"], r["role"]), [r["id"]])
+            if len(ids) > 1:
+                out[r["id"]] = Versions(tuple(ids), ids.index(r["id"]))
+        return out
+
+    def show_version(self, message_id: int) -> None:
+        """Show the version of the conversation that holds this message: it, what it follows, and
+        after it the turns that followed it (at each step the newest), as they were left."""
+        with self._tx(durable=True) as db:
+            row = db.execute("SELECT conversation FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                raise KeyError(message_id)
+            leaf = message_id
+            while child := db.execute("SELECT MAX(id) FROM messages WHERE parent = ?", (leaf,)).fetchone()[0]:
+                leaf = child
+            db.execute("UPDATE conversations SET leaf = ? WHERE id = ?", (leaf, row["conversation"]))
+
+    def show_until(self, message_id: int) -> None:
+        """Show the conversation up to this message: the next message added follows it (and the
+        ones that followed it so far stay, as another version)."""
+        with self._tx(durable=True) as db:
+            db.execute(
+                "UPDATE conversations SET leaf = ? WHERE id = (SELECT conversation FROM messages WHERE id = ?)",
+                (message_id, message_id),
+            )
+
+    @staticmethod
+    def _path(db: sqlite3.Connection, conversation_id: str) -> list[sqlite3.Row]:
+        """The shown path: from the leaf (or, without one, the newest message) up its parents."""
+        rows = {r["id"]: r for r in db.execute("SELECT * FROM messages WHERE conversation = ?", (conversation_id,))}
+        if not rows:
+            return []
+        conv = db.execute("SELECT leaf FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        at = conv["leaf"] if conv is not None and conv["leaf"] in rows else max(rows)
+        path: list[sqlite3.Row] = []
+        seen: set[int] = set()
+        while at in rows and at not in seen:  # a parent that is gone (salvaged history) ends the path
+            seen.add(at)
+            path.append(rows[at])
+            at = rows[at]["parent"]
+        return path[::-1]
+
+    def _leaf(self, db: sqlite3.Connection, conversation_id: str) -> int | None:
+        path = self._path(db, conversation_id)
+        return path[-1]["id"] if path else None
 
     def get_message(self, message_id: int) -> StoredMessage | None:
         rows = self._query("SELECT * FROM messages WHERE id = ?", (message_id,))
@@ -266,12 +343,15 @@ class History:
         refs, names = self._checked_pictures(pictures)
         now = self._now()
         with self._tx(durable=status == COMPLETE) as db:
+            parent = self._leaf(db, conversation_id)
             cur = db.execute(
-                "INSERT INTO messages(conversation, role, text, pictures, status, created, picture_names)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, text, json.dumps(list(refs)), status, now, json.dumps(list(names))),
+                "INSERT INTO messages(conversation, role, text, pictures, status, created, picture_names, parent)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, text, json.dumps(list(refs)), status, now, json.dumps(list(names)), parent),
             )
-            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+            db.execute(
+                "UPDATE conversations SET updated = ?, leaf = ? WHERE id = ?", (now, cur.lastrowid, conversation_id)
+            )
         return StoredMessage(cur.lastrowid, conversation_id, role, text, refs, status, now, names=names)
 
     def begin_reply(self, conversation_id: str) -> StoredMessage:
@@ -296,43 +376,61 @@ class History:
                 (now, message_id),
             )
 
-    def edit_message(
+    def add_version(
         self, message_id: int, text: str, pictures: Iterable[str | StoredPicture] | None = None
     ) -> StoredMessage:
-        """Change a message and drop everything after it (edit-and-resend)."""
+        """A new version of a message (an edit), beside it and shown from now on; the old one keeps
+        the turns that followed it. `pictures` None: the old version's, with their names."""
         now = self._now()
         with self._tx(durable=True) as db:
             row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise KeyError(message_id)
             refs, names = self._checked_pictures(_message(row).named_pictures() if pictures is None else pictures)
-            db.execute(
-                "UPDATE messages SET text = ?, pictures = ?, picture_names = ?, edited = ?, status = ? WHERE id = ?",
-                (text, json.dumps(list(refs)), json.dumps(list(names)), now, COMPLETE, message_id),
-            )
-            db.execute("DELETE FROM messages WHERE conversation = ? AND id > ?", (row["conversation"], message_id))
-            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, row["conversation"]))
-        return StoredMessage(
-            message_id, row["conversation"], row["role"], text, refs, COMPLETE, row["created"], now, names=names
-        )
-
-    def truncate_after(self, message_id: int) -> int:
-        """Delete the messages after this one in its conversation; returns how many."""
-        with self._tx(durable=True) as db:
             cur = db.execute(
-                "DELETE FROM messages WHERE id > ? AND conversation = (SELECT conversation FROM messages WHERE id = ?)",
-                (message_id, message_id),
+                "INSERT INTO messages(conversation, role, text, pictures, status, created, edited, picture_names,"
+                " parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    row["conversation"],
+                    row["role"],
+                    text,
+                    json.dumps(list(refs)),
+                    COMPLETE,
+                    now,
+                    now,
+                    json.dumps(list(names)),
+                    row["parent"],
+                ),
             )
-            return cur.rowcount
+            db.execute(
+                "UPDATE conversations SET updated = ?, leaf = ? WHERE id = ?",
+                (now, cur.lastrowid, row["conversation"]),
+            )
+        cid, role = row["conversation"], row["role"]
+        return StoredMessage(cur.lastrowid, cid, role, text, refs, COMPLETE, now, now, names=names)
 
     def delete_from(self, message_id: int) -> int:
-        """Delete this message and everything after it (regenerate drops the old reply)."""
+        """Delete this message and every message that follows it in any version (a reply that
+        failed before its first word); the conversation then shows what it followed."""
         with self._tx(durable=True) as db:
-            row = db.execute("SELECT conversation FROM messages WHERE id = ?", (message_id,)).fetchone()
+            row = db.execute("SELECT conversation, parent FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 return 0
-            cur = db.execute("DELETE FROM messages WHERE conversation = ? AND id >= ?", (row[0], message_id))
-            return cur.rowcount
+            doomed, frontier = [message_id], [message_id]
+            while frontier:
+                kids = db.execute(
+                    f"SELECT id FROM messages WHERE parent IN ({','.join('?' * len(frontier))})", frontier
+                ).fetchall()
+                frontier = [k[0] for k in kids]
+                doomed += frontier
+            db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in doomed])
+            db.execute(
+                "UPDATE conversations SET leaf = ? WHERE id = ? AND (leaf IS NULL OR leaf IN ({}))".format(
+                    ",".join("?" * len(doomed))
+                ),
+                (row["parent"], row["conversation"], *doomed),
+            )
+            return len(doomed)
 
     # ------------------------------------------------------------ search
 

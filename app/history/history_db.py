@@ -21,9 +21,11 @@ from engine.platform.paths import private_file
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # 2: messages.note, a reply's turn line kept across restarts
 # 3: messages.picture_names, the name of the file each picture came from (a page's caption says it)
+# 4: versions: messages.parent (the message it follows; NULL: the first) makes a conversation a
+#    tree whose branches are its versions; conversations.leaf is the last message shown (NULL: newest)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -32,7 +34,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     created       REAL NOT NULL,
     updated       REAL NOT NULL,
     system_prompt TEXT,
-    deleted       REAL
+    deleted       REAL,
+    leaf          INTEGER
 );
 CREATE TABLE IF NOT EXISTS messages (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -44,10 +47,17 @@ CREATE TABLE IF NOT EXISTS messages (
     created      REAL NOT NULL,
     edited       REAL,
     note         TEXT NOT NULL DEFAULT '',
-    picture_names TEXT NOT NULL DEFAULT '[]'
+    picture_names TEXT NOT NULL DEFAULT '[]',
+    parent       INTEGER
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
 CREATE INDEX IF NOT EXISTS conversations_by_updated ON conversations(updated);
+"""
+# A message before schema 4 follows the one written before it in its conversation: one version.
+_LINEAR_PARENTS = """
+UPDATE messages SET parent = (
+    SELECT MAX(p.id) FROM messages AS p WHERE p.conversation = messages.conversation AND p.id < messages.id
+) WHERE parent IS NULL;
 """
 
 # Trigram FTS gives substring search ("cat" finds "concatenate"); shorter queries fall back to LIKE.
@@ -97,8 +107,12 @@ def _migrations(db: sqlite3.Connection) -> str:
     added = {
         "note": "ALTER TABLE messages ADD COLUMN note TEXT NOT NULL DEFAULT '';",
         "picture_names": "ALTER TABLE messages ADD COLUMN picture_names TEXT NOT NULL DEFAULT '[]';",
+        "parent": "ALTER TABLE messages ADD COLUMN parent INTEGER;" + _LINEAR_PARENTS,
     }
-    return "".join(sql for column, sql in added.items() if column not in columns)
+    sql = "".join(sql for column, sql in added.items() if column not in columns)
+    if "leaf" not in {r[1] for r in db.execute("PRAGMA table_info(conversations)")}:
+        sql += "ALTER TABLE conversations ADD COLUMN leaf INTEGER;"
+    return sql
 
 
 DAMAGED_SUFFIX = ".damaged"
@@ -206,12 +220,13 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
         columns = {r[1] for r in _readable_rows(src, "PRAGMA table_info(messages)")}
         note = "note" if "note" in columns else "''"  # a database from before the note column
         names = "picture_names" if "picture_names" in columns else "'[]'"  # ... or before picture names
+        parent = "parent" if "parent" in columns else "NULL"  # ... or before versions (set below)
         msgs = [
             r
             for r in _readable_rows(
                 src,
-                f"SELECT id, conversation, role, text, pictures, status, created, edited, {note}, {names}"
-                " FROM messages ORDER BY id",
+                f"SELECT id, conversation, role, text, pictures, status, created, edited, {note}, {names},"
+                f" {parent} FROM messages ORDER BY id",
             )
             if r[1] in ids
         ]
@@ -231,12 +246,14 @@ def _salvage(kept: Path, db: sqlite3.Connection) -> tuple[int, int]:
             try:
                 db.execute(
                     "INSERT INTO messages(id, conversation, role, text, pictures, status, created, edited, note,"
-                    " picture_names) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " picture_names, parent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     r,
                 )
                 kept_msgs += 1
             except sqlite3.IntegrityError:  # a row the damage garbled past the schema's checks
                 pass
+        if parent == "NULL":
+            db.execute(_LINEAR_PARENTS)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

@@ -63,7 +63,6 @@ class MainWindow(QMainWindow):
         self.model_path: str | None = None
         self.model_name = ""
         self.model_weights = ""  # the loaded model's weight format (bf16, int8, ...): the Models page sizes at it
-        self.edit_confirm: QMessageBox | None = None  # open while an edit waits for its go-ahead
         self.models_page: ModelsPage | None = None  # while the Models page is open
         self._closed = False
 
@@ -178,6 +177,7 @@ class MainWindow(QMainWindow):
         c.conversationsChanged.connect(self._update_title)  # a chat named after its first question
         self.retry.clicked.connect(self.notice.hide)
         self.sidebar.conversationActivated.connect(self._open)
+        self.sidebar.messageActivated.connect(self._open_message)
         self.sidebar.newRequested.connect(self.new_chat)
         self.sidebar.deleteRequested.connect(c.delete_conversation)
         self.sidebar.deleteRequested.connect(self._say_deleted)
@@ -290,50 +290,19 @@ class MainWindow(QMainWindow):
             self.composer.cancel_edit()
             self.controller.open_conversation(conversation_id)
 
+    def _open_message(self, conversation_id: str, message_id: int) -> None:
+        if conversation_id != self.controller.current_id:
+            self.composer.cancel_edit()
+        self.controller.open_message(conversation_id, message_id)
+
     def _send(self, text: str, refs: list) -> None:
         self.notice.hide()
         editing = self.composer.editing_message_id
-        if editing is not None:
-            later = self.controller.later_messages(editing)
-            if later:  # an edit drops the turns after it: say so, and go on only when told to
-                self._confirm_edit(editing, text, refs, later)
-                return
+        if editing is not None:  # a new version of that question; the old one keeps what followed it
             self.controller.edit_and_resend(editing, text, refs)
         else:
             self.controller.send(text, refs)
         self.composer.clear()
-
-    def _confirm_edit(self, message_id: int, text: str, refs: list, later: list) -> None:
-        n = len(later)
-        box = QMessageBox(
-            QMessageBox.Icon.Question,
-            "Send the edited message?",
-            f"Sending it removes the {n} later message{'s' if n != 1 else ''} of this chat.",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
-            self,
-        )
-        first = " ".join(later[0].text.split())
-        first = first if len(first) <= 60 else first[:59] + "…"
-        box.setInformativeText(
-            f"From “{first}” to the end; this cannot be undone." if first else "This cannot be undone."
-        )
-        box.button(QMessageBox.StandardButton.Yes).setText(f"Send and remove {n}")
-        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
-        box.setWindowModality(Qt.WindowModality.WindowModal)
-
-        def answered(button) -> None:
-            if (
-                box.standardButton(button) == QMessageBox.StandardButton.Yes
-                and self.composer.editing_message_id == message_id
-            ):
-                self.controller.edit_and_resend(message_id, text, refs)
-                self.composer.clear()
-
-        box.buttonClicked.connect(answered)
-        box.finished.connect(lambda _r: setattr(self, "edit_confirm", None))
-        box.finished.connect(box.deleteLater)
-        self.edit_confirm = box
-        box.open()
 
     def stop_or_cancel(self) -> None:
         if self.controller.is_generating():
@@ -377,11 +346,13 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Copied", 1500)
         elif name == "edit":
             atts = [self.intake.restore(p.ref, p.name) for p in msg.named_pictures()]
-            self.composer.begin_edit(message_id, msg.text, atts, len(self.controller.later_messages(message_id)))
+            self.composer.begin_edit(message_id, msg.text, atts)
         elif name == "regenerate":
             self.controller.regenerate(message_id)
         elif name == "varied":
             self.controller.regenerate(message_id, varied=True)
+        elif name in ("older", "newer"):
+            self.controller.switch_version(message_id, -1 if name == "older" else 1)
 
     def _open_link(self, href: str) -> None:
         url = QUrl(href)

@@ -72,7 +72,7 @@ def test_stop_with_escape_keeps_the_partial_reply(make_window, qtbot):
     assert done[0].stopped and len(done[0].token_ids) < 1500
 
 
-def test_regenerate_replaces_the_last_reply(make_window, qtbot):
+def test_regenerate_adds_a_version_of_the_last_reply(make_window, qtbot):
     w = make_window(max_new_tokens=24)
     send(qtbot, w, "How many people can you see?")
     wait_reply(qtbot, w)
@@ -83,11 +83,14 @@ def test_regenerate_replaces_the_last_reply(make_window, qtbot):
     items = w.messages.items()
     assert len(items) == 2 and items[-1].id != first.id
     assert items[-1].text == first.text  # greedy: the same words again
+    assert items[-1].versions == (2, 2)
     stored = w.history.messages(w.controller.current_id)
     assert [m.id for m in stored] == [items[0].id, items[1].id]
+    click_action(qtbot, w, items[-1].id, "older")
+    assert [i.id for i in w.messages.items()] == [items[0].id, first.id]
 
 
-def test_edit_and_resend_truncates_what_followed(make_window, qtbot):
+def test_edit_and_resend_shows_the_new_version(make_window, qtbot):
     w = make_window(max_new_tokens=12)
     send(qtbot, w, "first question")
     wait_reply(qtbot, w)
@@ -100,16 +103,13 @@ def test_edit_and_resend_truncates_what_followed(make_window, qtbot):
     w.composer.edit.selectAll()
     qtbot.keyClicks(w.composer.edit, "changed question")
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    from PySide6.QtWidgets import QMessageBox
-
-    w.edit_confirm.button(QMessageBox.StandardButton.Yes).click()  # "removes the 2 later messages"
     wait_reply(qtbot, w)
     items = w.messages.items()
     assert [(i.role, i.text if i.role == "user" else "") for i in items] == [
         ("user", "changed question"),
         ("assistant", ""),
     ]
-    assert items[0].edited and items[0].id == first.id
+    assert items[0].edited and items[0].id != first.id and items[0].versions == (2, 2)
     stored = w.history.messages(w.controller.current_id)
     assert [(m.role, m.text) for m in stored] == [(i.role, i.text) for i in items]
     assert stored[0].edited is not None

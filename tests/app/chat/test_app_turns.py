@@ -1,5 +1,5 @@
-"""Turn actions and chat names from issue 27: editing an earlier message says what it removes before
-it happens, Regenerate explains a repeat and offers a sampled one, and a chat is named after what
+"""Turn actions and chat names from issue 27: editing an earlier message keeps the old version
+(issue 41), Regenerate explains a repeat and offers a sampled one, and a chat is named after
 its first question (the window title follows), not words of its reply."""
 
 from __future__ import annotations
@@ -8,48 +8,59 @@ from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox
 
 from app.history.chat_titles import title_from, unique_title
 from engine.protocol.events import Sampling
 from tests.helpers.window import click_action, send, wait_reply
 
 
-def test_editing_an_earlier_message_names_what_goes_and_asks_first(make_window, qtbot):
+def _shown(w) -> list[str]:
+    return [i.text for i in w.messages.items() if i.role == "user"]
+
+
+def test_editing_an_earlier_message_adds_a_version_and_switching_brings_back_what_followed(
+    make_window, qtbot, monkeypatch
+):
+    """Issue #41: an edit keeps every version; "‹ 1/2 ›" switches back to the old question with the
+    turns that followed it, a reply continues the version shown, and all of it survives a restart."""
     w = make_window(max_new_tokens=6)
     for q in ("first question", "second question", "third question"):
         send(qtbot, w, q)
         wait_reply(qtbot, w)
     first = w.messages.items()[0]
     click_action(qtbot, w, first.id, "edit")
-    assert "removes the 4 later messages" in w.composer.banner_label.text()
+    assert "adds a new version" in w.composer.banner_label.text()
     w.composer.edit.selectAll()
     qtbot.keyClicks(w.composer.edit, "changed question")
-    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    box = w.edit_confirm
-    assert box is not None and box.isVisible()
-    assert "4 later messages" in box.text() and "second question" in box.informativeText()
-    assert box.sizeHint().height() < 648  # fits a 1280x720 screen, as every dialog (test_app_layout)
-    assert len(w.history.messages(w.controller.current_id)) == 6  # nothing removed yet
-
-    box.button(QMessageBox.StandardButton.Cancel).click()
-    assert len(w.history.messages(w.controller.current_id)) == 6 and not w.controller.is_generating()
-    assert w.composer.editing_message_id == first.id and w.composer.text() == "changed question"
-
-    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    w.edit_confirm.button(QMessageBox.StandardButton.Yes).click()
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)  # sent at once: nothing is removed, so nothing to confirm
     wait_reply(qtbot, w)
-    assert [m.text for m in w.history.messages(w.controller.current_id)][0] == "changed question"
-    assert len(w.history.messages(w.controller.current_id)) == 2
+    assert _shown(w) == ["changed question"] and w.messages.items()[0].versions == (2, 2)
 
-    # the last question: only its own reply is replaced, as the banner says, and nothing is asked
-    last = w.messages.items()[0]
-    click_action(qtbot, w, last.id, "edit")
-    assert w.composer.banner_label.text().endswith("its reply is asked again")
-    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    assert w.edit_confirm is None or not w.edit_confirm.isVisible()
+    turns = []  # as the window hands them to the engine
+    submit = w.bridge.submit
+    monkeypatch.setattr(w.bridge, "submit", lambda turn: (turns.append(turn), submit(turn))[1])
+    click_action(qtbot, w, w.messages.items()[0].id, "older")
+    assert _shown(w) == ["first question", "second question", "third question"]
+    assert w.messages.items()[0].versions == (1, 2) and len(w.messages.items()) == 6
+    send(qtbot, w, "fourth question")  # continues the version shown
     wait_reply(qtbot, w)
-    assert len(w.history.messages(w.controller.current_id)) == 2
+    assert _shown(w)[-2:] == ["third question", "fourth question"]
+    asked = ["first question", "second question", "third question", "fourth question"]
+    assert [m.text for m in turns[-1].messages if m.role == "user"] == asked
+
+    click_action(qtbot, w, w.messages.items()[0].id, "newer")
+    assert _shown(w) == ["changed question"]
+    data = w.data_dir
+    w.close()
+    again = make_window(data_dir=data, max_new_tokens=6)
+    assert _shown(again) == ["changed question"] and again.messages.items()[0].versions == (2, 2)
+    click_action(qtbot, again, again.messages.items()[0].id, "older")
+    assert _shown(again) == asked
+    click_action(qtbot, again, again.messages.items()[0].id, "newer")
+    again.sidebar.search.setText("fourth question")  # search finds every version and opens the one it is in
+    qtbot.waitUntil(lambda: [r.message_id is not None for r in again.sidebar.model.rows] == [True])
+    again.sidebar.list.clicked.emit(again.sidebar.model.index(0, 0))
+    assert _shown(again) == asked
 
 
 # A seed whose sample, on the tiny llava model, leaves the greedy reply after eight tokens (measured:
@@ -78,7 +89,7 @@ def test_regenerate_more_varied_samples_once_and_a_greedy_repeat_says_why(make_w
     varied = w.messages.items()[-1]
     assert sent[-1] == replace(w.prefs.sampling(), greedy=False, seed=VARIED_SEED)  # Settings' temperature, top-p
     assert varied.text != first.text
-    assert len(w.messages.items()) == 2
+    assert len(w.messages.items()) == 2 and varied.versions == (3, 3)  # each regeneration kept as a version
     assert w.prefs.sampling().greedy  # only that one regeneration sampled
 
     click_action(qtbot, w, varied.id, "varied")  # the seed decides the words, not chance

@@ -13,7 +13,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from app.history.history import COMPLETE, INTERRUPTED, History, StoredPicture
+from app.history.history import COMPLETE, INTERRUPTED, History, StoredPicture, Versions
 from engine.pictures.document import PageRef
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,40 +71,64 @@ def test_stopped_reply_is_saved_as_interrupted(history):
     assert (m.text, m.status) == ("1 2 3", INTERRUPTED)
 
 
-def test_edit_truncates_later_messages(history):
+def test_an_edit_adds_a_version_and_the_old_one_keeps_what_followed_it(history):
     c = history.create_conversation()
     u1 = history.add_message(c.id, "user", "one")
     history.add_message(c.id, "assistant", "reply one")
     history.add_message(c.id, "user", "two")
     history.add_message(c.id, "assistant", "reply two")
-    edited = history.edit_message(u1.id, "uno")
-    assert edited.edited is not None
-    msgs = history.messages(c.id)
-    assert [(m.role, m.text) for m in msgs] == [("user", "uno")]
-    assert msgs[0].edited is not None
+    edited = history.add_version(u1.id, "uno")
+    assert edited.edited is not None and edited.id != u1.id
+    assert [(m.role, m.text) for m in history.messages(c.id)] == [("user", "uno")]
+    assert history.versions(c.id) == {edited.id: Versions((u1.id, edited.id), 1)}
+    history.add_message(c.id, "assistant", "respuesta uno")
+    history.show_version(u1.id)  # back: the old version with the turns that followed it
+    assert [m.text for m in history.messages(c.id)] == ["one", "reply one", "two", "reply two"]
+    assert history.versions(c.id)[u1.id] == Versions((u1.id, edited.id), 0)
+    history.show_version(edited.id)
+    assert [m.text for m in history.messages(c.id)] == ["uno", "respuesta uno"]
+    assert history.messages(c.id)[0].edited is not None
 
 
-def test_regenerate_drops_reply_and_after(history):
+def test_a_regenerated_reply_is_a_version_of_the_reply_and_a_later_version_is_kept_inside(history):
+    c = history.create_conversation()
+    u = history.add_message(c.id, "user", "one")
+    a1 = history.add_message(c.id, "assistant", "first answer")
+    u2 = history.add_message(c.id, "user", "two")
+    a2 = history.add_message(c.id, "assistant", "second answer")
+    history.show_until(u2.id)  # regenerate the second reply
+    a2b = history.begin_reply(c.id)
+    history.finish_reply(a2b.id, "second answer, again")
+    assert [m.text for m in history.messages(c.id)] == ["one", "first answer", "two", "second answer, again"]
+    assert history.versions(c.id) == {a2b.id: Versions((a2.id, a2b.id), 1)}
+    history.show_until(u.id)  # regenerate the first reply: the second turn stays with the old one
+    a1b = history.begin_reply(c.id)
+    assert [m.id for m in history.messages(c.id)] == [u.id, a1b.id]
+    history.show_version(a1.id)  # back to the first answer: its later turn, its newest reply
+    assert [m.id for m in history.messages(c.id)] == [u.id, a1.id, u2.id, a2b.id]
+
+
+def test_a_failed_reply_is_deleted_with_all_that_followed_it_in_every_version(history):
     c = history.create_conversation()
     history.add_message(c.id, "user", "one")
     a1 = history.add_message(c.id, "assistant", "reply one")
-    history.add_message(c.id, "user", "two")
-    assert history.delete_from(a1.id) == 2
+    u2 = history.add_message(c.id, "user", "two")
+    history.add_version(u2.id, "deux")
+    assert history.delete_from(a1.id) == 3  # the reply, "two" and its version "deux"
     assert [m.text for m in history.messages(c.id)] == ["one"]
-    u = history.messages(c.id)[0]
-    history.add_message(c.id, "assistant", "x")
-    assert history.truncate_after(u.id) == 1
+    assert history.versions(c.id) == {}
 
 
-def test_truncation_stays_inside_its_conversation(history):
+def test_versions_stay_inside_their_conversation(history):
     a = history.create_conversation()
     b = history.create_conversation()
     ua = history.add_message(a.id, "user", "a1")
     history.add_message(b.id, "user", "b1")
     history.add_message(a.id, "assistant", "a2")
-    history.edit_message(ua.id, "a1 edited")
+    history.add_version(ua.id, "a1 edited")
     assert [m.text for m in history.messages(b.id)] == ["b1"]
     assert [m.text for m in history.messages(a.id)] == ["a1 edited"]
+    assert history.versions(b.id) == {}
 
 
 def test_delete_undo_and_purge(history):
@@ -135,11 +159,13 @@ def test_search_by_text_and_title(history):
     assert [h.conversation_id for h in history.search("holiday")] == [a.id]  # title
     assert history.search("is") and history.search("zz") == []  # short query: LIKE
     assert history.search("100%") == []
-    # edits are searchable, deleted text is not
+    # every version is searchable; deleted text is not
     m = history.messages(a.id)[0]
-    history.edit_message(m.id, "a blue circle")
-    assert history.search("triangle") == []
-    assert history.search("blue circle")[0].message_id == m.id
+    edited = history.add_version(m.id, "a blue circle")
+    assert [h.message_id for h in history.search("triangle")] == [m.id]
+    assert history.search("blue circle")[0].message_id == edited.id
+    history.delete_from(edited.id)
+    assert history.search("blue circle") == []
 
 
 def test_pictures_content_addressed_and_survive_the_original_moving(history, tmp_path):

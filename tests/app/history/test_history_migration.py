@@ -1,8 +1,9 @@
 """A history database written before a schema change opens with nothing lost: every row reads as
 before, search still finds its words, and the new columns (version 2: messages.note, a reply's
-turn line; version 3: messages.picture_names, the file each picture came from) are there for the
-next message. Older databases are written here with the exact statements those versions ran
-(frozen below), not with today's schema."""
+turn line; version 3: messages.picture_names, the file each picture came from; version 4:
+messages.parent and conversations.leaf, a chat's versions) are there for the next message. Older
+databases are written here with the exact statements those versions ran (frozen below), not with
+today's schema."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_a_version_1_history_opens_with_every_row_and_gains_the_turn_line(tmp_pa
     finally:
         h.close()
     db = sqlite3.connect(data / "history.sqlite3")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     db.close()
     again = History(data)  # opening a migrated database again changes nothing
     try:
@@ -188,11 +189,11 @@ def test_a_version_2_history_keeps_its_pages_and_names_new_ones(tmp_path):
         named = StoredPicture.parse(PAGE_2, "report.pdf")
         new = h.add_message("c1", "user", "And this one?", [named, "cd" * 32 + ".png"])
         assert new.names == ("report.pdf", "")
-        h.edit_message(new.id, "And this one, please?")  # the pictures as they were: their names too
+        h.add_version(new.id, "And this one, please?")  # the pictures as they were: their names too
     finally:
         h.close()
     with sqlite3.connect(data / "history.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     db.close()
     again = History(data)
     try:
@@ -203,3 +204,45 @@ def test_a_version_2_history_keeps_its_pages_and_names_new_ones(tmp_path):
         assert again.picture_ref(PAGE_2).digest == refs[0].digest  # the name is not the picture's identity
     finally:
         again.close()
+
+
+# _SCHEMA at version 3 (released): version 1's tables with the note and picture_names columns
+SCHEMA_V3 = SCHEMA_V1.replace(
+    "    edited       REAL\n);",
+    "    edited       REAL,\n    note         TEXT NOT NULL DEFAULT '',\n"
+    "    picture_names TEXT NOT NULL DEFAULT '[]'\n);",
+)
+
+
+def test_a_version_3_history_reads_as_one_version_and_takes_new_ones(tmp_path):
+    """Messages of two chats written in turn: each message follows the one before it in its own
+    chat, so every chat reads as it did, one version, and an edit then adds a second."""
+    data = tmp_path / "data"
+    data.mkdir()
+    db = sqlite3.connect(data / "history.sqlite3", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript("BEGIN;" + SCHEMA_V3 + "PRAGMA user_version=3;COMMIT;")
+    db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+    db.executemany("INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)", CONVERSATIONS)
+    db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', '[]')", MESSAGES)
+    db.execute("INSERT INTO messages VALUES (7, 'c2', 'assistant', 'Salut', '[]', 'complete', 52.0, NULL, 'n', '[]')")
+    db.close()
+
+    h = History(data)
+    try:
+        assert h.recovery is None
+        assert [m.id for m in h.messages("c1")] == [1, 2, 3, 4]
+        assert [m.id for m in h.messages("c2")] == [5, 7]
+        assert h.versions("c1") == {} and h.messages("c2")[1].note == "n"
+        edited = h.add_version(3, "And the square?")
+        assert [m.id for m in h.messages("c1")] == [1, 2, edited.id]
+        assert [x.message_id for x in h.search("triangle")] == [3]  # the old version is still found
+    finally:
+        h.close()
+    with sqlite3.connect(data / "history.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("SELECT id, parent FROM messages WHERE conversation = 'c2' ORDER BY id").fetchall() == [
+            (5, None),
+            (7, 5),
+        ]
+    db.close()

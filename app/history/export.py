@@ -4,7 +4,9 @@ beside it, and JSON. No Qt: the window's chat menu (app/chat/chat_export.py) and
 
 In the folder DIR:
     <title>.md         the conversation to read (pictures linked into the folder below)
-    <title>.json       every message with its times, status, turn line and pictures (format below)
+    <title>.json       every message of every version, with its times, status, turn line and
+                       pictures; `parent` links a message to the one it follows and `shown`
+                       marks the version the chat shows (the Markdown's)
     <title>/           the pictures: each one once, numbered in order of first appearance; a PDF
                        page or video frame as a PNG of what the model was given (the page drawn at
                        the dpi it was sent at, the frame decoded at its time)
@@ -115,18 +117,21 @@ def export_chat(history: History, conversation_id: str, to: Path | str) -> Expor
         to.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ExportError(f"Could not make the folder {to}: {e.strerror or e}.") from e
-    messages = history.messages(conversation_id)
+    messages = history.messages(conversation_id)  # the version shown
+    everything = history.every_message(conversation_id)
     base = _free_name(to, safe_name(chat.title))
     folder = to / base
     pictures: dict[str, _Picture] = {}  # by ref: a picture sent again is written once
     missing: list[str] = []
     try:
-        for message in messages:
+        for message in messages + everything:  # numbered in the shown version's order first
             for stored in message.named_pictures():
                 if stored.ref not in pictures:
                     pictures[stored.ref] = _write_picture(history, stored, folder, base, len(pictures) + 1, missing)
-        atomic_write(to / f"{base}.json", _json(chat, messages, pictures).encode("utf-8"))
-        atomic_write(to / f"{base}.md", _markdown(chat, messages, pictures).encode("utf-8"))
+        shown = {m.id for m in messages}
+        atomic_write(to / f"{base}.json", _json(chat, everything, shown, pictures).encode("utf-8"))
+        others = len(everything) - len(messages)
+        atomic_write(to / f"{base}.md", _markdown(chat, messages, others, pictures).encode("utf-8"))
     except OSError as e:
         raise ExportError(f"Could not write the export into {to}: {e.strerror or e}.") from e
     written = sum(1 for p in pictures.values() if p.file)
@@ -166,7 +171,7 @@ def _when(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
-def _json(chat: Conversation, messages: list[StoredMessage], pictures: dict[str, _Picture]) -> str:
+def _json(chat: Conversation, messages: list[StoredMessage], shown: set[int], pictures: dict[str, _Picture]) -> str:
     def picture(p: _Picture) -> dict:
         return {
             "file": p.file,  # null: not written (missing or damaged)
@@ -189,6 +194,9 @@ def _json(chat: Conversation, messages: list[StoredMessage], pictures: dict[str,
         },
         "messages": [
             {
+                "id": m.id,
+                "parent": m.parent,
+                "shown": m.id in shown,
                 "role": m.role,
                 "text": m.text,
                 "complete": m.status != INTERRUPTED,
@@ -203,8 +211,13 @@ def _json(chat: Conversation, messages: list[StoredMessage], pictures: dict[str,
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 
-def _markdown(chat: Conversation, messages: list[StoredMessage], pictures: dict[str, _Picture]) -> str:
-    out = [f"# {_one_line(chat.title)}", "", f"*Exported from Parley · {_when(chat.updated)} UTC*", ""]
+def _markdown(chat: Conversation, messages: list[StoredMessage], others: int, pictures: dict[str, _Picture]) -> str:
+    out = [f"# {_one_line(chat.title)}", "", f"*Exported from Parley · {_when(chat.updated)}*", ""]
+    if others:
+        out += [
+            f"*The version of the chat shown in Parley; {others} more messages of its other versions are in the JSON.*",
+            "",
+        ]
     if chat.system_prompt:
         out += ["> **Instructions:** " + _one_line(chat.system_prompt), ""]
     for m in messages:

@@ -103,6 +103,7 @@ class StoredMessage:
     edited: float | None = None
     note: str = ""  # a reply's turn line ("Continued 69 tokens from memory · …"), kept across restarts
     names: tuple[str, ...] = ()  # each picture's file name, in `pictures` order ("" or missing: none)
+    parent: int | None = None  # the message it follows (None: the first); its siblings are its versions
 
     def named_pictures(self) -> list[StoredPicture]:
         names = self.names + ("",) * (len(self.pictures) - len(self.names))  # a damaged list: no names
@@ -268,6 +269,11 @@ class History:
         """The shown version of the conversation, first message first."""
         with self._lock:
             return [_message(r) for r in self._path(self._db, conversation_id)]
+
+    def every_message(self, conversation_id: str) -> list[StoredMessage]:
+        """Every version of every message of the conversation, oldest first (`parent` links them)."""
+        rows = self._query("SELECT * FROM messages WHERE conversation = ? ORDER BY id", (conversation_id,))
+        return [_message(r) for r in rows]
 
     def versions(self, conversation_id: str) -> dict[int, Versions]:
         """For each message on the shown path that has more than one version: its versions."""
@@ -547,6 +553,7 @@ def _message(r: sqlite3.Row) -> StoredMessage:
         r["edited"],
         r["note"],
         _names(r["picture_names"]),
+        r["parent"],
     )
 
 

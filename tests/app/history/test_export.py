@@ -178,3 +178,24 @@ def test_main_export_lists_chats_writes_the_export_and_refuses_in_one_line(histo
     nowhere = main("--list", "--data-dir", str(tmp_path / "empty"))
     assert nowhere.returncode == 1 and "has no history" in nowhere.stderr
     assert not (tmp_path / "empty").exists()  # a mistyped folder is not made into a data folder
+
+
+def test_the_json_holds_every_version_and_the_markdown_the_one_shown(history, tmp_path):
+    cid = _chat(history, tmp_path)
+    first = history.messages(cid)[0]
+    edited = history.add_version(first.id, "What animal is this?")  # the first question, edited
+    reply = history.begin_reply(cid)
+    history.finish_reply(reply.id, "A cat.")
+    done = export_chat(history, cid, tmp_path / "out")
+    md = done.markdown.read_text(encoding="utf-8")
+    assert "What animal is this?" in md and "What is in this picture?" not in md
+    assert "4 more messages of its other versions are in the JSON" in md
+    doc = json.loads(done.json.read_text(encoding="utf-8"))
+    by_id = {m["id"]: m for m in doc["messages"]}
+    assert len(by_id) == 6 and [m["id"] for m in doc["messages"] if m["shown"]] == [edited.id, reply.id]
+    assert by_id[edited.id]["parent"] is None and by_id[first.id]["parent"] is None  # two versions of the first
+    old_path = [first.id]
+    while kids := [m["id"] for m in doc["messages"] if m["parent"] == old_path[-1]]:
+        old_path.append(kids[0])
+    assert [by_id[i]["text"] for i in old_path][-1] == "A page and a fr"  # the old version, whole
+    assert all((tmp_path / "out" / p["file"]).is_file() for m in doc["messages"] for p in m["pictures"])

@@ -19,7 +19,8 @@ Needs a real display server (QT_QPA_PLATFORM=xcb under Xvfb, set here unless alr
   bad-drop.png  a 6-page PDF (one chip with its page count and range), then an empty PDF and a
                 damaged PNG dropped next to it, a good picture and a draft: the inline refusal,
                 with the draft, the picture and the document kept
-  versions.png  the last reply asked again ("More varied"): "‹ 2/2 ›" under it switches back
+  versions.png  the last question edited and answered: "‹ 2/2 ›" under it switches back to the
+                first version and its reply
 
 The replies and what the pictures show are printed, so a wrong answer is easy to spot.
 """
@@ -291,9 +292,11 @@ def main(argv: list[str] | None = None) -> int:
             grab(w, out / "bad-drop.png")
 
             w.composer.clear()
-            w.controller.seeds = lambda: 7  # "More varied" samples from this seed: the same shot every run
-            w.controller.regenerate(varied=True)  # the old reply stays as version 1
-            wait_until(lambda: not w.controller.is_generating(), 60, "a more varied reply")
+            asked = [m for m in w.controller.stored_messages() if m.role == "user"][-1]
+            # the last question edited, as Edit ▸ Send does: the old one stays as version 1, with its reply
+            w.controller.edit_and_resend(asked.id, "Where is the heart?", asked.named_pictures())
+            wait_until(lambda: not w.controller.is_generating(), 60, "the edited question's reply")
+            print(f"edited: {w.messages.items()[-1].text!r}", flush=True)
             settle(300)
             grab(w, out / "versions.png")
         finally:

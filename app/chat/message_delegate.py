@@ -217,14 +217,15 @@ class MessageDelegate(QStyledItemDelegate):
         if it.edited:
             tags.append("edited")
         geo.tags = " · ".join(tags)
-        names = list(SWITCHER) if it.versions else []
-        names.append("copy")
+        names = ["copy"]
         if user:
             names.append("edit")
         elif is_last and not it.streaming:
             names.append("regenerate")
             if self.offer_varied:
                 names.append("varied")
+        if it.versions:  # the switcher next to the bubble's edge, where the hidden actions do not leave a gap
+            names = names + list(SWITCHER) if user else list(SWITCHER) + names
         if it.versions:
             geo.versions = f"{it.versions[0]}/{it.versions[1]}"
         # Actions sit under the bubble, on the side it is aligned to; the switcher's parts close together.

@@ -22,13 +22,6 @@ from tests.fixtures.pictures import picture_bytes
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def history(tmp_path):
-    h = History(tmp_path / "data")
-    yield h
-    h.close()
-
-
 def _chat(history: History, tmp_path: Path, title: str = "Shapes: red/blue?") -> str:
     """A chat with a picture sent twice, a PDF page, a video frame and a stopped reply."""
     c = history.create_conversation(title, system_prompt="Answer briefly.")

@@ -19,13 +19,6 @@ from engine.pictures.document import PageRef
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def history(tmp_path):
-    h = History(tmp_path / "data")
-    yield h
-    h.close()
-
-
 def test_database_is_wal(history):
     mode = history._query("PRAGMA journal_mode")[0][0]
     assert mode == "wal"

@@ -51,11 +51,17 @@ MESSAGES = [
 ]
 
 
-def write_v1(path) -> None:
+def older_database(path, schema: str, version: int) -> sqlite3.Connection:
+    """An empty history database as Parley at `version` made it (its tables, the full-text index)."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
-    db.executescript("BEGIN;" + SCHEMA_V1 + "PRAGMA user_version=1;COMMIT;")
+    db.executescript("BEGIN;" + schema + f"PRAGMA user_version={version};COMMIT;")
     db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+    return db
+
+
+def write_v1(path) -> None:
+    db = older_database(path, SCHEMA_V1, 1)
     db.executemany("INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)", CONVERSATIONS)
     db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)", MESSAGES)
     db.close()
@@ -168,10 +174,7 @@ def test_a_version_2_history_keeps_its_pages_and_names_new_ones(tmp_path):
     through an edit that leaves the pictures as they were and a reopening."""
     data = tmp_path / "data"
     data.mkdir()
-    db = sqlite3.connect(data / "history.sqlite3", isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript("BEGIN;" + SCHEMA_V2 + "PRAGMA user_version=2;COMMIT;")
-    db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+    db = older_database(data / "history.sqlite3", SCHEMA_V2, 2)
     db.execute("INSERT INTO conversations VALUES ('c1', 'Pages', 100.0, 102.0, NULL, NULL)")
     db.execute(
         "INSERT INTO messages VALUES (1, 'c1', 'user', 'What is on page 2?', ?, 'complete', 101.0, NULL, '')",
@@ -219,10 +222,7 @@ def test_a_version_3_history_reads_as_one_version_and_takes_new_ones(tmp_path):
     chat, so every chat reads as it did, one version, and an edit then adds a second."""
     data = tmp_path / "data"
     data.mkdir()
-    db = sqlite3.connect(data / "history.sqlite3", isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript("BEGIN;" + SCHEMA_V3 + "PRAGMA user_version=3;COMMIT;")
-    db.executescript("BEGIN;" + _FTS_SCHEMA + "COMMIT;")
+    db = older_database(data / "history.sqlite3", SCHEMA_V3, 3)
     db.executemany("INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)", CONVERSATIONS)
     db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', '[]')", MESSAGES)
     db.execute("INSERT INTO messages VALUES (7, 'c2', 'assistant', 'Salut', '[]', 'complete', 52.0, NULL, 'n', '[]')")

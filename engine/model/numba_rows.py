@@ -47,9 +47,27 @@ def _f16_to_f32(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        if "f16c" in target_features() or not _x86():
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        # Without F16C LLVM calls __extendhfsf2, which numba's JIT does not link: the process
+        # aborted ("LLVM ERROR: Symbol not found", numba told to compile for a plain x86-64). The
+        # bits moved into fp32's places, times 2^112 (exact, subnormals included); 31 is inf/NaN.
+        i32 = ir.IntType(32)
+        h = builder.zext(args[0], i32)
+        moved = builder.shl(builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
+        finite = builder.fmul(builder.bitcast(moved, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0**112))
+        special = builder.icmp_unsigned(">=", moved, ir.Constant(i32, 0x7C00 << 13))
+        bits = builder.select(special, builder.or_(moved, ir.Constant(i32, 0x7F800000)), builder.bitcast(finite, i32))
+        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        return builder.bitcast(builder.or_(bits, sign), ir.FloatType())
 
     return types.float32(bits), codegen
+
+
+def _x86() -> bool:
+    import platform
+
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
 # One output row's products per format (inlined into a parallel and a serial kernel, so both

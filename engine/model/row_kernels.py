@@ -136,7 +136,7 @@ def _warm_up(k: ModuleType) -> None:
     x = g.standard_normal((2, 64), dtype=np.float32)
     w = g.standard_normal((8, 64), dtype=np.float32)
     checks: list[tuple[np.ndarray, np.ndarray]] = []
-    paths = sorted({"generic", int4_path()})
+    paths = [int4_path()]  # the generic int4 kernel compiles only where it runs
     for suffix in ("", "_serial"):
         for name, dtype in (("rows_f32", torch.float32), ("rows_bf16", torch.bfloat16), ("rows_f16", torch.float16)):
             weight = torch.from_numpy(w).to(dtype)

@@ -41,7 +41,7 @@ from .prompt_rows import PROMPT_ROWS
 
 log = logging.getLogger(__name__)
 
-LAYOUT = "numba-rows-v1"  # named in the KV store namespace: change it when a kernel's arithmetic changes
+LAYOUT = "numba-rows-v1"  # named in the KV store namespace (layout()): change it when a kernel's arithmetic changes
 CACHE_FOLDER = "numba-cache"  # under the data folder
 
 # weights smaller than this go through the serial kernels on the calling thread: handing a call to
@@ -108,6 +108,21 @@ def _load(data_dir: Path | str | None) -> ModuleType | None:
     return numba_rows
 
 
+def int4_path() -> str:
+    """The int4 kernel this process runs: the fastest of numba_rows.Q4_PATHS this CPU has (its
+    integer dot instructions), or "generic" (numba_rows.rows_int4) where it has none."""
+    if "int4" not in _state:
+        from . import numba_rows
+
+        _state["int4"] = (numba_rows.q4_paths() or ["generic"])[0]
+    return str(_state["int4"])
+
+
+def layout() -> str:
+    """The kernels' arithmetic, for the KV store namespace: LAYOUT and the int4 path."""
+    return f"{LAYOUT};int4={int4_path() if 'kernels' in _state else 'none'}"
+
+
 def unavailable() -> str:
     """Why the kernels are not loaded ("" when they are, or were never asked for)."""
     return str(_state.get("why", ""))
@@ -121,6 +136,7 @@ def _warm_up(k: ModuleType) -> None:
     x = g.standard_normal((2, 64), dtype=np.float32)
     w = g.standard_normal((8, 64), dtype=np.float32)
     checks: list[tuple[np.ndarray, np.ndarray]] = []
+    paths = [int4_path()]  # the generic int4 kernel compiles only where it runs
     for suffix in ("", "_serial"):
         for name, dtype in (("rows_f32", torch.float32), ("rows_bf16", torch.bfloat16), ("rows_f16", torch.float16)):
             weight = torch.from_numpy(w).to(dtype)
@@ -131,21 +147,24 @@ def _warm_up(k: ModuleType) -> None:
         out = np.empty((2, 8), np.float32)
         _call(getattr(k, "rows_int8" + suffix), x, np.ones((8, 64), np.int8), np.full(8, 0.5, np.float32), out)
         checks.append((out, np.repeat(x.sum(1, keepdims=True) * 0.5, 8, 1)))
-        q = Int4Weights.of(torch.from_numpy(w))
-        lo, hi, xd = quantized_activations(torch.from_numpy(x), q.blocks, q.per, k)
-        out = np.empty((2, 8), np.float32)
-        _call(getattr(k, "rows_int4" + suffix), lo, hi, xd, q.nibbles.numpy(), q.scales.numpy(), out)
-        checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
-    prompt = Int4Linear(Int4Weights.of(torch.from_numpy(w)), None, k)._prompt_product(torch.from_numpy(x), q)
-    checks.append((prompt.numpy(), _int4_reference(torch.from_numpy(x), q).numpy()))
+        for path in paths:
+            q = Int4Weights.of(torch.from_numpy(w), path)
+            out = np.empty((2, 8), np.float32)
+            q.rows(torch.from_numpy(x), out, k, serial=bool(suffix))
+            checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
+    for path in paths:
+        q = Int4Weights.of(torch.from_numpy(w), path)
+        prompt = Int4Linear(q, None, k)._prompt_product(torch.from_numpy(x), q)
+        checks.append((prompt.numpy(), _int4_reference(torch.from_numpy(x), q).numpy()))
     for got, want in checks:
         if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
             raise ArithmeticError("a compiled one-row kernel disagrees with numpy on this CPU")
 
 
-def kernel(kernels: ModuleType, name: str, weight_bytes: int):
+def kernel(kernels: ModuleType, name: str, weight_bytes: int, serial: bool | None = None):
     """The kernel `name` for a weight of this many bytes: serial when small (SERIAL_BYTES)."""
-    return getattr(kernels, name + ("_serial" if weight_bytes < SERIAL_BYTES else ""))
+    serial = weight_bytes < SERIAL_BYTES if serial is None else serial
+    return getattr(kernels, name + ("_serial" if serial else ""))
 
 
 def _call(fn, *args) -> None:
@@ -225,23 +244,40 @@ SIDE_BY_SIDE = 256  # blocks of output rows the int4 kernel's vectorized loop ru
 
 class Int4Weights:
     """One weight matrix in blocks of 32 along its input with one fp16 scale each (Q4_0): a
-    weight is (nibble - 8) * scale, the nibble 0..15. Stored as the kernel streams it
-    (numba_rows.rows_int4): `per` output rows side by side, nibbles (groups, 16, per * blocks),
-    scales (groups, per, blocks) as fp16 bits. Inputs not a multiple of 32 wide are padded with
-    zeros, outputs to a multiple of `per` with zero rows."""
+    weight is (nibble - 8) * scale, the nibble 0..15. Stored as its kernel streams it (`path`,
+    int4_path()):
 
-    def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, in_features: int, out_features: int):
+    - "generic" (numba_rows.rows_int4): `per` output rows side by side, nibbles (groups, 16,
+      per * blocks), scales (groups, per, blocks) as fp16 bits; outputs padded to a multiple of
+      `per` with zero rows.
+    - an integer-dot path (numba_rows.Q4_PATHS, rows_q4_*): row by row in pairs of blocks, nibbles
+      (out, pairs * 32) with block 2p in the low nibbles of pair p and block 2p + 1 in the high,
+      scales (out, pairs * 2); per = 1.
+
+    Inputs not a multiple of 32 (or, paired, 64) wide are padded with zeros."""
+
+    def __init__(
+        self, nibbles: torch.Tensor, scales: torch.Tensor, in_features: int, out_features: int, path: str | None = None
+    ):
         self.nibbles, self.scales = nibbles, scales
         self.in_features, self.out_features = in_features, out_features
-        _, self.per, self.blocks = scales.shape
+        if scales.dim() == 3:
+            self.path = "generic"
+            _, self.per, self.blocks = scales.shape
+        else:
+            self.path = path if path not in (None, "generic") else int4_path()
+            self.per, self.blocks = 1, scales.shape[1]
 
     @classmethod
-    def of(cls, weight: torch.Tensor) -> Int4Weights:
+    def of(cls, weight: torch.Tensor, path: str | None = None) -> Int4Weights:
         """Quantized as llama.cpp's quantize_row_q4_0 does: the block's value of largest magnitude
-        maps to nibble 0 (-8), the rest rounded to the nearest step."""
+        maps to nibble 0 (-8), the rest rounded to the nearest step. `path`: int4_path() unless given."""
+        path = int4_path() if path is None else path
         out, k = weight.shape
         blocks = -(-k // BLOCK)
-        per = max(1, min(out, -(-SIDE_BY_SIDE // blocks)))
+        if path != "generic":
+            blocks += blocks % 2
+        per = max(1, min(out, -(-SIDE_BY_SIDE // blocks))) if path == "generic" else 1
         groups = -(-out // per)
         w = torch.zeros(groups * per, blocks * BLOCK, dtype=torch.float32)
         w[:out, :k] = weight.detach().float()
@@ -250,6 +286,10 @@ class Int4Weights:
         scale = (extreme / -8).to(torch.float16)
         inverse = torch.where(scale != 0, 1 / scale.float(), torch.zeros(()))
         q = (w * inverse[..., None] + 8.5).clamp(0, 15).to(torch.uint8)  # truncation: + 0.5 rounds
+        if path != "generic":
+            paired = q.reshape(out, blocks // 2, 2, BLOCK)
+            nibbles = (paired[:, :, 0] | (paired[:, :, 1] << 4)).reshape(out, -1).contiguous()
+            return cls(nibbles, scale.view(torch.int16).contiguous(), k, out, path)
         nibbles = q[:, :, :16] | (q[:, :, 16:] << 4)  # (rows, blocks, 16)
         nibbles = nibbles.reshape(groups, per * blocks, 16).transpose(1, 2).contiguous()
         return cls(nibbles, scale.view(torch.int16).reshape(groups, per, blocks).contiguous(), k, out)
@@ -261,6 +301,11 @@ class Int4Weights:
     def dequantized(self, a: int = 0, b: int | None = None) -> torch.Tensor:
         """Rows a:b of the weight in fp32 (out, in)."""
         b = self.out_features if b is None else b
+        if self.path != "generic":
+            q = self.nibbles[a:b].reshape(b - a, -1, 1, BLOCK)
+            values = torch.cat([q & 15, q >> 4], 2).reshape(b - a, self.blocks, BLOCK).to(torch.float32) - 8
+            scales = self.scales[a:b].view(torch.float16).float()
+            return (values * scales[..., None]).reshape(b - a, -1)[:, : self.in_features]
         g0, g1 = a // self.per, -(-b // self.per)
         q = self.nibbles[g0:g1].transpose(1, 2).reshape(-1, self.blocks, 16)  # (rows, blocks, 16)
         values = torch.cat([(q & 15), (q >> 4)], 2).to(torch.float32) - 8
@@ -269,16 +314,26 @@ class Int4Weights:
         first = a - g0 * self.per
         return w[first : first + b - a, : self.in_features]
 
-    def rows(self, flat: torch.Tensor, out: np.ndarray, kernels: ModuleType) -> None:
+    def rows(self, flat: torch.Tensor, out: np.ndarray, kernels: ModuleType, serial: bool | None = None) -> None:
         """out (rows, out_features) fp32 = the decoded rows' products, activations quantized to
-        int8 per block of 32 (as llama.cpp's q8_0) and integer dot products per block."""
+        int8 per block of 32 (as llama.cpp's q8_0) and integer dot products per block.
+        `serial`: the one-thread kernel (by size unless given)."""
+        if self.path != "generic":
+            x = flat.detach().to(torch.float32).contiguous().numpy()
+            xq = np.empty((len(x), self.blocks * BLOCK), np.int8)
+            bias = np.empty((len(x), self.blocks * 8), np.int32)
+            xd = np.empty((len(x), self.blocks), np.float32)
+            kernels.quantize_q8_activations(x, xq, bias, xd)
+            fn = kernel(kernels, "rows_q4_" + self.path, self.nbytes, serial)
+            _call(fn, xq, bias, xd, self.nibbles.numpy(), self.scales.numpy(), out)
+            return
         lo, hi, xd = quantized_activations(flat, self.blocks, self.per, kernels)
         padded = (
             out
             if self.out_features % self.per == 0
             else np.empty((len(flat), len(self.nibbles) * self.per), np.float32)
         )
-        fn = kernel(kernels, "rows_int4", self.nbytes)
+        fn = kernel(kernels, "rows_int4", self.nbytes, serial)
         _call(fn, lo, hi, xd, self.nibbles.numpy(), self.scales.numpy(), padded)
         if padded is not out:
             out[:] = padded[:, : self.out_features]
@@ -331,13 +386,14 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", weights.scales, persistent=False)
         self.bias = bias
         self._kernels = kernels
+        self.path = weights.path
 
     nibbles: torch.Tensor
     scales: torch.Tensor
 
     @property
     def weights(self) -> Int4Weights:
-        return Int4Weights(self.nibbles, self.scales, self.in_features, self.out_features)
+        return Int4Weights(self.nibbles, self.scales, self.in_features, self.out_features, self.path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).detach()
@@ -355,7 +411,9 @@ class Int4Linear(nn.Module):
     def _prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
         """The chunk's int8-per-block activations (as decoded rows see them) times the weights
         turned back into fp32 by numba a few groups of rows at a time (DEQUANTIZED_BYTES), both in
-        the order the weights are stored (numba_rows.dequantize_int4), by the dense GEMM."""
+        the order the weights are stored (numba_rows.dequantize_int4, dequantize_q4), by the dense GEMM."""
+        if w.path != "generic":
+            return self._paired_prompt_product(flat, w)
         xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
         xq[:, : self.in_features] = fake_quantized_activations(flat)
         xq = xq.reshape(len(flat), w.blocks, 2, 16).permute(0, 2, 3, 1).reshape(len(flat), -1).contiguous()
@@ -371,8 +429,22 @@ class Int4Linear(nn.Module):
             torch.mm(xq, torch.from_numpy(part).reshape(len(part), -1).T, out=out[:, g * w.per : (g + n) * w.per])
         return out[:, : self.out_features]
 
+    def _paired_prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+        xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
+        xq[:, : self.in_features] = fake_quantized_activations(flat)
+        step = max(1, self.DEQUANTIZED_BYTES // (4 * BLOCK * w.blocks))  # rows at a time
+        out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
+        buffer = np.empty((min(step, self.out_features), w.blocks * BLOCK), np.float32)
+        nibbles, scales = w.nibbles.numpy(), w.scales.numpy()
+        for j in range(0, self.out_features, step):
+            part = buffer[: min(step, self.out_features - j)]
+            _call(self._kernels.dequantize_q4, nibbles, scales, j, part)
+            torch.mm(xq, torch.from_numpy(part).T, out=out[:, j : j + len(part)])
+        return out
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 (Q4_0 blocks), numba rows"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, int4 (Q4_0 blocks), numba rows ({self.path})"
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -72,7 +72,7 @@ class WeightPlan:
         Full-precision formats are covered by the dtype, plus the packed kernels' layout when
         packed; quantized ones add the format and the library version, whose rounding the KV
         depends on."""
-        rows = f";rows={row_kernels.LAYOUT};numba={row_kernels.version()}" if self.rows else ""
+        rows = f";rows={row_kernels.layout()};numba={row_kernels.version()}" if self.rows else ""
         if not self.quantized:
             return (f"kernel={packed_linear.LAYOUT}" if self.packed else "").encode() + rows.encode()
         lib = LIBRARY[self.format]

@@ -134,7 +134,8 @@ def main() -> None:
         if f in _cpu_flags()
     )
     print(
-        f"memory speed (torch sum of {args.memory_mib} MiB): {mem:.2f} GB/s; threads {torch.get_num_threads()}; {flags}"
+        f"memory speed (torch sum of {args.memory_mib} MiB): {mem:.2f} GB/s; threads {torch.get_num_threads()}; {flags};"  # noqa: E501
+        f" int4 kernel {row_kernels.int4_path()}"
     )
     for fmt, goal in GOALS.items():
         numba_speed = speeds[fmt, "numba"]

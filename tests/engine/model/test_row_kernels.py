@@ -21,7 +21,9 @@ from engine.model.prompt_rows import PROMPT_ROWS
 from engine.model.row_kernels import Int4Linear, Int4Weights, RowLinear
 
 ROOT = Path(__file__).resolve().parents[3]
-FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")
+# int4 once per kernel path (int4_path() picks one per CPU); a path this CPU lacks is skipped
+INT4 = ("int4:generic", "int4:vnni512", "int4:vnni256", "int4:avx2")
+FORMATS = ("fp32", "bf16", "fp16", "int8", *INT4)
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,12 @@ def kernels(tmp_path_factory):
     k = row_kernels.load(tmp_path_factory.mktemp("data"))
     assert k is not None, row_kernels.unavailable()
     return k
+
+
+def _runs(fmt: str, kernels) -> None:
+    path = fmt.partition(":")[2]
+    if path not in ("", "generic") and path not in kernels.q4_paths():
+        pytest.skip(f"this CPU has no {path} instructions")
 
 
 def _q4_0_reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +70,20 @@ def _module(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None, k) -> nn.
         scale = weight.abs().amax(1) / 127
         q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
         return Int8Linear(frozen(q), frozen(scale), b, None, k)
-    return Int4Linear(Int4Weights.of(weight), b, k)
+    _runs(fmt, k)
+    return Int4Linear(Int4Weights.of(weight, fmt.partition(":")[2] or None), b, k)
+
+
+def _q4_values(q: Int4Weights) -> torch.Tensor:
+    """The weights in float64 (out, in), read from either layout's bytes."""
+    if q.path == "generic":  # `per` output rows side by side
+        nib = q.nibbles.transpose(1, 2).reshape(-1, q.blocks, 16)[: q.out_features].long()
+        values = torch.cat([nib & 15, nib >> 4], 2).double() - 8
+    else:  # row by row, pairs of blocks in the low and high nibbles
+        nib = q.nibbles.reshape(q.out_features, -1, 1, 32).long()
+        values = torch.cat([nib & 15, nib >> 4], 2).reshape(q.out_features, q.blocks, 32).double() - 8
+    scales = q.scales.reshape(-1, q.blocks)[: q.out_features].view(torch.float16).double()
+    return (values * scales[..., None]).reshape(q.out_features, -1)[:, : q.in_features]
 
 
 def _reference(fmt: str, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -77,11 +98,7 @@ def _reference(fmt: str, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         blocks = x.double().reshape(len(x), -1, 32)
         scale = blocks.abs().amax(2, keepdim=True) / 127
         xq = (blocks / scale).round() * scale
-        _, per, blocks = m.scales.shape  # `per` output rows side by side (Int4Weights)
-        q = m.nibbles.transpose(1, 2).reshape(-1, blocks, 16)[: m.out_features].long()
-        values = torch.cat([q & 15, q >> 4], 2).double() - 8
-        scales = m.scales.reshape(-1, blocks)[: m.out_features].view(torch.float16).double()
-        w = (values * scales[..., None]).reshape(m.out_features, -1)[:, : x.shape[1]]
+        w = _q4_values(m.weights)
         y = xq.reshape(len(x), -1) @ w.T
     return y if m.bias is None else y + m.bias.double()
 
@@ -142,22 +159,24 @@ def test_a_prompt_chunk_never_takes_a_row_kernel(fmt, kernels, monkeypatch):
     assert (y[:-1].double() - rows.double()).abs().max() <= tol * rows.double().abs().max()
 
 
-def test_int4_holds_q4_0s_bytes_and_rounding():
+@pytest.mark.parametrize("path", ["generic", "avx2"])  # the two layouts (every int-dot path shares the second)
+def test_int4_holds_q4_0s_bytes_and_rounding(path):
     g = torch.Generator().manual_seed(1)
-    w = torch.randn(6, 96, generator=g)
+    w = torch.randn(6, 128, generator=g)
     w[0, :32] = 0  # an all-zero block: scale 0, every nibble 8
-    q = Int4Weights.of(w)
-    assert q.nbytes == 6 * 96 * 18 // 32  # 16 bytes of nibbles and a 2-byte scale per 32 weights
+    q = Int4Weights.of(w, path)
+    assert q.nbytes == 6 * 128 * 18 // 32  # 16 bytes of nibbles and a 2-byte scale per 32 weights
     want_q, want_d = _q4_0_reference(w.numpy())
-    nib = q.nibbles.transpose(1, 2).reshape(-1, 3, 16)[:6].long()  # (rows, blocks, 16)
-    got_q = torch.cat([nib & 15, nib >> 4], 2).reshape(6, 96).numpy()
-    assert np.array_equal(got_q, want_q)
-    assert np.array_equal(q.scales.reshape(-1, 3)[:6].view(torch.float16).float().numpy(), want_d)
+    d = q.scales.reshape(-1, 4)[:6].view(torch.float16).double()
+    got_q = (_q4_values(q) / d.repeat_interleave(32, 1) + 8).nan_to_num(8)  # nibbles back from the values
+    assert np.array_equal(got_q.numpy(), want_q)
+    assert np.array_equal(d.float().numpy(), want_d)
 
 
-def test_int4_prompt_and_decoded_rows_compute_the_same_product(kernels):
+@pytest.mark.parametrize("fmt", INT4)
+def test_int4_prompt_and_decoded_rows_compute_the_same_product(fmt, kernels):
     g = torch.Generator().manual_seed(2)
-    m = Int4Linear(Int4Weights.of(torch.randn(256, 1536, generator=g) * 0.05), None, kernels)
+    m = _module(fmt, torch.randn(256, 1536, generator=g) * 0.05, None, kernels)
     x = torch.randn(PROMPT_ROWS + 4, 1536, generator=g)
     with torch.inference_mode():
         prompt = m(x)
@@ -242,3 +261,105 @@ def test_an_int8_layer_cast_with_its_model_to_bf16_still_decodes_through_numba(k
     ref = _reference("int8", m, x.float())
     assert y.dtype == torch.bfloat16 and m.scale32.dtype == torch.float32
     assert (y.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+@pytest.mark.parametrize("fmt", INT4)
+def test_every_int4_path_sums_the_same_integers(fmt, kernels):
+    """Weights and activations that are whole numbers with scale 1 (each block holds a -8 weight
+    and a 127 activation): every product and sum is exact in fp32, so every path this CPU runs
+    must equal float64 to the bit, whatever its order of additions; a row alone, inside a draft,
+    on one thread or several."""
+    g = torch.Generator().manual_seed(11)
+    n, k = 200, 1568  # 49 blocks: the paired layout pads one
+    w = torch.randint(-8, 8, (n, k), generator=g).float()
+    w[:, ::32] = -8
+    x = torch.randint(-127, 128, (PROMPT_ROWS - 1, k), generator=g).float()
+    x[:, 5::32] = 127
+    m = _module(fmt, w, None, kernels)
+    assert m.scales.view(torch.float16).float().unique().tolist() in ([1.0], [0.0, 1.0])  # 0: padding
+    want = (x.double() @ w.double().T).float()
+    with torch.inference_mode():
+        together = m(x)
+        assert torch.equal(together, want)
+        assert all(torch.equal(m(x[i : i + 1]), want[i : i + 1]) for i in range(len(x)))
+    out = np.empty((len(x), n), np.float32)
+    m.weights.rows(x, out, kernels, serial=True)
+    assert np.array_equal(out, want.numpy())
+
+
+def test_the_int_dot_paths_agree_to_the_bit_and_with_the_generic_kernel(kernels):
+    """The 512- and 256-bit and AVX2 paths do the same arithmetic in the same order; the generic
+    kernel rounds its per-block sums differently (fp32 per block, not per lane)."""
+    paths = kernels.q4_paths()
+    if not paths:
+        pytest.skip("this CPU has no integer dot path")
+    g = torch.Generator().manual_seed(12)
+    w, x = torch.randn(300, 1000, generator=g) * 0.05, torch.randn(3, 1000, generator=g)
+    outs = {}
+    for path in ["generic", *paths]:
+        out = np.empty((3, 300), np.float32)
+        Int4Weights.of(w, path).rows(x, out, kernels)
+        outs[path] = out
+    for path in paths:
+        assert np.array_equal(outs[path], outs[paths[0]]), path
+    assert np.abs(outs[paths[0]] - outs["generic"]).max() <= 1e-5 * np.abs(outs["generic"]).max()
+
+
+def test_the_int4_path_follows_the_cpus_instructions(kernels):
+    avx2 = {"avx", "avx2", "fma", "f16c"}
+    assert kernels.q4_paths(avx2) == ["avx2"]
+    assert kernels.q4_paths(avx2 | {"avxvnni"}) == ["vnni256", "avx2"]  # e.g. Intel's Alder Lake
+    assert kernels.q4_paths(avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512vnni"}) == ["vnni512", "vnni256", "avx2"]
+    assert kernels.q4_paths({"sse2", "avx"}) == [] and kernels.q4_paths({"neon"}) == []  # the generic kernel
+    assert row_kernels.int4_path() == (kernels.q4_paths() or ["generic"])[0]
+    assert f"int4={row_kernels.int4_path()}" in row_kernels.layout()  # the KV namespace names it
+
+
+# numba compiling for another x86 CPU (its target machine; this CPU runs a subset of its code)
+HASWELL = (
+    "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,"
+    "+sse4.2,+ssse3"
+)
+X86_64 = "+64bit,+cmov,+cx8,+fxsr,+mmx,+sse,+sse2"
+
+
+@pytest.mark.parametrize(("cpu", "features", "path"), [("haswell", HASWELL, "avx2"), ("x86-64", X86_64, "generic")])
+def test_a_cpu_without_vnni_gets_its_own_int4_path_and_cache(tmp_path, cpu, features, path):
+    """An AVX2-only CPU runs the AVX2 path and one with neither the generic kernel (numba told to
+    compile for such a CPU); a VNNI kernel refuses to compile there (a TypingError, not LLVM's
+    abort); and this CPU, sharing the cache folder afterwards, is not served their code (numba's
+    cache is keyed on the CPU's name and features)."""
+    code = f"""
+        import torch
+        from engine.model import row_kernels
+        k = row_kernels.load({str(tmp_path)!r})
+        assert k is not None, row_kernels.unavailable()
+        print("path", row_kernels.int4_path())
+        g = torch.Generator().manual_seed(1)
+        w, x = torch.randn(96, 200, generator=g), torch.randn(3, 200, generator=g)
+        m = row_kernels.Int4Linear(row_kernels.Int4Weights.of(w), None, k)
+        with torch.inference_mode():
+            y = m(x)
+        ref = row_kernels._int4_reference(x, m.weights)
+        print("close", bool((y - ref).abs().max() <= 1e-5 * ref.abs().max()))
+        if row_kernels.int4_path() != "vnni512":
+            import numba, numpy as np
+            q = row_kernels.Int4Weights.of(w, "avx2")
+            try:
+                k.rows_q4_vnni512_serial(
+                    np.zeros((1, 64), np.int8), np.zeros((1, 16), np.int32), np.zeros((1, 2), np.float32),
+                    q.nibbles.numpy(), q.scales.numpy(), np.empty((1, 96), np.float32),
+                )
+                print("vnni512 compiled")
+            except numba.core.errors.TypingError:
+                print("vnni512 refused")
+    """
+    other = _run(code, {"NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features})
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split() == ["path", path, "close", "True", "vnni512", "refused"]
+    files = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*.nbc")}
+    here = _run(code)
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.split()[:4] == ["path", row_kernels.int4_path(), "close", "True"]
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*.nbc")}
+    assert len(after) > len(files)  # compiled anew for this CPU, beside the other CPU's entries

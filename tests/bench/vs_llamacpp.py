@@ -183,7 +183,9 @@ def main() -> None:
     ap.add_argument("--keep-gguf", action="store_true", help="keep the converted GGUF files (next to the model)")
     args = parse_args(ap, {"formats": "bf16,int8,int4", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"})
     try:
-        llama = ensure(build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1")
+        llama = ensure(
+            build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1", need=("llama-bench", "llama-mtmd-cli", "llama-quantize")
+        )
     except Unavailable as exc:
         print(f"skipped: {exc}")
         return

@@ -184,7 +184,8 @@ def main() -> None:
     args = parse_args(ap, {"formats": "bf16,int8,int4", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"})
     try:
         llama = ensure(
-            build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1", need=("llama-bench", "llama-mtmd-cli", "llama-quantize")
+            build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1",
+            need=("llama-bench", "llama-mtmd-cli", "llama-quantize"),
         )
     except Unavailable as exc:
         print(f"skipped: {exc}")

@@ -58,6 +58,14 @@ cli.main()
 """
 
 
+# The model both sides of a comparison run: Qwen2-VL-2B-Instruct at its published shape with seeded
+# random weights (tests/fixtures/published_configs.py); --quick keeps the widths with 2 text layers
+# and 3 vision blocks (the converter maps the projector's `merger.mlp.2` by block number, so it
+# needs 3) and a 4096-token vocabulary.
+PEER_SHAPE = "Qwen2-VL-2B-Instruct"
+PEER_QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
+
+
 # GGUF files on which llama.cpp's weight repacking crashed here, and the line that says so (seen:
 # SIGSEGV in ggml_backend_amx_mul_mat prefilling q8_0 on a Sapphire Rapids VM, llama.cpp 0c1e570)
 NO_REPACK: dict[Path, str] = {}
@@ -144,6 +152,18 @@ class LlamaCpp:
             raise Unavailable(f"convert_hf_to_gguf.py wrote no {tmp.name}")
         os.replace(made, out)
         return out
+
+    def picture_model(self, quick: bool, tag: str) -> tuple[Path, Path, Path]:
+        """(model folder, bf16 GGUF of its language model, f16 mmproj of its vision tower) for
+        PEER_SHAPE, built once and converted once into `<model>-<tag>-gguf-<version>` beside it
+        (kept: minutes at full size; `tag` keeps one benchmark's files from another's clean-up)."""
+        from tests.fixtures.published_configs import build_published
+
+        model_dir = build_published(PEER_SHAPE, **(PEER_QUICK if quick else {}))
+        gdir = model_dir.parent / f"{model_dir.name}-{tag}-gguf-{LLAMA_CPP_PYTHON}"
+        lm = self.convert(model_dir, "bf16", gdir / "lm-bf16.gguf")
+        mmproj = self.convert(model_dir, "f16", gdir / "mmproj-f16.gguf", mmproj=True)
+        return model_dir, lm, mmproj
 
     def quantize(self, source: Path, kind: str, out: Path) -> Path:
         if not out.exists():

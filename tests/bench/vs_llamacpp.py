@@ -40,11 +40,10 @@ import time
 from dataclasses import dataclass, field
 
 from _common import parse_args, ratio_line, same_length_text, workdir
-from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, LlamaCpp, Unavailable, ensure
+from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, PEER_QUICK, PEER_SHAPE, LlamaCpp, Unavailable, ensure
 
-SHAPE = "Qwen2-VL-2B-Instruct"
-# 3 vision blocks: the converter maps the projector's `merger.mlp.2` by block number, so it needs 3
-QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
+SHAPE = PEER_SHAPE
+QUICK = PEER_QUICK
 # Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
 GGUF = {
     "fp32": ("f32", "f32", None),

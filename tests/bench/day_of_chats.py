@@ -1,9 +1,9 @@
 """A day of picture chats, Parley against llama-server, turn by turn: the waiting a person has
 over a whole day of use, beside the server that LM Studio, Jan and Ollama run.
 
-The day (DAY below; --quick: QUICK_DAY) is four conversations and 43 turns with 12 pictures and a
-4-page PDF (its pages are pictures: 16 in all), several re-sent in later turns and in other chats,
-14 switches between chats, three idle gaps and two restarts. Every turn re-sends the whole
+The day (DAY below; --quick: QUICK_DAY) is four conversations and 42 turns with 12 pictures and a
+4-page PDF (its pages are pictures: 16 in all), eight of them re-sent in later turns or other chats,
+33 switches between chats, three idle gaps and two restarts. Every turn re-sends the whole
 conversation, pictures included, as the apps do. Replies are greedy and exactly `--new` tokens on
 both sides (the random weights never pick an end token in Parley, and llama-server is asked to
 ignore it); the model is the same: Qwen2-VL-2B-Instruct's published shape with seeded random

@@ -214,6 +214,13 @@ class DayRun:
         return sum(getattr(t, what) for t in self.turns)
 
 
+def progress(run: DayRun, i: int, chat: str) -> None:
+    t = run.turns[-1]
+    print(
+        f"  {run.name} turn {i + 1} (chat {chat}): {t.ttft_s:.2f} s to first token, {t.wall_s:.2f} s whole", flush=True
+    )
+
+
 def turn_steps(day: list):
     """(turn index, chat, text, picture names, what came before it: switch / idle / restart)."""
     i, last, before = 0, None, set()
@@ -340,6 +347,7 @@ def parley_day(
                 TurnTime(wall, s.decode_s, s.prompt_tokens, s.pictures_encoded, {k: getattr(s, k) for k in keep})
             )
             msgs.append(Message("assistant", replies[i]))
+            progress(run, i, chat)
             i += 1
     finally:
         engine.shutdown()
@@ -510,6 +518,7 @@ def llama_day(name: str, server: Server, tuned: bool, day: list, media: Media, r
             run.turns.append(TurnTime(wall, tm["predicted_ms"] / 1000, prompt, 0, {"prompt_n": tm.get("prompt_n", 0)}))
             segments[-1] += 1
             msgs.append(("assistant", replies[i], []))
+            progress(run, i, chat)
             i += 1
     finally:
         server.stop()
@@ -659,8 +668,9 @@ def report(args, day, media, runs: list[DayRun], threads: int, llama: LlamaCpp, 
         )
     host = sum(bool(t.detail.get("from_host_cache")) for t in shipped.turns)
     print(
-        f"llama-server as shipped: {host} of {len(steps)} turns took a saved prompt from its host-memory "
-        "cache (--cache-ram)"
+        f"llama-server as shipped: its host-memory prompt cache (--cache-ram, 8 GiB by default) gave {host} of "
+        f"{len(steps)} turns, every one a prompt with pictures, a saved prompt"
+        + (": this version keeps multimodal prompts there too (llama.cpp issue #17821 does not apply)" if host else "")
     )
     for r in runs:
         print(ratio_line(f"summed time to first token over the day, {r.name}", r.total("ttft_s"), unit="s", digits=1))

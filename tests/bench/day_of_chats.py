@@ -33,8 +33,8 @@ llama-server (`make bench-tools` builds it from the pinned llama-cpp-python sdis
 - as shipped: only model, mmproj, threads and port given (logs at trace level, to count pictures
   encoded and see its caches at work): automatic slots (4) over a unified KV cache, `cache_prompt`
   on, the 8 GiB host-memory prompt cache; a restart keeps nothing.
-- tuned, as a careful user could script it: a slot per chat (`-np` chats, each request sent with its
-  chat's `id_slot`), `--cache-reuse 256` (the server turns it off for multimodal models, and the
+- tuned, as a careful user could script it: a slot per chat (`-np` chats of 8,192 tokens each, each
+  request sent with its chat's `id_slot`), `--cache-reuse 256` (the server turns it off for multimodal models, and the
   report says so), and `--slot-save-path` with every slot saved before a restart and restored
   after it (these are timed and shown, not counted as waiting: the script does them while nobody
   waits for a reply).
@@ -141,6 +141,9 @@ QUICK_DAY: list = [
 PDF_NAME = "report.pdf"
 PAGE_PT, QUICK_PAGE_PT = (200, 260), (100, 130)  # points: 400x520 and 200x260 pixels at the 144-dpi render
 CACHE_REUSE = 256
+# tuned: a slot per chat of this many tokens (the day's longest chat needs about 3,000), so its KV
+# cache holds as many tokens as the shipped one's 4 slots share (32,768, the model's context)
+SLOT_TOKENS = 8192
 
 
 # ---------------------------------------------------------------------------- the day's pictures
@@ -598,12 +601,16 @@ def main() -> None:
         replies = [" ".join(words[i * args.new : (i + 1) * args.new]) for i in range(n_turns)]
         runs = [parley_day(model_dir, day, media, replies, args.new, args.idle, args.quick, d)]
         logs = d / "llama-logs"
+        n_chats = len({s[0] for s in day if isinstance(s, tuple)})
         for name, tuned, extra in (
             ("llama-server as shipped", False, []),
             (
                 "llama-server tuned",
                 True,
-                ["-np", str(len({s[0] for s in day if isinstance(s, tuple)})), "--cache-reuse", str(CACHE_REUSE)],
+                [
+                    *("-np", str(n_chats), "-c", str(SLOT_TOKENS * n_chats)),
+                    *("--cache-reuse", str(CACHE_REUSE)),
+                ],
             ),
         ):
             folder = logs / ("tuned" if tuned else "shipped")

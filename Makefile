@@ -38,7 +38,7 @@ bench: $(STAMP)
 	done; \
 	echo "== goals"; grep -E '\(goal .*: (yes|no)\)' $$log; rm -f $$log
 
-# llama.cpp for tests/bench/vs_llamacpp.py, built once from the pinned llama-cpp-python sdist into
+# llama.cpp for tests/bench/vs_llamacpp.py and day_of_chats.py (llama-server), built once from the pinned llama-cpp-python sdist into
 # ~/.cache/parley-bench (benchmark only; the test suite's quick run skips it where it is not built)
 bench-tools: $(STAMP)
 	$(PY) tests/bench/_llamacpp.py

@@ -216,6 +216,43 @@ def charts(rendered: list[str], where: Path) -> list[str]:
         fig.savefig(where / "bench-gate-turns.png", dpi=110)
         plt.close(fig)
         md.append("![per-turn latency with and without the gate](bench-gate-turns.png)")
+    dc = RUNS / "day_of_chats.json"
+    if dc.exists() and "day_of_chats" in rendered:
+        data = json.loads(dc.read_text())
+        turns = data["turns"]
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        x = [t["turn"] for t in turns]
+        for side, colour in zip(data["sides"], ("tab:blue", "tab:red", "tab:orange"), strict=False):
+            total, first = 0.0, 0.0
+            whole, ttft = [], []
+            for t in turns:
+                total += t[side]["wall_s"]
+                first += t[side]["ttft_s"]
+                whole.append(total)
+                ttft.append(first)
+            ax.plot(x, whole, "-", color=colour, label=f"{side}: whole turns")
+            ax.plot(x, ttft, "--", color=colour, label=f"{side}: first tokens")
+        for t in turns:  # what came before a turn: a restart (solid) or an idle gap (dotted)
+            if "restart" in t["before"]:
+                ax.axvline(t["turn"] - 0.5, color="grey", lw=1)
+            elif "idle" in t["before"]:
+                ax.axvline(t["turn"] - 0.5, color="grey", lw=1, ls=":")
+        locator = ax.xaxis.get_major_locator()
+        if isinstance(locator, MaxNLocator):
+            locator.set_params(integer=True)
+        ax.set_xlabel("turn of the day (grey: a restart; dotted: an idle gap before it)")
+        ax.set_ylabel("cumulative waiting, seconds")
+        ax.set_ylim(bottom=0)
+        ax.set_title(
+            f"A day of picture chats, {data['shape']}{' (quick)' if data['quick'] else ''}, "
+            f"{data['new_tokens']}-token replies, CPU",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(where / "bench-day-of-chats.png", dpi=110)
+        plt.close(fig)
+        md.append("![cumulative waiting over a day of picture chats](bench-day-of-chats.png)")
     return md
 
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist whose vendored llama.cpp is built (pinned: figures name it)
-TARGETS = ("llama-bench", "llama-mtmd-cli", "llama-quantize")
-# Native code for this CPU, as a user's own build would get; no network code, no server, no tests.
+TARGETS = ("llama-bench", "llama-mtmd-cli", "llama-quantize", "llama-server")
+# Native code for this CPU, as a user's own build would get; no network code, no tests. The server
+# (tests/bench/day_of_chats.py) without HTTPS and without its web UI (neither fetched nor built).
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",
@@ -33,7 +34,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DGGML_CCACHE=OFF",
@@ -54,6 +56,14 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 qwenvl.Qwen2VLModel.set_vocab = base.TextModel._set_vocab_gpt2
 cli.main()
 """
+
+
+# The model both sides of a comparison run: Qwen2-VL-2B-Instruct at its published shape with seeded
+# random weights (tests/fixtures/published_configs.py); --quick keeps the widths with 2 text layers
+# and 3 vision blocks (the converter maps the projector's `merger.mlp.2` by block number, so it
+# needs 3) and a 4096-token vocabulary.
+PEER_SHAPE = "Qwen2-VL-2B-Instruct"
+PEER_QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
 
 
 # GGUF files on which llama.cpp's weight repacking crashed here, and the line that says so (seen:
@@ -143,6 +153,18 @@ class LlamaCpp:
         os.replace(made, out)
         return out
 
+    def picture_model(self, quick: bool, tag: str) -> tuple[Path, Path, Path]:
+        """(model folder, bf16 GGUF of its language model, f16 mmproj of its vision tower) for
+        PEER_SHAPE, built once and converted once into `<model>-<tag>-gguf-<version>` beside it
+        (kept: minutes at full size; `tag` keeps one benchmark's files from another's clean-up)."""
+        from tests.fixtures.published_configs import build_published
+
+        model_dir = build_published(PEER_SHAPE, **(PEER_QUICK if quick else {}))
+        gdir = model_dir.parent / f"{model_dir.name}-{tag}-gguf-{LLAMA_CPP_PYTHON}"
+        lm = self.convert(model_dir, "bf16", gdir / "lm-bf16.gguf")
+        mmproj = self.convert(model_dir, "f16", gdir / "mmproj-f16.gguf", mmproj=True)
+        return model_dir, lm, mmproj
+
     def quantize(self, source: Path, kind: str, out: Path) -> Path:
         if not out.exists():
             tmp = out.with_suffix(".part")
@@ -231,13 +253,25 @@ class LlamaCpp:
 NOT_BUILT = "llama.cpp is not built on this machine: `make bench-tools` builds it once"
 
 
-def ensure(say=lambda line: print(line, file=sys.stderr, flush=True), build: bool = True) -> LlamaCpp:
-    """The built llama.cpp of the pinned version, building it on first use (minutes: said first)
-    unless `build` is False (the test suite's quick run: a build does not belong in `make test`)."""
+def ensure(
+    say=lambda line: print(line, file=sys.stderr, flush=True), build: bool = True, need: tuple[str, ...] = TARGETS
+) -> LlamaCpp:
+    """The built llama.cpp of the pinned version with the tools in `need`, building it on first use
+    (minutes: said first) unless `build` is False (the test suite's quick run: a build does not
+    belong in `make test`). A build from before a tool joined TARGETS gets the missing ones added
+    in its own build folder (only what they need is compiled)."""
     root = cache_root()
     with _locked(root):
         if (root / "built.json").exists():
-            return LlamaCpp(root)
+            llama = LlamaCpp(root)
+            missing = [t for t in TARGETS if not llama.tool(t).exists()]
+            if not missing:
+                return llama
+            if not build:
+                if any(t in missing for t in need):
+                    raise Unavailable(f"{', '.join(missing)} not built on this machine: `make bench-tools` adds it")
+                return llama
+            return _add_targets(root, missing, say)
         if not build:
             raise Unavailable(NOT_BUILT)
         cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
@@ -299,6 +333,33 @@ def ensure(say=lambda line: print(line, file=sys.stderr, flush=True), build: boo
             )
         )
         return LlamaCpp(root)
+
+
+def _add_targets(root: Path, missing: list[str], say) -> LlamaCpp:
+    """Build `missing` in the existing build folder, reconfigured with today's CMAKE_FLAGS: ninja
+    recompiles only what they need (llama-server on the 0.3.36 build: the server's own sources
+    and cpp-httplib). The folder was configured as build.part, so it goes back there for the
+    build (CMake refuses a cache moved elsewhere) and returns into place whole when it is done."""
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    if cmake is None:
+        raise Unavailable("llama.cpp cannot be built here: cmake is needed")
+    log = root / "build.log"
+    build, part = root / "build", root / "build.part"
+    if not part.exists():
+        os.replace(build, part)
+    elif build.exists():  # an earlier addition was cut short after the move: build.part is that folder
+        shutil.rmtree(build)
+    t0 = time.monotonic()
+    say(f"llama.cpp: adding {', '.join(missing)} to the build in {root} (once; minutes on 2 cores)")
+    gen = ["-G", "Ninja"] if ninja else []
+    _run([cmake, "-S", str(root / "src"), "-B", str(part), *gen, *CMAKE_FLAGS], log)
+    _run([cmake, "--build", str(part), "-j", str(os.cpu_count() or 2), "--target", *TARGETS], log)
+    os.replace(part, build)
+    info = json.loads((root / "built.json").read_text())
+    info["cmake_flags"] = CMAKE_FLAGS
+    info.setdefault("added", []).append({"targets": missing, "build_s": round(time.monotonic() - t0)})
+    (root / "built.json").write_text(json.dumps(info, indent=1))
+    return LlamaCpp(root)
 
 
 def _stamp(log: str, marker: str) -> float | None:

@@ -40,11 +40,10 @@ import time
 from dataclasses import dataclass, field
 
 from _common import parse_args, ratio_line, same_length_text, workdir
-from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, LlamaCpp, Unavailable, ensure
+from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, PEER_QUICK, PEER_SHAPE, LlamaCpp, Unavailable, ensure
 
-SHAPE = "Qwen2-VL-2B-Instruct"
-# 3 vision blocks: the converter maps the projector's `merger.mlp.2` by block number, so it needs 3
-QUICK = {"layers": 2, "vision_layers": 3, "vocab_size": 4096}
+SHAPE = PEER_SHAPE
+QUICK = PEER_QUICK
 # Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
 GGUF = {
     "fp32": ("f32", "f32", None),
@@ -183,7 +182,10 @@ def main() -> None:
     ap.add_argument("--keep-gguf", action="store_true", help="keep the converted GGUF files (next to the model)")
     args = parse_args(ap, {"formats": "bf16,int8,int4", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"})
     try:
-        llama = ensure(build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1")
+        llama = ensure(
+            build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1",
+            need=("llama-bench", "llama-mtmd-cli", "llama-quantize"),
+        )
     except Unavailable as exc:
         print(f"skipped: {exc}")
         return

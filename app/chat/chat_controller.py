@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
@@ -201,7 +201,7 @@ class ChatController(QObject):
         self.open_conversation(cid)
         return turn_id
 
-    def edit_and_resend(self, message_id: int, text: str, picture_refs: list[str | StoredPicture]) -> int | None:
+    def edit_and_resend(self, message_id: int, text: str, picture_refs: Sequence[str | StoredPicture]) -> int | None:
         """Send an edited question as a new version of it; the old version keeps what followed it."""
         cid = self.current_id
         old = self.history.get_message(message_id)

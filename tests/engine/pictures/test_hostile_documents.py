@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from engine.pictures.video import FrameSampling, decode_frame
 from engine.protocol.events import Message
 from tests.fixtures.documents import make_pdf, make_video
 from tests.fixtures.hostile import (
+    giant_frame_clip,
     jpeg_scan_bomb,
     one_key_frame_clip,
     pdf_bomb,
@@ -36,6 +40,9 @@ def small_limits():
     old = pdfium_process.set_limits(pdfium_process.PdfLimits(memory_bytes=200 << 20, page_s=5, probe_s=10))
     yield pdfium_process.pdfium().limits
     pdfium_process.set_limits(old)
+
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _one_line(err: pytest.ExceptionInfo, *words: str) -> str:
@@ -119,6 +126,33 @@ def test_video_frames_get_the_picture_budget_before_decoding(tmp_path, monkeypat
     with pytest.raises(PictureError):
         decode_frame(str(clip), 0.0, "huge.mp4 at 0:00")
     assert decoded == []
+
+
+def test_a_giant_frame_is_refused_from_the_container_without_ffmpeg_decoding_it(tmp_path):
+    """Probing a stream decodes its first frame: FFmpeg gets the picture budget itself, so a frame
+    over it is refused before its pixels exist (a child process's peak memory shows it: the frame
+    decoded would add 64 MB)."""
+    clip = giant_frame_clip(tmp_path / "giant.mp4", (8001, 8001))  # 64.02 megapixels, grey
+    child = (
+        "import resource, sys\n"
+        "from engine.pictures.video import Video, PictureError\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    Video.of_file(sys.argv[1])\n"
+        "except PictureError as exc:\n"
+        "    print(exc)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(clip)], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.splitlines()
+    assert out[0] == (
+        "giant.mp4 does not say its frame size, or its frames are over 64 megapixels; Parley cannot decode it safely"
+    )
+    assert int(out[1]) < 16, f"the check grew the process by {out[1]} MB"
+    with pytest.raises(PictureError) as err:
+        decode_frame(str(clip), 0.0, "giant.mp4 at 0:00")  # a stored reference to it: the same refusal
+    _one_line(err, "giant.mp4 at 0:00", "64 megapixels")
 
 
 def test_a_clip_with_one_key_frame_is_refused_at_attach(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ check: $(STAMP)
 	$(PY) -m mypy
 
 test: check
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q tests
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q --durations=25 tests
 
 # Every benchmark at full size (minutes each), stopping at the first that fails; then every goal
 # line again, together. `make bench BENCH_ARGS=--quick`: all of them small, in seconds each.

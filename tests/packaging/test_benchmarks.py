@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.side_by_side import ChildRun, SideBySide
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 BENCHMARKS = sorted(p for p in BENCH_DIR.glob("*.py") if not p.name.startswith("_"))  # _common.py: helpers
@@ -51,28 +52,39 @@ def test_benchmarks_are_found():
 SKIPPED = re.compile(r"^skipped: .+$", re.MULTILINE)
 
 
+@pytest.fixture(scope="module")
+def quick_runs(request, tmp_path_factory):
+    """The collected benchmarks' quick runs, two at a time in collection order (pytest's own order
+    for this module): the tests wait on them one by one. Measured on the 2-core EPYC: ‹to fill›."""
+    scripts = [item.callspec.params["script"] for item in request.session.items if item.originalname == _QUICK]
+    runs = []
+    for script in scripts:
+        tmp = tmp_path_factory.mktemp(script.stem)
+        # the benchmark's scratch folders (models, stores) go under its own TMPDIR, which pytest
+        # cleans up; PARLEY_BENCH_NO_BUILD: vs_llamacpp uses a llama.cpp `make bench-tools` built
+        # (.ci/run does), and skips with that line where none is built: a 20-minute compile has no
+        # place in the suite
+        env = dict(
+            os.environ,
+            TMPDIR=str(tmp),
+            QT_QPA_PLATFORM="offscreen",
+            TOKENIZERS_PARALLELISM="false",
+            HF_HUB_OFFLINE="1",
+            PARLEY_BENCH_NO_BUILD="1",
+        )
+        runs.append(ChildRun(script.stem, [sys.executable, str(script), "--quick"], BENCH_DIR.parent.parent, env))
+    pool = SideBySide(runs, tmp_path_factory.mktemp("bench-output"), width=2, timeout_s=600)
+    yield pool
+    pool.close()
+
+
+_QUICK = "test_benchmark_quick_mode_completes_with_a_goal_line"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
-def test_benchmark_quick_mode_completes_with_a_goal_line(script, tmp_path):
-    # the benchmark's scratch folders (models, stores) go under tmp_path, which pytest cleans up
-    # PARLEY_BENCH_NO_BUILD: vs_llamacpp uses a llama.cpp `make bench-tools` built (.ci/run does),
-    # and skips with that line where none is built: a 20-minute compile has no place in the suite
-    env = dict(
-        os.environ,
-        TMPDIR=str(tmp_path),
-        QT_QPA_PLATFORM="offscreen",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        PARLEY_BENCH_NO_BUILD="1",
-    )
-    run = subprocess.run(
-        [sys.executable, str(script), "--quick"],
-        cwd=BENCH_DIR.parent.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_benchmark_quick_mode_completes_with_a_goal_line(script, quick_runs):
+    run = quick_runs.result(script.stem)
     tail = f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
     assert run.returncode == 0, tail
     skipped = SKIPPED.search(run.stdout)

@@ -55,7 +55,7 @@ SKIPPED = re.compile(r"^skipped: .+$", re.MULTILINE)
 @pytest.fixture(scope="module")
 def quick_runs(request, tmp_path_factory):
     """The collected benchmarks' quick runs, two at a time in collection order (pytest's own order
-    for this module): the tests wait on them one by one. Measured on the 2-core EPYC: ‹to fill›."""
+    for this module): the tests wait on them one by one."""
     scripts = [item.callspec.params["script"] for item in request.session.items if item.originalname == _QUICK]
     runs = []
     for script in scripts:

@@ -132,8 +132,7 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     apply_theme(app, prefs.theme())
 
     from ..connection import EngineBridge
-    from ..history import History
-    from ..history.history_db import HistoryUnavailable
+    from ..history import History, HistoryUnavailable
     from .main_window import MainWindow
 
     try:

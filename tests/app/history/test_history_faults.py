@@ -156,7 +156,7 @@ def test_an_older_open_history_is_tightened(tmp_path):
 def test_a_full_disk_at_open_is_one_clear_line_and_nothing_is_lost(small_disk):
     # found by tests/bench/soak.py (seed 7): a start on a full disk raised SQLite's bare
     # "database or disk is full" from create_schema, with no word of which disk or what to do
-    from app.history.history_db import HistoryUnavailable
+    from app.history import HistoryUnavailable
 
     data = small_disk.root / "data"
     h = History(data)

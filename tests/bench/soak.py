@@ -398,13 +398,16 @@ class Soak:
         else:
             self.turn(step)
 
-    def pick_chat(self) -> Chat:
+    def pick_chat(self, step: int) -> Chat | None:
         """A chat for the next turn. One grown past --retire messages is deleted first (as people
         delete old chats; its KV is forgotten) and a new one takes its place: a month of use is
         many chats, not a few endless ones (and one larger than the store quota cannot spill)."""
         chat = self.rng.choice(self.chats) if self.chats else None
         if chat is not None and chat.length >= self.args.retire:
-            self.child.call("delete", chat=chat.id)
+            answer = self.child.call("delete", chat=chat.id)
+            if "error" in answer:  # kept (a full disk): it goes on a while longer
+                self.refused(step, f"delete a chat: {answer['error']}")
+                return chat
             self.chats.remove(chat)
             self.t.deleted += 1
             if self.open is chat:
@@ -413,13 +416,19 @@ class Soak:
         if chat is None or (len(self.chats) < self.args.chats and self.rng.random() < 0.12):
             answer = self.child.call("new_chat")
             if "error" in answer:
-                return self.chats[0] if self.chats else self.fail_new_chat(answer)
+                self.refused(step, f"new chat: {answer['error']}")
+                return self.chats[0] if self.chats else None
             self.chats.append(Chat(answer["chat"]))
             return self.chats[-1]
         return chat
 
-    def fail_new_chat(self, answer: dict) -> Chat:
-        raise RuntimeError(f"no chat could be made: {answer['error']}")
+    def refused(self, step: int, what: str) -> None:
+        """Something the app could not do: expected in a full-disk window, a problem elsewhere."""
+        if self.window_left:
+            self.t.refused_in_window += 1
+        else:
+            self.t.unrecovered += 1
+            self.t.problem(step, f"refused outside a full disk: {what}")
 
     def picture(self, chat: Chat) -> list[str]:
         r = self.rng.random()
@@ -445,7 +454,9 @@ class Soak:
         from engine.pictures import parts
         from engine.protocol.events import Message
 
-        chat = chat or self.pick_chat()
+        chat = chat or self.pick_chat(step)
+        if chat is None:
+            return
         if chat.waiting and self.rng.random() < 0.7:
             text, pictures = None, []  # the person asks again for the reply a kill cut off
         else:
@@ -458,11 +469,7 @@ class Soak:
         answer = self.child.call("turn", chat=chat.id, text=text, pictures=pictures, new=self.args.new)
         self.record(self.child.take_committed())
         if "error" in answer or "failed" in answer:
-            if self.window_left:
-                self.t.refused_in_window += 1
-            else:
-                self.t.unrecovered += 1
-                self.t.problem(step, f"a turn failed outside a full disk: {answer}")
+            self.refused(step, f"a turn: {answer}")
             return
         self.t.turns += 1
         chat.pictures.extend(p for p in pictures if p not in chat.pictures)
@@ -549,7 +556,10 @@ class Soak:
         code = self.zygote.reap(self.zygote.fork(probe=True, args=args, out=str(out)))
         lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.startswith("notice:")]
         self.t.probes += 1
-        if code == 0 and len(lines) == 1 and "in use by another process" in lines[0]:
+        in_use = [ln for ln in lines if "in use by another process" in ln]
+        # a full disk is news of its own (e.g. the picture cache cannot be written): allowed in a window
+        others = [ln for ln in lines if ln not in in_use and not (self.window_left and "full" in ln)]
+        if code == 0 and len(in_use) == 1 and not others:
             self.t.clear_probes += 1
         else:
             self.t.problem(step, f"second process: exit {code}, {lines or out.read_text()[-300:]}")

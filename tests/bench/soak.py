@@ -45,6 +45,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -151,9 +152,11 @@ class Zygote:
         return self.call({"op": "reap", "pid": pid})["code"]
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(60)
+        """The end of its stdin ends it (and a life it forked ends with the end of its own)."""
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(60)
 
 
 class Child:
@@ -590,6 +593,14 @@ class Soak:
         if self.window_left:
             self.end_window()
         self.child.quit()
+
+    def stop(self) -> None:
+        """After the run, or an error in it: no process of the soak's stays behind."""
+        for f in (self.child.stdin, self.child.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
         self.zygote.close()
 
 
@@ -606,6 +617,8 @@ def main() -> None:
     args = parse_args(ap, quick={"steps": 500})
     from tests.fixtures.tiny_models import build_tiny_model
 
+    # a timeout's SIGTERM unwinds like an error, so the tmpfs below is unmounted on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("soak: terminated"))
     t0 = time.perf_counter()
     work = workdir("soak")
     model = build_tiny_model("qwen2_vl", work / "model")
@@ -616,10 +629,13 @@ def main() -> None:
         + ("a 48 MiB tmpfs of its own" if disk else "a plain folder (no tmpfs here: no full-disk windows)"),
         flush=True,
     )
-    soak = Soak(args, model, work, data, disk)
+    soak = None
     try:
+        soak = Soak(args, model, work, data, disk)
         soak.run()
     finally:
+        if soak is not None:
+            soak.stop()
         if disk is not None:
             disk.free()
             unmount(disk)

@@ -6,6 +6,7 @@ May import: nothing else in app/ (the bottom room)."""
 from .chat_titles import title_from, unique_title
 from .export import ExportedChat, ExportError, export_chat
 from .history import DEFAULT_TITLE, INTERRUPTED, History, StoredMessage, StoredPicture, Versions
+from .history_db import HistoryUnavailable
 
 __all__ = [
     "ExportError",
@@ -14,6 +15,7 @@ __all__ = [
     "DEFAULT_TITLE",
     "INTERRUPTED",
     "History",
+    "HistoryUnavailable",
     "StoredPicture",
     "StoredMessage",
     "title_from",

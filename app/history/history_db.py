@@ -4,13 +4,15 @@ A database SQLite calls corrupt or "not a database" (or that fails its quick che
 `history.sqlite3.damaged` (one copy: a later damage replaces the earlier copy), whatever rows
 can still be read from it are copied into a fresh database, and the caller gets a
 `HistoryRecovery` to tell the person. Errors that are not damage (locked, disk full, read-only)
-are raised as they are: treating those as damage would throw a good history away.
+raise HistoryUnavailable, one line that says which: treating those as damage would throw a good
+history away.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,6 +119,7 @@ def _migrations(db: sqlite3.Connection) -> str:
 
 DAMAGED_SUFFIX = ".damaged"
 _DAMAGE_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
+_SQLITE_FULL = 13
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,24 @@ class HistoryRecovery:
         )
 
 
+class HistoryUnavailable(sqlite3.OperationalError):
+    """The history is intact but cannot be opened now (the disk full, read-only or failing, the
+    file locked): one line that says which and where. Nothing was set aside or changed."""
+
+
+def _unavailable(path: Path, exc: sqlite3.Error) -> HistoryUnavailable:
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = -1
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_FULL or 0 <= free < (1 << 20):
+        return HistoryUnavailable(
+            f"The chat history cannot be opened: the disk holding {path.parent} is full "
+            f"({max(free, 0):,} bytes free). Free some space and start Parley again; nothing was lost."
+        )
+    return HistoryUnavailable(f"The chat history in {path} cannot be opened now ({exc}); nothing was changed.")
+
+
 class _Damaged(Exception):
     pass
 
@@ -160,7 +181,7 @@ def open_database(
         return _open_checked(path, busy_timeout_ms, setup), None
     except (_Damaged, sqlite3.DatabaseError) as exc:
         if isinstance(exc, sqlite3.DatabaseError) and not is_damage(exc):
-            raise
+            raise _unavailable(path, exc) from exc
         reason = str(exc)
     kept = _set_aside(path)
     log.warning("history database %s is damaged (%s); kept at %s, starting afresh", path, reason, kept)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QTimer, QtMsgType, qInstallMessageHandler
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from engine.platform.paths import DEMO_MODEL, create_data_dir
 from engine.protocol.events import ModelFailed, ModelReady
@@ -132,7 +132,7 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
     apply_theme(app, prefs.theme())
 
     from ..connection import EngineBridge
-    from ..history import History
+    from ..history import History, HistoryUnavailable
     from .main_window import MainWindow
 
     try:
@@ -142,7 +142,12 @@ def run_app(model_path: str | None, data_dir: Path, settings: dict | None = None
         from engine.protocol.settings import EngineSettings
 
         engine_settings = EngineSettings()
-    history = History(data_dir)
+    try:
+        history = History(data_dir)
+    except HistoryUnavailable as exc:  # a full disk at start: one clear line, not a traceback
+        print(exc, file=sys.stderr)
+        QMessageBox.critical(None, "Parley", str(exc))
+        return 1
     bridge = EngineBridge.create(engine_settings, data_dir, start=False)  # started once the window shows
     window = MainWindow(bridge, history, prefs, data_dir)
 

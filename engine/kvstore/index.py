@@ -82,9 +82,18 @@ class StoreIndex:
         self._closed = False
 
     # ------------------------------------------------------------------ lifetime
-    def set_limits(self, max_bytes: int, min_free_bytes: int) -> None:
-        self.max_bytes = int(max_bytes)
-        self.min_free_bytes = int(min_free_bytes)
+    def set_limits(self, max_bytes: int, min_free_bytes: int) -> int:
+        """New size cap and free-space floor (at open, or changed in the settings while running).
+        A lower cap evicts least-recently-used sessions now, so the store is within it at once;
+        the floor is kept by the next spill (a disk filled by others must not empty the store).
+        Returns the sessions evicted."""
+        with self._lock:
+            self.max_bytes = int(max_bytes)
+            self.min_free_bytes = int(min_free_bytes)
+            evicted = 0
+            while not self._closed and self._manifest.totals()[1] > self.max_bytes and self._evict_one(set()):
+                evicted += 1
+            return evicted
 
     def cancel_jobs(self) -> None:
         """Abandon every job whose copies were not all handed over (store closing)."""

@@ -136,6 +136,7 @@ class KVStore:
         self._listing: tuple[int, list[StoredSession]] | None = None  # (index generation, sessions)
         try:
             self.sweep_report = self.index.sweep()
+            self.set_cap(max_bytes, min_free_bytes)  # a cap lowered since the last start evicts: a write too
         except Exception as e:
             self._writer.stop()
             self.index.close()
@@ -145,9 +146,15 @@ class KVStore:
             if isinstance(e, sqlite3.Error) and not is_damage(e):
                 raise StoreUnavailable(unavailable_reason(self.root, e)) from e
             raise
+
+    def set_cap(self, max_bytes: int | None = None, min_free_bytes: int | None = None) -> int:
+        """Size cap and free-space floor, None: default_cap / default_floor. Called at open and
+        whenever the settings change; a lower cap evicts now. Returns the sessions evicted."""
         if max_bytes is None:
             max_bytes = default_cap(free_bytes(self.root), self.index.totals()[1])
-        self.index.set_limits(max_bytes, default_floor(max_bytes) if min_free_bytes is None else min_free_bytes)
+        if min_free_bytes is None:
+            min_free_bytes = default_floor(max_bytes)
+        return self.index.set_limits(max_bytes, min_free_bytes)  # evictions bump the index generation
 
     @property
     def max_bytes(self) -> int:

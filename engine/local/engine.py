@@ -369,6 +369,7 @@ class Engine(EngineWorker):
             return
         if self.memory is not None:
             self.memory.apply_settings(self.settings)
+            self._publish_places()  # a lower store cap may have evicted conversations from the SSD
         if self.gate is not None:
             self.gate.apply_settings(self.settings)
             if changes.get("elastic") and self.gate.elastic_refused:

@@ -74,6 +74,7 @@ class MemoryManager:
 
     def apply_settings(self, settings) -> None:
         self.settings = settings
+        self.spill_scheduler.apply_settings(settings)
         self.resume.apply_settings(settings)
 
     # ------------------------------------------------------------ a turn's conversation

@@ -10,6 +10,7 @@ spill never holds up a waiting turn for more than one unit.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +93,17 @@ class SpillScheduler:
             self.emit(Notice("info", "The KV store is usable again; idle conversations spill to disk."))
             self.unavailable = None
         return True
+
+    def apply_settings(self, settings) -> None:
+        """Settings changed while running (the Settings dialog): the idle time is read from
+        `settings` at each look; a new cap goes to the store now (a lower one evicts at once)."""
+        cap_changed = settings.store_cap_bytes != self.settings.store_cap_bytes
+        self.settings = settings
+        if cap_changed and self.store is not None:
+            try:
+                self.store.set_cap(settings.store_cap_bytes or None)
+            except (KVStoreError, sqlite3.Error, OSError) as exc:  # e.g. a full disk: the next spill evicts
+                log.warning("the new KV store cap is kept from the next spill: %s", exc)
 
     def retry(self, now: bool = False) -> bool:
         """Reopen a store that was unavailable (at most every STORE_RETRY_S unless `now`)."""

@@ -116,6 +116,28 @@ class Session:
         self._pictures = tuple(p for p in prompt.pictures if p.start < n)
         self._rope_delta = rope_delta
 
+    def splice(self, prompt: Prompt, start: int, end: int, cache) -> None:
+        """Hold the first `end` tokens of `prompt`: its first `start` from this session's own
+        cache (cropped to them: they must be a reusable prefix), the rest from `cache`, which
+        holds exactly tokens start..end (restored from the store). The restored K/V are appended
+        layer by layer: KV is causal, so the same opening's K/V are the same wherever they came from."""
+        import torch  # loaded by now: a session holding a cache came from a model
+
+        if self._cache is None or start > len(self._ids):
+            raise ValueError(f"the session holds {self.cached_tokens} tokens, not {start}")
+        try:
+            if len(self._ids) > start:
+                self._cache.crop(start - len(self._ids))
+            with torch.inference_mode():  # the cache's tensors are inference tensors: updated only in this mode
+                for layer, part in zip(self._cache.layers, cache.layers, strict=True):
+                    # a store only holds plain full-attention layers (kvstore/layout.py), whose update appends
+                    layer.update(part.keys, part.values)  # type: ignore[union-attr]
+        except Exception:
+            self.drop_kv()  # half spliced: never reused
+            raise
+        self._ids = prompt.ids[:end]
+        self._pictures = tuple(p for p in prompt.pictures if p.start < end)
+
     def hold(self, ids: list[int], pictures: tuple[PictureSpan, ...], cache, rope_delta: int = 0) -> None:
         """Hold a cache restored from the store ahead of any prompt: it holds exactly `ids`, with
         `pictures` over them (whole spans, also of a picture the restore ended inside)."""

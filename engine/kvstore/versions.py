@@ -30,7 +30,8 @@ class RowMatch:
     """A stored row and how much of a prompt it holds."""
 
     id: str
-    n_tokens: int  # the prompt's opening the row holds (whole blocks, plus its tail when all of it matches)
+    n_tokens: int  # the prompt's opening the row surely holds (whole blocks, plus its tail when all of it matches)
+    up_to: int  # and may hold: a tail matching in part is known only once read (its tokens are compared then)
     row_tokens: int  # all the tokens the row holds
 
 
@@ -59,9 +60,9 @@ def row_prefix_key(row: SessionRow) -> BlockKey:
     return row.tail_key if row.tail_key is not None else row.block_keys[-1] if row.block_keys else ZERO_KEY
 
 
-def matched_tokens(
+def match_row(
     row: SessionRow, ns: bytes, keys: Sequence[BlockKey], tokens: np.ndarray, pictures: Sequence[PictureSpan]
-) -> int:
+) -> RowMatch:
     """How many opening tokens of a prompt (`tokens`, its block keys `keys`) the row holds."""
     k = 0
     for mine, theirs in zip(row.block_keys, keys, strict=False):
@@ -69,12 +70,14 @@ def matched_tokens(
             break
         k += 1
     B = row.block_tokens
-    end = k * B + row.tail_tokens
-    if k == len(row.block_keys) and row.tail_key is not None and row.tail_tokens and len(tokens) >= end:
-        parent = row.block_keys[-1] if row.block_keys else ZERO_KEY
-        if tail_key(ns, parent, tokens[:end], k * B, pictures) == row.tail_key:
-            return end
-    return k * B
+    sure = k * B
+    if k < len(row.block_keys) or row.tail_key is None or not row.tail_tokens:
+        return RowMatch(row.id, sure, sure, row.n_tokens)
+    end = sure + row.tail_tokens
+    parent = row.block_keys[-1] if row.block_keys else ZERO_KEY
+    if len(tokens) >= end and tail_key(ns, parent, tokens[:end], sure, pictures) == row.tail_key:
+        return RowMatch(row.id, end, end, row.n_tokens)
+    return RowMatch(row.id, sure, min(end, len(tokens)), row.n_tokens)
 
 
 def row_matches(
@@ -91,14 +94,14 @@ def row_matches(
     if not mine:
         return []
     keys = block_keys(ns, tokens, pictures, block_tokens)
-    return [RowMatch(r.id, matched_tokens(r, ns, keys, tokens, pictures), r.n_tokens) for r in mine]
+    return [match_row(r, ns, keys, tokens, pictures) for r in mine]
 
 
 def best_of(matches: Sequence[RowMatch]) -> RowMatch | None:
-    """The row holding the longest opening (the conversation's own row wins a tie); None when
-    none holds any of it."""
+    """The row surely holding the longest opening, then the one that may hold the most (the
+    conversation's own row wins a tie); None when none may hold any of it."""
     best: RowMatch | None = None
     for m in matches:
-        if m.n_tokens and (best is None or m.n_tokens > best.n_tokens):
+        if m.up_to and (best is None or (m.n_tokens, m.up_to) > (best.n_tokens, best.up_to)):
             best = m
     return best

@@ -141,7 +141,7 @@ class SpillScheduler:
                 session.ids[:n],
                 [p for p in session.pictures if p.end <= n],
                 session.cache,
-                {"rope_delta": session.rope_delta},
+                self._state(session),
             )
         except UnsupportedCache as exc:
             self.emit(SpillState(session.conversation_id, SpillStatus.REFUSED, str(exc)))
@@ -242,13 +242,11 @@ class SpillScheduler:
         if self.store is None or len(prompt.ids) < 2:
             return 0
         hot = session.reusable_prefix(prompt) if session.cache is not None else 0
+        if session.cache is not None and not self._leaves(session, hot):
+            return 0  # the version in memory goes on: no stored version holds more of it
+        self.settle_versions()  # rows of versions left before are committed: they can be found
         if session.cache is not None:
-            # dropping less than a block is the version in memory going on (a reply's last tokens
-            # tokenized anew): cheaper to prefill than to keep, and no stored version holds more
-            if len(session.ids) - hot < self.store.block_tokens:
-                return 0
-            self._keep_left_version(session)
-        self._settle_versions()
+            self._keep_left_version(session)  # its writes go on during this turn
         cid = session.conversation_id
         try:
             matches = self.store.row_matches(cid, prompt.ids, prompt.pictures)
@@ -259,7 +257,7 @@ class SpillScheduler:
             self._keep_stored_version(cid, matches)
         best = best_of(matches)
         limit = len(prompt.ids) - 1
-        if session.cache is not None and (best is None or min(best.n_tokens, limit) <= hot):
+        if session.cache is not None and (best is None or min(best.up_to, limit) <= hot):
             return 0  # the hot KV holds as much: nothing to read
         try:
             # whole blocks, even where the last one ends inside a picture: the turn prefills only
@@ -290,6 +288,20 @@ class SpillScheduler:
 
     # ------------------------------------------------------------------ versions
 
+    @staticmethod
+    def _state(session: Session) -> dict:
+        """What a restore needs besides the KV: positions (Qwen2-VL family), and where the last
+        reply began (to tell a version left from one going on, also after a restart)."""
+        return {"rope_delta": session.rope_delta, "reply_start": session.reply_start}
+
+    def _leaves(self, session: Session, keep: int) -> bool:
+        """A turn keeping the first `keep` tokens of the hot session leaves the version it holds:
+        it changed a message before the last reply (an edit, a switch), or it drops a block or
+        more (a long reply regenerated). Anything less is the version going on: a reply's last
+        tokens tokenized anew, or a short reply regenerated, cheaper to prefill than to keep."""
+        assert self.store is not None  # restore() checked
+        return keep < session.reply_start - 1 or len(session.ids) - keep >= self.store.block_tokens
+
     def _keep_left_version(self, session: Session) -> None:
         """The turn leaves the version the hot session holds: its KV is spilled as a version row
         of the conversation before the cache is cropped. Only blocks the store lacks are copied
@@ -303,16 +315,17 @@ class SpillScheduler:
         if store.session_info(vid) is not None:
             return  # left before, as it is: its row is there
         try:
-            job = store.begin_spill(vid, ids, pictures, session.cache, {"rope_delta": session.rope_delta})
+            job = store.begin_spill(vid, ids, pictures, session.cache, self._state(session))
             job.run_copies()
         except (UnsupportedCache, KVStoreError, ValueError) as exc:
             log.warning("keeping the version left failed: %s", exc)
             return
         self._leaving.append(job)
 
-    def _settle_versions(self) -> None:
-        """Versions left by earlier turns are committed (their writes ran during those turns)
-        before rows are looked up; a failed one is only logged: its KV is prefilled when needed."""
+    def settle_versions(self) -> None:
+        """Wait until the versions left are committed (their writes ran during the turn that left
+        them): after each turn, and before rows are looked up. A failed one is only logged: its KV
+        is prefilled when needed."""
         for job in self._leaving:
             result = job.result()
             if not result.ok:
@@ -326,7 +339,13 @@ class SpillScheduler:
         store = self.store
         assert store is not None  # restore() checked
         own = matches[0] if matches and matches[0].id == cid else None
-        if own is not None and own.row_tokens - own.n_tokens >= store.block_tokens:
+        if own is None or own.n_tokens == own.row_tokens:
+            return  # the stored row goes on, all of it
+        info = store.session_info(cid)
+        # as _leaves, from the surely matched opening (a tail matching in part counts as left);
+        # a row from before versions has no reply_start: all of it counts as prompt
+        reply_start = int((info or {}).get("state", {}).get("reply_start", own.row_tokens))
+        if own.n_tokens < reply_start - 1 or own.row_tokens - own.n_tokens >= store.block_tokens:
             store.keep_as_version(cid)
 
     def take_committed(self, conversation_id: str) -> CommittedSpill:
@@ -340,7 +359,7 @@ class SpillScheduler:
         """App exit: spill every hot conversation (nothing lost), then close the store."""
         if self.store is None:
             return
-        self._settle_versions()
+        self.settle_versions()
         for s in sorted(sessions.values(), key=lambda s: s.last_used):
             if s.cache is not None:
                 try:

@@ -21,6 +21,14 @@ FAMILIES = ["llava", "qwen2_vl"]
 pytestmark = pytest.mark.slow
 
 
+def turn(engine, messages: list[Message]):
+    """A turn, then a memory report: the report is made after the turn's version writes are
+    committed, so the store's rows and counters are settled when it arrives."""
+    done = expect_done(ask(engine, "c", messages, NEW))
+    wait_report(engine)
+    return done
+
+
 def versions_of(engine, cid: str = "c") -> list[str]:
     store = engine.spill_scheduler.store
     return sorted(s for s in store.sessions() if is_version(s) and s.startswith(cid + "#"))
@@ -68,10 +76,10 @@ def test_switching_versions_restores_exactly_and_encodes_nothing(family, tiny_mo
     marks: list[ChatMemoryReport] = []
     engine.add_listener(lambda e: marks.append(e) if isinstance(e, ChatMemoryReport) else None)
     try:
-        d1 = expect_done(ask(engine, "c", [chat.u1], NEW))
+        d1 = turn(engine, [chat.u1])
         first = [chat.u1, Message("assistant", d1.reply)]
         version_a = first + [chat.u2]
-        a2 = expect_done(ask(engine, "c", version_a, NEW))
+        a2 = turn(engine, version_a)
         assert a2.token_ids == ref.reply_ids(version_a, NEW)
         assert versions_of(engine) == []  # going on is no version
         a_held = held(engine)
@@ -79,7 +87,7 @@ def test_switching_versions_restores_exactly_and_encodes_nothing(family, tiny_mo
         # the edit leaves version A: its KV becomes a version row (nothing was stored before, so
         # its opening is written with it), and the edited turn reuses the hot opening
         version_b = first + [chat.u2_edit]
-        b2 = expect_done(ask(engine, "c", version_b, NEW))
+        b2 = turn(engine, version_b)
         assert b2.token_ids == ref.reply_ids(version_b, NEW)
         assert b2.stats.reused_tokens > 0 and b2.stats.restored_tokens == 0
         assert len(versions_of(engine)) == 1
@@ -89,7 +97,7 @@ def test_switching_versions_restores_exactly_and_encodes_nothing(family, tiny_mo
         written = blocks_written(engine)
         b_held = held(engine)
         follow_a = version_a + [Message("assistant", a2.reply), chat.u3]
-        d = expect_done(ask(engine, "c", follow_a, NEW))
+        d = turn(engine, follow_a)
         assert d.token_ids == ref.reply_ids(follow_a, NEW)
         s = d.stats
         assert s.restored_tokens > 0 and s.reused_tokens > 0, s
@@ -100,7 +108,7 @@ def test_switching_versions_restores_exactly_and_encodes_nothing(family, tiny_mo
 
         # and to B again, with its own follow-up: restored from B's row
         follow_b = version_b + [Message("assistant", b2.reply), chat.u3]
-        d = expect_done(ask(engine, "c", follow_b, NEW))
+        d = turn(engine, follow_b)
         assert d.token_ids == ref.reply_ids(follow_b, NEW)
         assert d.stats.restored_tokens > 0 and d.stats.pictures_encoded == 0
         # the chat's memory marks name the chat only, never its versions
@@ -120,17 +128,17 @@ def test_versions_after_a_spill_and_a_restart(family, tiny_model, tmp_path):
     data = tmp_path / "data"
     engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
     try:
-        d1 = expect_done(ask(engine, "c", [chat.u1], NEW))
+        d1 = turn(engine, [chat.u1])
         first = [chat.u1, Message("assistant", d1.reply)]
         version_a = first + [chat.u2]
-        a2 = expect_done(ask(engine, "c", version_a, NEW))
+        a2 = turn(engine, version_a)
         a_held = held(engine)
         assert spill_now(engine, "c").state == "spilled"  # A is the chat's row on the SSD
 
         # a cold edit: A's row is kept as a version (no blob written), B restores the opening
         written = blocks_written(engine)
         version_b = first + [chat.u2_edit]
-        b2 = expect_done(ask(engine, "c", version_b, NEW))
+        b2 = turn(engine, version_b)
         assert b2.token_ids == ref.reply_ids(version_b, NEW)
         assert b2.stats.restored_tokens > 0
         assert blocks_written(engine) == written and len(versions_of(engine)) == 1
@@ -146,13 +154,13 @@ def test_versions_after_a_spill_and_a_restart(family, tiny_model, tmp_path):
     try:
         # after the restart, back to A: restored from its version row, pictures from the disk cache
         follow_a = version_a + [Message("assistant", a2.reply), chat.u3]
-        d = expect_done(ask(engine, "c", follow_a, NEW))
+        d = turn(engine, follow_a)
         assert d.token_ids == ref.reply_ids(follow_a, NEW)
         assert d.stats.restored_tokens > 0 and d.stats.reused_tokens == 0
         assert d.stats.pictures_encoded == 0 and d.stats.encoder_loads == 0
         # and B, hot-switched from A: restored past the hot opening
         follow_b = version_b + [Message("assistant", b2.reply), chat.u3]
-        d = expect_done(ask(engine, "c", follow_b, NEW))
+        d = turn(engine, follow_b)
         assert d.token_ids == ref.reply_ids(follow_b, NEW)
         assert d.stats.restored_tokens > 0 and d.stats.pictures_encoded == 0
     finally:

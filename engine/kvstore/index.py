@@ -5,8 +5,8 @@ delete), the sessions with a spill in flight (never evicted), the counters, the 
 the lock that guards all of them. Every operation that reads or changes that state is a method
 here and takes the lock itself; no other module sees the lock or the fields.
 
-Threads: spill planning and restores call in from the model-owner thread, job commits and
-releases from the writer thread.
+Threads: spill planning, restores and copies of a row (a version kept) call in from the
+model-owner thread, job commits and releases from the writer thread.
 """
 
 from __future__ import annotations

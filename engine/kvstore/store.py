@@ -4,8 +4,9 @@ A thin facade over a one-way chain: pure pieces (keys, blob, layout, manifest, r
 the index (index.py: manifest, pins, counters, lock, eviction, job commit, sweep), spill jobs
 (spill_job.py) and the blob reader (reader.py). This file only wires them together.
 
-Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
-writes, the manifest commit, refcount release and eviction run on the store's writer thread.
+Threads: begin_spill / SpillJob.step / restore / the version calls run on the caller's
+(model-owner) thread; blob writes, the manifest commit, refcount release and eviction run on the
+store's writer thread.
 """
 
 from __future__ import annotations

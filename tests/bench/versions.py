@@ -3,11 +3,12 @@ version of a message and sending, against going on with the version already in m
 
 One chat: a picture and notes (--tokens distinct words: over 6,000 tokens at full size with this
 random tokenizer, 548 in --quick), then a second question with its own picture and words, and an
-edit of that question (another picture, other words) as the second version. Then, in pairs: switch to the version not shown and send a follow-up question (the version left
-is kept on the SSD, the one shown is restored past the opening the two share), then send another
-question on that version, which is now the hot one. Each pair's two questions are distinct words
-of the same length, the replies in the history are one fixed text (so both turns prefill the same
-number of tokens), and no picture may be encoded on a switch.
+edit of that question (another picture, other words) as the second version. Then, in pairs: switch
+to the version not shown and send a follow-up question (the version left is kept on the SSD, the
+one shown is restored past the opening the two share), then send another question on that
+version, which is now the hot one. Each pair's two questions are distinct words of the same
+length, the replies in the history are one fixed text (so both turns prefill the same number of
+tokens), and no picture may be encoded on a switch.
 
 - first-token time of the switch ÷ of the hot turn, median of the pairs: goal ≤ 1.15, with 0
   pictures encoded on every switch;

@@ -6,6 +6,7 @@ history would, also after a restart."""
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 
@@ -163,5 +164,59 @@ def test_versions_after_a_spill_and_a_restart(family, tiny_model, tmp_path):
         d = turn(engine, follow_b)
         assert d.token_ids == ref.reply_ids(follow_b, NEW)
         assert d.stats.restored_tokens > 0 and d.stats.pictures_encoded == 0
+    finally:
+        engine.shutdown()
+
+
+class Marks:
+    """The engine's latest word on where each chat's KV is (ChatMemoryReport), waited on."""
+
+    def __init__(self, engine):
+        self.last: ChatMemoryReport | None = None
+        self._cv = threading.Condition()
+        engine.add_listener(self._on)
+
+    def _on(self, ev) -> None:
+        if isinstance(ev, ChatMemoryReport):
+            with self._cv:
+                self.last = ev
+                self._cv.notify_all()
+
+    def wait(self, cid: str, place: KVPlace, timeout: float = 60.0) -> None:
+        with self._cv:
+            assert self._cv.wait_for(lambda: self.last is not None and self.last.of(cid).place == place, timeout)
+
+
+def test_a_switch_after_the_chat_was_restored_ahead(tiny_model, tmp_path):
+    """After a restart, opening the chat restores its row (the version last shown) before any
+    turn; a turn of the other version then keeps that one (its blocks are all stored: nothing
+    written) and restores its own past the opening they share."""
+    model = tiny_model("qwen2_vl")
+    ref = Reference(model)
+    chat = Chat(tmp_path)
+    data = tmp_path / "data"
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    try:
+        d1 = turn(engine, [chat.u1])
+        first = [chat.u1, Message("assistant", d1.reply)]
+        version_a = first + [chat.u2]
+        a2 = turn(engine, version_a)
+        version_b = first + [chat.u2_edit]
+        turn(engine, version_b)  # leaves A; exit spills B as the chat's row
+    finally:
+        engine.shutdown()
+    engine = open_engine(model, data, block_tokens=B, spill_idle_s=3600)
+    marks = Marks(engine)
+    try:
+        engine.open_chat("c")
+        marks.wait("c", KVPlace.HOT)  # B, restored ahead
+        written = blocks_written(engine)
+        follow_a = version_a + [Message("assistant", a2.reply), chat.u3]
+        d = turn(engine, follow_a)
+        assert d.token_ids == ref.reply_ids(follow_a, NEW)
+        assert d.stats.reused_tokens > 0 and d.stats.restored_tokens > 0, d.stats
+        assert d.stats.pictures_encoded == 0
+        assert blocks_written(engine) == written  # B's blocks were all stored
+        assert len(versions_of(engine)) == 2  # A, and B as it was restored
     finally:
         engine.shutdown()

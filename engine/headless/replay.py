@@ -5,6 +5,11 @@ Script: {"settings": {...}, "turns": [{"user": "...", "images": ["a.png"], "wait
 all their pages, videos: a frame a second, at most 16) are relative to the script's folder; each
 is hashed once, when its turn is sent (a missing one fails that turn with one line, as a failed
 turn does). Settings take sampling keys and any EngineSettings field.
+
+Versions, as the window keeps them (#41): `"edit": K` sends this turn's text and pictures as a new
+version of the conversation's K-th user message (0-based), its line saying which ("version":
+[K, V]); `"version": [K, V]` first shows version V (1-based) of the K-th user message, with the
+turns that followed it there, and then sends this turn after them.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from ..protocol.client import EngineError, Interrupted, load_blocking, run_block
 from ..protocol.events import Message, Sampling, Turn, TurnFailed
 from ..protocol.settings import EngineSettings
 from . import options
+from .versions import VersionedChat, VersionError
 
 SAMPLING_KEYS = {"max_new_tokens", "greedy", "temperature", "top_p", "seed"}
-TURN_KEYS = {"user", "images", "wait_s", "conversation", "system", "restart"}
+TURN_KEYS = {"user", "images", "wait_s", "conversation", "system", "restart", "edit", "version"}
 
 
 class ReplayError(Exception):
@@ -54,10 +60,25 @@ def parse_script(path: Path) -> tuple[Sampling, dict, list[dict]]:
         bad = set(t) - TURN_KEYS
         if bad:
             raise ReplayError(f"turn {i}: unknown key(s): {', '.join(sorted(bad))}")
+        _check_versions(i, t)
         t = dict(t)
         t["images"] = [str((base / p).resolve()) if not Path(p).is_absolute() else p for p in t.get("images", [])]
         turns.append(t)
     return sampling, settings, turns
+
+
+def _check_versions(i: int, t: dict) -> None:
+    edit, version = t.get("edit"), t.get("version")
+    if edit is not None and (type(edit) is not int or edit < 0):
+        raise ReplayError(f'turn {i}: "edit" is a user message\'s number, 0-based')
+    if version is not None and not (
+        isinstance(version, list)
+        and len(version) == 2
+        and all(type(x) is int for x in version)
+        and version[0] >= 0
+        and version[1] >= 1
+    ):
+        raise ReplayError(f'turn {i}: "version" is [user message (0-based), version (1-based)]')
 
 
 def run_replay(
@@ -90,7 +111,7 @@ def run_replay(
         return eng
 
     engine = open_engine()
-    conversations: dict[str, list[Message]] = {}
+    conversations: dict[str, VersionedChat] = {}
     systems: dict[str, str | None] = {}
     failures = 0
     stop_wait_s = 30.0  # how long shutting the engine down may take
@@ -102,18 +123,21 @@ def run_replay(
             if t.get("wait_s"):
                 time.sleep(float(t["wait_s"]))
             cid = str(t.get("conversation", "main"))
-            history = conversations.setdefault(cid, [])
-            if not history and t.get("system"):
+            chat = conversations.setdefault(cid, VersionedChat())
+            if not chat.history() and t.get("system"):
                 systems[cid] = t["system"]
             try:
-                history.append(Message("user", t["user"], list(attach_all(t["images"]).refs)))
-            except PictureError as exc:
+                user = Message("user", t["user"], list(attach_all(t["images"]).refs))
+                if t.get("version") is not None:
+                    chat.switch(*t["version"])
+                number = chat.edit(t["edit"], user) if t.get("edit") is not None else chat.send(user)
+            except (PictureError, VersionError) as exc:
                 failures += 1
                 out.write(json.dumps({"turn": i, "conversation": cid, "error": str(exc)}) + "\n")
                 out.flush()
                 continue
             try:
-                result = run_blocking(engine, Turn(cid, list(history), sampling, systems.get(cid)))
+                result = run_blocking(engine, Turn(cid, chat.history(), sampling, systems.get(cid)))
             except Interrupted as exc:  # Ctrl+C: the turn in progress is written with what it had
                 out.write(
                     json.dumps(
@@ -126,13 +150,13 @@ def run_replay(
                     stop_wait_s = 1.0
                 raise
             if isinstance(result, TurnFailed):
-                history.pop()
+                chat.failed()
                 failures += 1
                 line = {"turn": i, "conversation": cid, "error": result.message}
                 if result.partial:  # a reply cut mid-stream: kept, as a stopped one is
                     line["partial"] = result.partial
             else:
-                history.append(Message("assistant", result.reply))
+                chat.answered(Message("assistant", result.reply))
                 line = {
                     "turn": i,
                     "conversation": cid,
@@ -140,6 +164,8 @@ def run_replay(
                     "reply_token_ids": result.token_ids,
                     "stats": result.stats.as_dict(),
                 }
+                if t.get("edit") is not None:  # which version the edit made, for a later "version" key
+                    line["version"] = [number.message, number.version]
             out.write(json.dumps(line) + "\n")
             out.flush()
     finally:

@@ -8,6 +8,7 @@ One-way chain, each module using only the ones before it:
                                                      job commit, sweep, restore pinning
   spill_job                                          SpillJob: copies and writes, given index + writer + pool
   session_restore                                    SessionRestoreJob: one session's own KV back, a blob a step
+  versions                                           a conversation's version rows: names, best match
   store                                              KVStore: the thin facade the engine uses
 """
 
@@ -20,6 +21,7 @@ from .session_restore import SessionRestore, SessionRestoreJob
 from .spill_job import SpillJob
 from .spill_records import SpillResult
 from .store import KVStore, StoredSession
+from .versions import RowMatch, best_of, is_version
 
 __all__ = [
     "KVStore",
@@ -38,4 +40,7 @@ __all__ = [
     "block_keys",
     "namespace_digest",
     "model_refusal",
+    "RowMatch",
+    "best_of",
+    "is_version",
 ]

@@ -5,8 +5,8 @@ delete), the sessions with a spill in flight (never evicted), the counters, the 
 the lock that guards all of them. Every operation that reads or changes that state is a method
 here and takes the lock itself; no other module sees the lock or the fields.
 
-Threads: spill planning and restores call in from the model-owner thread, job commits and
-releases from the writer thread.
+Threads: spill planning, restores and copies of a row (a version kept) call in from the
+model-owner thread, job commits and releases from the writer thread.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol, TypeVar
 
-from .blob import blob_path
+from .blob import KIND_BLOCK, KIND_TAIL, blob_path
 from .errors import KVStoreError
 from .keys import BlockKey
 from .manifest import Manifest, SessionRow
@@ -245,6 +246,25 @@ class StoreIndex:
                 if p.key not in rows and not self._pinned(p.key):
                     unlink_quiet(p.path)
             return 0
+
+    def copy_session(self, source: str, dest: str) -> bool:
+        """Install a copy of `source`'s row as `dest` (refcounts move with it; no blob is
+        written). False when there is no `source` row."""
+        with self._lock:
+            self._check_open()
+            row = self._manifest.session(source)
+            if row is None:
+                return False
+            keys = row.keys()
+            sizes = self._manifest.blob_sizes(keys)
+            # a blob row the disk lost stays lost: only the rows there are named again
+            referenced = [(k, sizes[k], KIND_TAIL if k == row.tail_key else KIND_BLOCK) for k in keys if k in sizes]
+            copy = replace(row, id=dest, last_used=time.time())
+            freed = self._manifest.install(copy, [], referenced, keep=self._pinned)
+            self._generation += 1
+            for key in freed:  # the blobs only dest's old row held
+                unlink_quiet(self.path(key))
+        return True
 
     def drop_session(self, session_id: str) -> bool:
         """Forget a session; its unshared blobs are removed. An in-flight spill of it fails."""

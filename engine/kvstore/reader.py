@@ -58,13 +58,13 @@ def read_prefix(
         for kh, kd, vh, vd in layout.shapes
     ]
     reader = BlobReader(layout, dest, executor)
-    n = cut_before(reader.run(plan.items, on_fail), plan.keep_whole)
-    if n == 0:
+    n = cut_before(plan.first + reader.run(plan.items, on_fail), plan.keep_whole) - plan.first
+    if n <= 0:
         return ReadOutcome(None, 0, reader.blobs_read, reader.bytes_read)
     if n < plan.n_tokens:
         dest = [(_shrink(k, n), _shrink(v, n)) for k, v in dest]
     synchronize(dev)  # CUDA / MPS copies may still be in flight
-    return ReadOutcome(dest, n, reader.blobs_read, reader.bytes_read)
+    return ReadOutcome(dest, n, reader.blobs_read, reader.bytes_read)  # tokens plan.first .. plan.first + n
 
 
 def _shrink(t: torch.Tensor, n: int) -> torch.Tensor:

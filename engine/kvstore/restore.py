@@ -36,10 +36,11 @@ class RestoreStats:
 
 @dataclass
 class RestoreResult:
-    cache: Any | None  # transformers DynamicCache holding n_tokens tokens, or None
+    cache: Any | None  # transformers DynamicCache holding tokens start..n_tokens, or None
     n_tokens: int
     state: dict = field(default_factory=dict)
     stats: RestoreStats = field(default_factory=RestoreStats)
+    start: int = 0  # the tokens before it were not read (the caller holds them: restore's skip_tokens)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class ReadItem:
     key: BlockKey
     path: str
     kind: int
-    start: int  # sequence position of the blob's first token
+    start: int  # where the blob's first token goes in the destination (its sequence position less ReadPlan.first)
     n: int  # tokens the blob holds
     use: int  # tokens wanted (<= n)
     expect: np.ndarray | None  # token ids the blob must hold (None: checked by `accept`)
@@ -85,6 +86,7 @@ class ReadPlan:
     items: list[ReadItem]
     n_tokens: int  # tokens the items cover, if every blob verifies
     keep_whole: tuple[PictureSpan, ...] = ()  # pictures a shorter result must not cut
+    first: int = 0  # sequence position of the first token read (whole blocks skipped before it)
 
 
 def choose_blobs(
@@ -120,19 +122,27 @@ def plan_reads(
     block_tokens: int,
     cut_pictures: bool,
     path_of: Callable[[bytes], str],
+    skip_blocks: int = 0,
 ) -> ReadPlan:
     """The files to read, in order, and how many tokens of each (never past `limit`, and with
-    cut_pictures never ending inside a picture)."""
+    cut_pictures never ending inside a picture). The first `skip_blocks` blocks are not read (the
+    caller holds them): the plan then starts at their end."""
     B = block_tokens
+    first = skip_blocks * B
     row, tail = choice.row, choice.tail_key
     n_plan = min(limit, len(choice.chain) * B + (row.tail_tokens if row is not None and tail is not None else 0))
     keep_whole = pictures if cut_pictures else ()
     n_plan = cut_before(n_plan, keep_whole)
+    if n_plan <= first:
+        return ReadPlan([], 0, keep_whole, first)
     items = []
     for i, k in enumerate(choice.chain):
         if i * B >= n_plan:
             break
-        items.append(ReadItem(k, path_of(k), KIND_BLOCK, i * B, B, min(B, n_plan - i * B), tokens[i * B : (i + 1) * B]))
+        if i < skip_blocks:
+            continue
+        start = i * B - first
+        items.append(ReadItem(k, path_of(k), KIND_BLOCK, start, B, min(B, n_plan - i * B), tokens[i * B : (i + 1) * B]))
     base = len(choice.chain) * B
     if row is not None and tail is not None and n_plan > base:
         items.append(
@@ -140,14 +150,14 @@ def plan_reads(
                 tail,
                 path_of(tail),
                 KIND_TAIL,
-                base,
+                base - first,
                 row.tail_tokens,
                 n_plan - base,
                 None,
                 tail_acceptor(tokens, pictures, row, base),
             )
         )
-    return ReadPlan(items, n_plan, keep_whole)
+    return ReadPlan(items, n_plan - first, keep_whole, first)
 
 
 def tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):

@@ -4,8 +4,9 @@ A thin facade over a one-way chain: pure pieces (keys, blob, layout, manifest, r
 the index (index.py: manifest, pins, counters, lock, eviction, job commit, sweep), spill jobs
 (spill_job.py) and the blob reader (reader.py). This file only wires them together.
 
-Threads: begin_spill / SpillJob.step / restore run on the caller's (model-owner) thread; blob
-writes, the manifest commit, refcount release and eviction run on the store's writer thread.
+Threads: begin_spill / SpillJob.step / restore / the version calls run on the caller's
+(model-owner) thread; blob writes, the manifest commit, refcount release and eviction run on the
+store's writer thread.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .session_restore import SessionRestoreJob, kv_bytes
 from .spill_job import SpillJob
 from .spill_records import BlobPlan, SpillResult
 from .sweep import free_bytes, is_damage, open_manifest, unavailable_reason, verify
+from .versions import RowMatch, conversation_of, prefix_key, row_matches, row_prefix_key, version_id
 from .writer import BufferPool, WriterThread
 
 # errors that say the disk (not the store) is the problem: full, over quota, read-only
@@ -258,6 +260,32 @@ class KVStore:
             "layout": row.layout,
         }
 
+    # ------------------------------------------------------------------ versions (versions.py)
+    def row_matches(
+        self, conversation_id: str, token_ids: Any, picture_spans: Iterable[PictureSpan] = ()
+    ) -> list[RowMatch]:
+        """The conversation's own row (first, when stored) and its version rows, each with how
+        long an opening of these tokens it holds (no blob is read; versions.best_of picks one)."""
+        ns = self._ns(None)
+        _, rows = self.index.sessions_of(ns, self.block_tokens)
+        tokens, pictures = normalize_tokens(token_ids), normalize_pictures(picture_spans)
+        return row_matches(rows, conversation_id, ns, tokens, pictures, self.block_tokens)
+
+    def version_id(self, conversation_id: str, token_ids: Any, picture_spans: Iterable[PictureSpan] = ()) -> str:
+        """The row name of the conversation's version holding exactly these tokens."""
+        tokens, pictures = normalize_tokens(token_ids), normalize_pictures(picture_spans)
+        return version_id(conversation_id, prefix_key(self._ns(None), tokens, pictures, self.block_tokens))
+
+    def keep_as_version(self, session_id: str) -> str | None:
+        """Keep a session's row also as a version row of its conversation (a new row naming the
+        same blobs: nothing is read or written but the manifest). Returns its name, None when the
+        store holds no row of that session."""
+        row = self.index.session(session_id)
+        if row is None:
+            return None
+        vid = version_id(conversation_of(session_id), row_prefix_key(row))
+        return vid if self.index.copy_session(session_id, vid) else None
+
     def drop_session(self, session_id: str) -> bool:
         """Forget a session (e.g. the conversation was deleted); its unshared blobs are removed."""
         return self.index.drop_session(session_id)
@@ -388,6 +416,7 @@ class KVStore:
         max_tokens: int | None = None,
         shared: bool = True,
         cut_pictures: bool = True,
+        skip_tokens: int = 0,
     ) -> RestoreResult:
         """Restore the longest verified prefix of `token_ids` (and pictures) the store holds.
 
@@ -397,7 +426,9 @@ class KVStore:
         prefill). cut_pictures: never end inside a picture span. dtype: cast on the way in.
         `state` is the session row's state when its row was usable; stats.state_complete
         says whether that state describes exactly n_tokens tokens. Bad or missing blobs are
-        counted and end the prefix; they are never served."""
+        counted and end the prefix; they are never served. skip_tokens: the caller holds that
+        opening already; only the whole blocks after it are read (result.start says where the
+        restored tokens begin, a block boundary at or before skip_tokens)."""
         t0 = time.perf_counter()
         tokens = normalize_tokens(token_ids)
         pictures = normalize_pictures(picture_spans)
@@ -431,7 +462,8 @@ class KVStore:
             except (BadBlob, MissingBlob) as e:
                 failed(choice.chain[0], "missing" if isinstance(e, MissingBlob) else "bad", str(e))
                 return done()
-            plan = plan_reads(choice, tokens, pictures, limit, B, cut_pictures, self.index.path)
+            skip = min(max(0, skip_tokens) // B, len(choice.chain))
+            plan = plan_reads(choice, tokens, pictures, limit, B, cut_pictures, self.index.path, skip)
             if not plan.items:
                 return done()
             if self._reader is None:
@@ -443,9 +475,12 @@ class KVStore:
             stats.bytes_read = out.bytes_read
             if out.tensors is None:  # nothing verified (n_tokens == 0)
                 return done()
-            n = out.n_tokens
+            n = plan.first + out.n_tokens
             stats.state_complete = bool(row is not None and n == row.n_tokens)
-            self.index.restored(n, out.bytes_read, session_id if row is not None and choice.from_own else None)
-            return done(build_cache(out.tensors), n, row.state if row is not None else {})
+            own = session_id if row is not None and choice.from_own else None
+            self.index.restored(out.n_tokens, out.bytes_read, own)
+            result = done(build_cache(out.tensors), n, row.state if row is not None else {})
+            result.start = plan.first
+            return result
         finally:
             self.index.unpin_reads(choice.pins)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..kvstore import is_version
 from ..protocol.events import ChatMemory, ChatMemoryReport, KVPlace
 from .conversations import Conversations
 from .rates import RateBook
@@ -35,7 +36,7 @@ def chat_memory_report(
     store = spill_scheduler.store
     for stored in store.stored_sessions() if store is not None else ():
         cid = stored.id
-        if cid in chats:
+        if cid in chats or is_version(cid):  # a version left is not a chat of its own
             continue
         progress = resume.progress(cid)
         if progress is not None:

@@ -420,4 +420,6 @@ class Engine(EngineWorker):
         return f"The model failed on this turn ({type(exc).__name__}: {exc})"
 
     def _turn_done(self, done: TurnDone) -> None:
+        if self.spill_scheduler is not None:  # the version a turn left is on the SSD before the report counts it
+            self.spill_scheduler.settle_versions()
         self._emit(self._report())

@@ -212,7 +212,8 @@ class ResumeAhead:
         if got.cache is not None:
             session = self.sessions.open(r.conversation_id)
             if session.cache is None:  # a turn may have filled it meanwhile: never replace newer KV
-                session.hold(got.ids, got.pictures, got.cache, int(got.state.get("rope_delta", 0)))
+                reply_start = got.state.get("reply_start")  # None from a row spilled before versions
+                session.hold(got.ids, got.pictures, got.cache, int(got.state.get("rope_delta", 0)), reply_start)
                 session.touch()  # just restored: not idle, so not spilled straight back
                 self._done[r.conversation_id] = RestoredAhead(len(got.ids), got.seconds - r.turn_s, r.turn_s)
 

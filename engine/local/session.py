@@ -27,6 +27,7 @@ class Session:
         self._cache: DynamicCache | None = None
         self._rope_delta = 0  # Qwen2-VL family: positions after the prompt continue at index + delta
         self._pictures: tuple[PictureSpan, ...] = ()
+        self._reply_start = 0  # where the last turn's reply begins in _ids (before it: that turn's prompt)
         self._last_used = time.monotonic()
         self._version = 0  # bumped by every turn: a spill finishing later must not free newer KV
 
@@ -51,6 +52,13 @@ class Session:
     @property
     def pictures(self) -> tuple[PictureSpan, ...]:
         return self._pictures
+
+    @property
+    def reply_start(self) -> int:
+        """Where the last turn's reply begins in `ids`: the tokens before it were that turn's
+        prompt, so a turn that keeps fewer of them changed a message before the reply (an edit,
+        a switch to another version), while one that keeps them all goes on."""
+        return self._reply_start
 
     @property
     def last_used(self) -> float:
@@ -112,16 +120,49 @@ class Session:
             raise ValueError(f"the session holds {self.cached_tokens} tokens, not {n}")
         elif len(self._ids) > n:
             self._cache.crop(n - len(self._ids))
+        self._reply_start = n if cache is not None else min(self._reply_start, n)
         self._ids = prompt.ids[:n]
         self._pictures = tuple(p for p in prompt.pictures if p.start < n)
         self._rope_delta = rope_delta
 
-    def hold(self, ids: list[int], pictures: tuple[PictureSpan, ...], cache, rope_delta: int = 0) -> None:
+    def splice(self, prompt: Prompt, start: int, end: int, cache) -> None:
+        """Hold the first `end` tokens of `prompt`: its first `start` from this session's own
+        cache (cropped to them: they must be a reusable prefix), the rest from `cache`, which
+        holds exactly tokens start..end (restored from the store). The restored K/V are appended
+        layer by layer: KV is causal, so the same opening's K/V are the same wherever they came from."""
+        import torch  # loaded by now: a session holding a cache came from a model
+
+        if self._cache is None or start > len(self._ids):
+            raise ValueError(f"the session holds {self.cached_tokens} tokens, not {start}")
+        try:
+            if len(self._ids) > start:
+                self._cache.crop(start - len(self._ids))
+            with torch.inference_mode():  # the cache's tensors are inference tensors: updated only in this mode
+                for layer, part in zip(self._cache.layers, cache.layers, strict=True):
+                    # a store only holds plain full-attention layers (kvstore/layout.py), whose update appends
+                    layer.update(part.keys, part.values)  # type: ignore[union-attr]
+        except Exception:
+            self.drop_kv()  # half spliced: never reused
+            raise
+        self._reply_start = min(self._reply_start, start)
+        self._ids = prompt.ids[:end]
+        self._pictures = tuple(p for p in prompt.pictures if p.start < end)
+
+    def hold(
+        self,
+        ids: list[int],
+        pictures: tuple[PictureSpan, ...],
+        cache,
+        rope_delta: int = 0,
+        reply_start: int | None = None,
+    ) -> None:
         """Hold a cache restored from the store ahead of any prompt: it holds exactly `ids`, with
-        `pictures` over them (whole spans, also of a picture the restore ended inside)."""
+        `pictures` over them (whole spans, also of a picture the restore ended inside), the last
+        reply beginning at `reply_start` (not known: all of it counts as prompt)."""
         if cache is None or not ids:
             raise ValueError("nothing to hold")
         self._cache = with_room(cache)  # K/V grow in place, as in reset_to
+        self._reply_start = len(ids) if reply_start is None else min(reply_start, len(ids))
         self._ids = list(ids)
         self._pictures = tuple(p for p in pictures if p.start < len(ids))
         self._rope_delta = rope_delta
@@ -130,6 +171,8 @@ class Session:
         """The cache was given `prompt`'s tokens up to `end` (the session held a prefix of it)."""
         self._ids.extend(prompt.ids[len(self._ids) : end])
         self._pictures = tuple(p for p in prompt.pictures if p.start < end)
+        if end == len(prompt.ids):  # the prompt is in: what comes next is the reply
+            self._reply_start = end
 
     def append(self, tokens: list[int]) -> None:
         """The cache was given `tokens` (decoded text), perhaps followed by draft tokens that were
@@ -141,6 +184,7 @@ class Session:
         """Keep only the first `n` tokens (a reply stopped after its cache ran ahead)."""
         del self._ids[n:]
         self._pictures = tuple(p for p in self._pictures if p.start < n)
+        self._reply_start = min(self._reply_start, n)
         self._crop_cache(n)
 
     def drop_kv(self) -> None:
@@ -149,6 +193,7 @@ class Session:
         self._ids = []
         self._pictures = ()
         self._rope_delta = 0
+        self._reply_start = 0
 
     def _crop_cache(self, n: int) -> None:
         if self._cache is None:

@@ -16,7 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kvstore import KVStore, KVStoreError, SpillJob, SpillResult, StoreUnavailable, UnsupportedCache, model_refusal
+from ..kvstore import (
+    KVStore,
+    KVStoreError,
+    RowMatch,
+    SpillJob,
+    SpillResult,
+    StoreUnavailable,
+    UnsupportedCache,
+    best_of,
+    model_refusal,
+)
 from ..pictures.span import cut_before
 from ..protocol.events import Notice, SpillState, SpillStatus
 from .rates import RateBook
@@ -59,6 +69,7 @@ class SpillScheduler:
         self.running: _Running | None = None
         self.last_spill: dict[str, CommittedSpill] = {}  # conversation id -> its latest committed spill
         self.failed_at: dict[str, float] = {}
+        self._leaving: list[SpillJob] = []  # versions left by a turn, being written (versions below)
         self.root = data_dir / "kv-store"
         if not self.refusal:
             self._open_store()
@@ -142,7 +153,7 @@ class SpillScheduler:
                 session.ids[:n],
                 [p for p in session.pictures if p.end <= n],
                 session.cache,
-                {"rope_delta": session.rope_delta},
+                self._state(session),
             )
         except UnsupportedCache as exc:
             self.emit(SpillState(session.conversation_id, SpillStatus.REFUSED, str(exc)))
@@ -233,31 +244,121 @@ class SpillScheduler:
     # ------------------------------------------------------------------ restoring
 
     def restore(self, session: Session, prompt) -> int:
-        """Fill a cold session from the store (its own blocks, or any conversation's with the same
-        opening); returns the tokens restored. Bad blobs end the prefix; the rest is prefilled."""
-        if self.store is None or session.cache is not None or len(prompt.ids) < 2:
+        """Fill a session from the store before its turn; returns the tokens restored. Cold: from
+        the stored row of this conversation's version that holds the most of the prompt (its own
+        row or a version row), or any conversation's blocks with the same opening. Hot: when the
+        turn continues another version than the one in memory, the one in memory is kept as a
+        version row first (versions below), and a stored version holding more of the prompt than
+        the hot KV is restored past the hot opening, which stays. Bad blobs end the prefix; the
+        rest is prefilled."""
+        if self.store is None or len(prompt.ids) < 2:
             return 0
+        hot = session.reusable_prefix(prompt) if session.cache is not None else 0
+        if session.cache is not None and not self._leaves(session, hot):
+            return 0  # the version in memory goes on: no stored version holds more of it
+        self.settle_versions()  # rows of versions left before are committed: they can be found
+        if session.cache is not None:
+            self._keep_left_version(session)  # its writes go on during this turn
+        cid = session.conversation_id
+        try:
+            matches = self.store.row_matches(cid, prompt.ids, prompt.pictures)
+        except KVStoreError as exc:
+            log.warning("looking up stored versions failed: %s", exc)
+            return 0
+        if session.cache is None:
+            self._keep_stored_version(cid, matches)
+        best = best_of(matches)
+        limit = len(prompt.ids) - 1
+        if session.cache is not None and (best is None or min(best.up_to, limit) <= hot):
+            return 0  # the hot KV holds as much: nothing to read
         try:
             # whole blocks, even where the last one ends inside a picture: the turn prefills only
             # that picture's remaining tokens (its features sliced), not the whole picture again
             res = self.store.restore(
-                session.conversation_id,
+                best.id if best is not None else cid,
                 prompt.ids,
                 prompt.pictures,
                 device=self.loaded.device,
                 dtype=self.loaded.dtype,
-                max_tokens=len(prompt.ids) - 1,
+                max_tokens=limit,
                 cut_pictures=False,
+                skip_tokens=hot,
             )
         except KVStoreError as exc:
             log.warning("restore failed: %s", exc)
             return 0
         if res.stats.bytes_read:
             self.rates.record_restore(res.stats.bytes_read, res.stats.seconds)
-        if res.cache is None or res.n_tokens <= 0:
+        if res.cache is None or res.n_tokens <= max(hot, res.start):
             return 0
-        session.reset_to(prompt, res.n_tokens, res.cache, rope_delta=int((res.state or {}).get("rope_delta", 0)))
-        return res.n_tokens
+        if res.start:
+            session.splice(prompt, res.start, res.n_tokens, res.cache)
+        else:
+            rope_delta = int((res.state or {}).get("rope_delta", 0))
+            session.reset_to(prompt, res.n_tokens, res.cache, rope_delta=rope_delta)
+        return res.n_tokens - res.start
+
+    # ------------------------------------------------------------------ versions
+
+    @staticmethod
+    def _state(session: Session) -> dict:
+        """What a restore needs besides the KV: positions (Qwen2-VL family), and where the last
+        reply began (to tell a version left from one going on, also after a restart)."""
+        return {"rope_delta": session.rope_delta, "reply_start": session.reply_start}
+
+    def _leaves(self, session: Session, keep: int) -> bool:
+        """A turn keeping the first `keep` tokens of the hot session leaves the version it holds:
+        it changed a message before the last reply (an edit, a switch), or it drops a block or
+        more (a long reply regenerated). Anything less is the version going on: a reply's last
+        tokens tokenized anew, or a short reply regenerated, cheaper to prefill than to keep."""
+        assert self.store is not None  # restore() checked
+        return keep < session.reply_start - 1 or len(session.ids) - keep >= self.store.block_tokens
+
+    def _keep_left_version(self, session: Session) -> None:
+        """The turn leaves the version the hot session holds: its KV is spilled as a version row
+        of the conversation before the cache is cropped. Only blocks the store lacks are copied
+        and written (the opening it shares is there, or is written once); the copies finish here,
+        since the turn's prefill overwrites the cropped part, and the writes go on meanwhile."""
+        store = self.store
+        assert store is not None  # restore() checked
+        n = cut_before(len(session.ids), session.pictures)  # as begin(): a stored picture ends within its tokens
+        ids, pictures = session.ids[:n], [p for p in session.pictures if p.end <= n]
+        vid = store.version_id(session.conversation_id, ids, pictures)
+        if store.session_info(vid) is not None:
+            return  # left before, as it is: its row is there
+        try:
+            job = store.begin_spill(vid, ids, pictures, session.cache, self._state(session))
+            job.run_copies()
+        except (UnsupportedCache, KVStoreError, ValueError) as exc:
+            log.warning("keeping the version left failed: %s", exc)
+            return
+        self._leaving.append(job)
+
+    def settle_versions(self) -> None:
+        """Wait until the versions left are committed (their writes ran during the turn that left
+        them): after each turn, and before rows are looked up. A failed one is only logged: its KV
+        is prefilled when needed."""
+        for job in self._leaving:
+            result = job.result()
+            if not result.ok:
+                log.warning("keeping a version failed: %s", result.error)
+        self._leaving.clear()
+
+    def _keep_stored_version(self, cid: str, matches: list[RowMatch]) -> None:
+        """A cold turn continuing another version than the conversation's stored row: that row is
+        kept as a version row too (a manifest row naming the same blobs), since the conversation's
+        next spill replaces it."""
+        store = self.store
+        assert store is not None  # restore() checked
+        own = matches[0] if matches and matches[0].id == cid else None
+        if own is None or own.n_tokens == own.row_tokens:
+            return  # the stored row goes on, all of it
+        info = store.session_info(cid)
+        # as _leaves, from the surely matched opening (a tail matching in part counts as left);
+        # a row from before versions has no reply_start: all of it counts as prompt
+        reply_start = int((info or {}).get("state", {}).get("reply_start", own.row_tokens))
+        if own.n_tokens < reply_start - 1 or own.row_tokens - own.n_tokens >= store.block_tokens:
+            store.keep_as_version(cid)
 
     def take_committed(self, conversation_id: str) -> CommittedSpill:
         """The spill committed since the conversation's previous turn (none: all zero)."""
@@ -270,6 +371,7 @@ class SpillScheduler:
         """App exit: spill every hot conversation (nothing lost), then close the store."""
         if self.store is None:
             return
+        self.settle_versions()
         for s in sorted(sessions.values(), key=lambda s: s.last_used):
             if s.cache is not None:
                 try:

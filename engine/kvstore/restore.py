@@ -4,8 +4,10 @@ answers and pins the choice; reader.read_prefix executes the ReadPlan.
 
 The prompt's own chained block keys are the lookup: a key names its whole prefix (tokens and
 pictures), so block i can come from this session's row or from any session holding that key.
-The session's tail (a partial block) is usable only when all of the session's blocks matched;
-it is compared token by token and picture by picture.
+After the chain, one blob of the session's own is compared token by token and picture by picture:
+its tail (a partial block) when all of its blocks matched, else the block inside which the new
+prompt leaves it (a re-sent reply that differs from the one generated, an edit), so a prompt that
+leaves the stored one mid-block restores up to the token where they differ, not to the block before.
 """
 
 from __future__ import annotations
@@ -43,26 +45,27 @@ class RestoreResult:
     start: int = 0  # the tokens before it were not read (the caller holds them: restore's skip_tokens)
 
 
+@dataclass(frozen=True)
+class Compared:
+    """The session's blob read after the chain and used as far as the new prompt agrees with it."""
+
+    key: BlockKey
+    kind: int  # KIND_TAIL (the session's tail) or KIND_BLOCK (the block the prompt leaves inside)
+    n_tokens: int  # tokens the blob holds
+
+
 @dataclass
 class RestoreChoice:
-    """Which keys a restore reads: the block chain, then the session's tail when usable."""
+    """Which keys a restore reads: the block chain, then one of the session's blobs compared."""
 
     row: SessionRow | None  # the session's own row, when it matches the namespace and block size
     chain: list[BlockKey]  # block keys, in order, each from the row or from any session
     from_own: int  # how many of them the row itself names
-    use_tail: bool
-
-    @property
-    def tail_key(self) -> BlockKey | None:
-        """The session's tail to read after the chain (None when it is not used)."""
-        if not self.use_tail or self.row is None:  # use_tail is only set with a row naming a tail
-            return None
-        return self.row.tail_key
+    compared: Compared | None = None  # only set with a row
 
     @property
     def pins(self) -> list[BlockKey]:
-        tail = self.tail_key
-        return self.chain + ([tail] if tail is not None else [])
+        return self.chain + ([self.compared.key] if self.compared is not None else [])
 
     @property
     def source(self) -> str:
@@ -78,7 +81,7 @@ class ReadItem:
     n: int  # tokens the blob holds
     use: int  # tokens wanted (<= n)
     expect: np.ndarray | None  # token ids the blob must hold (None: checked by `accept`)
-    accept: Callable[[BlobHeader], int] | None = None  # tail: how many tokens match
+    accept: Callable[[BlobHeader], int] | None = None  # a compared blob: how many tokens match
 
 
 @dataclass
@@ -105,13 +108,13 @@ def choose_blobs(
         elif k not in present:
             break
         chain.append(k)
-    use_tail = (
-        row is not None
-        and row.tail_key is not None
-        and from_own == len(own) == len(chain)
-        and len(own) * block_tokens < limit
-    )
-    return RestoreChoice(row, chain, from_own, use_tail)
+    compared = None
+    if row is not None and from_own == len(chain) and len(chain) * block_tokens < limit:
+        if len(chain) < len(own):  # the prompt leaves the row inside its next block
+            compared = Compared(own[len(chain)], KIND_BLOCK, block_tokens)
+        elif row.tail_key is not None:
+            compared = Compared(row.tail_key, KIND_TAIL, row.tail_tokens)
+    return RestoreChoice(row, chain, from_own, compared)
 
 
 def plan_reads(
@@ -129,8 +132,8 @@ def plan_reads(
     caller holds them): the plan then starts at their end."""
     B = block_tokens
     first = skip_blocks * B
-    row, tail = choice.row, choice.tail_key
-    n_plan = min(limit, len(choice.chain) * B + (row.tail_tokens if row is not None and tail is not None else 0))
+    row, last = choice.row, choice.compared
+    n_plan = min(limit, len(choice.chain) * B + (last.n_tokens if last is not None else 0))
     keep_whole = pictures if cut_pictures else ()
     n_plan = cut_before(n_plan, keep_whole)
     if n_plan <= first:
@@ -144,24 +147,24 @@ def plan_reads(
         start = i * B - first
         items.append(ReadItem(k, path_of(k), KIND_BLOCK, start, B, min(B, n_plan - i * B), tokens[i * B : (i + 1) * B]))
     base = len(choice.chain) * B
-    if row is not None and tail is not None and n_plan > base:
+    if row is not None and last is not None and n_plan > base:
         items.append(
             ReadItem(
-                tail,
-                path_of(tail),
-                KIND_TAIL,
+                last.key,
+                path_of(last.key),
+                last.kind,
                 base - first,
-                row.tail_tokens,
+                last.n_tokens,
                 n_plan - base,
                 None,
-                tail_acceptor(tokens, pictures, row, base),
+                agreeing_tokens(tokens, pictures, row, base),
             )
         )
     return ReadPlan(items, n_plan - first, keep_whole, first)
 
 
-def tail_acceptor(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):
-    """How many of a stored tail's tokens the new prompt shares: equal token ids, and the same
+def agreeing_tokens(tokens: np.ndarray, pictures: tuple[PictureSpan, ...], row: SessionRow, base: int):
+    """How many of a compared blob's tokens the new prompt shares: equal token ids, and the same
     pictures (same span, same key) over that range."""
 
     def accept(hdr: BlobHeader) -> int:

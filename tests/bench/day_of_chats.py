@@ -217,6 +217,37 @@ class DayRun:
         return sum(getattr(t, what) for t in self.turns)
 
 
+class OtherWork:
+    """How many cores the machine gave to work other than the side being timed (its process and
+    live children: this one for Parley, with its PDF reader; the server for llama-server) over one
+    turn, steal time included: a turn slowed by other work says so in the report."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self._psutil = psutil
+        self._proc = psutil.Process(pid)
+        self._t0 = self._wall0 = 0.0
+
+    def _other_s(self) -> float:
+        m = self._psutil.cpu_times()
+        busy = sum(getattr(m, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        own = 0.0
+        for p in (self._proc, *self._proc.children(recursive=True)):
+            try:
+                t = p.cpu_times()
+            except self._psutil.NoSuchProcess:
+                continue
+            own += t.user + t.system
+        return busy - own
+
+    def start(self) -> None:
+        self._t0, self._wall0 = self._other_s(), time.perf_counter()
+
+    def cores(self) -> float:
+        return max(0.0, self._other_s() - self._t0) / max(1e-9, time.perf_counter() - self._wall0)
+
+
 def progress(run: DayRun, i: int, chat: str) -> None:
     t = run.turns[-1]
     print(
@@ -299,6 +330,7 @@ def parley_day(
         return engine, Watch(engine)
 
     run = DayRun("Parley")
+    other = OtherWork(os.getpid())
     engine, watch = start()
     history: dict[str, list[Message]] = {}
     open_chat = None
@@ -326,6 +358,7 @@ def parley_day(
             msgs = history.setdefault(chat, [])
             msgs.append(Message("user", text, [r for n in names for r in media.refs[n]]))
             t0 = time.perf_counter()
+            other.start()
             done = run_blocking(engine, Turn(chat, list(msgs), Sampling(greedy=True, max_new_tokens=new)))
             wall = time.perf_counter() - t0
             if not isinstance(done, TurnDone):
@@ -346,9 +379,8 @@ def parley_day(
                 "image_cache_hits",
                 "image_cache_disk_hits",
             )
-            run.turns.append(
-                TurnTime(wall, s.decode_s, s.prompt_tokens, s.pictures_encoded, {k: getattr(s, k) for k in keep})
-            )
+            detail = {k: getattr(s, k) for k in keep} | {"other_cores": other.cores()}
+            run.turns.append(TurnTime(wall, s.decode_s, s.prompt_tokens, s.pictures_encoded, detail))
             msgs.append(Message("assistant", replies[i]))
             progress(run, i, chat)
             i += 1
@@ -421,6 +453,11 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+
+    def other_work(self) -> OtherWork:
+        if self.proc is None:
+            raise RuntimeError("llama-server is not running")
+        return OtherWork(self.proc.pid)
 
     def log_text(self, which: int | None = None) -> str:
         n = self.started - 1 if which is None else which
@@ -514,11 +551,14 @@ def llama_day(name: str, server: Server, tuned: bool, day: list, media: Media, r
             chat, text, names = step
             msgs = history.setdefault(chat, [])
             msgs.append(("user", text, [r for n in names for r in media.refs[n]]))
+            other = server.other_work()
+            other.start()
             wall, tm = server.chat(openai_messages(msgs, media), new, slot_of[chat] if tuned else None)
             if tm.get("predicted_n") != new:
                 raise RuntimeError(f"{name}'s turn {i + 1} gave {tm.get('predicted_n')} tokens, not {new}")
             prompt = tm.get("prompt_n", 0) + tm.get("cache_n", 0)
-            run.turns.append(TurnTime(wall, tm["predicted_ms"] / 1000, prompt, 0, {"prompt_n": tm.get("prompt_n", 0)}))
+            detail = {"prompt_n": tm.get("prompt_n", 0), "other_cores": other.cores()}
+            run.turns.append(TurnTime(wall, tm["predicted_ms"] / 1000, prompt, 0, detail))
             segments[-1] += 1
             msgs.append(("assistant", replies[i], []))
             progress(run, i, chat)
@@ -555,6 +595,8 @@ def why_lost(p: TurnTime, s: TurnTime) -> str:
     """Why Parley's turn took longer than llama-server's (as shipped), in its own figures."""
     d = p.detail
     reply = f"reply {p.reply_s:.1f} s vs {s.reply_s:.1f} s"
+    if d["other_cores"] >= 0.25:
+        reply += f"; other work on the machine held {d['other_cores']:.1f} cores during Parley's turn"
     if p.ttft_s <= s.ttft_s:
         return f"reply speed alone ({reply}; first token {p.ttft_s:.1f} s vs {s.ttft_s:.1f} s): the CPU-kernel issue's"
     parts = {
@@ -672,6 +714,13 @@ def report(args, day, media, runs: list[DayRun], threads: int, llama: LlamaCpp, 
             f"{r.name}: first tokens {r.total('ttft_s'):.1f} s, whole turns {r.total('wall_s'):.1f} s, "
             f"pictures encoded {sum(t.pictures_encoded for t in r.turns)}; restarts "
             f"{', '.join(f'{x:.1f}' for x in r.restarts_s)} s (not counted){extra}"
+        )
+    for r in runs:
+        busy = [t.detail["other_cores"] for t in r.turns]
+        k = max(range(len(busy)), key=lambda j: busy[j])
+        print(
+            f"{r.name}: other work on the machine during its turns: {sum(busy) / len(busy):.2f} cores on average, "
+            f"{busy[k]:.2f} at most (turn {k + 1})"
         )
     host = sum(bool(t.detail.get("from_host_cache")) for t in shipped.turns)
     print(

@@ -9,12 +9,14 @@ screenshots) must come out pixel for pixel the same from the same seed.
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers.side_by_side import ChildRun, SideBySide
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
@@ -22,37 +24,37 @@ sys.path.insert(0, str(ROOT / "packaging" / "demo_model"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
-def train(out: Path, *extra: str) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "packaging" / "demo_model" / "train_shapes.py"),
-            "--vision-steps",
-            "6",
-            "--steps",
-            "6",
-            "--batch",
-            "4",
-            "--vision-batch",
-            "8",
-            "--threads",
-            "1",
-            "--out",
-            str(out),
-            *extra,
-        ],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
+def train_run(out: Path, *extra: str) -> ChildRun:
+    argv = [
+        sys.executable,
+        str(ROOT / "packaging" / "demo_model" / "train_shapes.py"),
+        *("--vision-steps", "6", "--steps", "6", "--batch", "4", "--vision-batch", "8", "--threads", "1"),
+        *("--out", str(out), *extra),
+    ]
+    return ChildRun(out.name, argv, ROOT, dict(os.environ))
+
+
+def train_side_by_side(tmp_path: Path, runs: list[ChildRun]) -> None:
+    """Each run a process of its own (one thread each), two at a time: a same-seed pair must agree
+    across processes, and two cores train two of them at once."""
+    pool = SideBySide(runs, tmp_path / "logs", width=2, timeout_s=240)
+    try:
+        for r in runs:
+            done = pool.result(r.key)
+            assert done.returncode == 0, f"{r.key}: {done.stderr[-2000:]}"
+    finally:
+        pool.close()
 
 
 def test_same_seed_gives_the_same_weights_and_a_loadable_folder(tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    train(tmp_path / "a")
-    train(tmp_path / "b")
-    train(tmp_path / "c", "--seed", "7")
+    (tmp_path / "logs").mkdir()
+    train_side_by_side(tmp_path, [train_run(tmp_path / "a"), train_run(tmp_path / "b")])
+    # a fine-tune of that folder, twice, beside a run with another seed
+    a = str(tmp_path / "a")
+    runs = [train_run(tmp_path / "ft1", "--init", a), train_run(tmp_path / "ft2", "--init", a)]
+    train_side_by_side(tmp_path, [*runs, train_run(tmp_path / "c", "--seed", "7")])
     weights = lambda name: (tmp_path / name / "model.safetensors").read_bytes()  # noqa: E731
     assert weights("a") == weights("b")
     assert weights("a") != weights("c"), "the seed should matter"
@@ -61,9 +63,7 @@ def test_same_seed_gives_the_same_weights_and_a_loadable_folder(tmp_path):
     assert model.config.model_type == "llava"
     assert processor.tokenizer.eos_token_id == model.generation_config.eos_token_id
 
-    # a fine-tune of that folder, twice: the same bytes again, and not the folder it started from
-    train(tmp_path / "ft1", "--init", str(tmp_path / "a"))
-    train(tmp_path / "ft2", "--init", str(tmp_path / "a"))
+    # the fine-tunes: the same bytes again, and not the folder they started from
     assert weights("ft1") == weights("ft2")
     assert weights("ft1") != weights("a")
 

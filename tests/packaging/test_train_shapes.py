@@ -37,6 +37,7 @@ def train_run(out: Path, *extra: str) -> ChildRun:
 def train_side_by_side(tmp_path: Path, runs: list[ChildRun]) -> None:
     """Each run a process of its own (one thread each), two at a time: a same-seed pair must agree
     across processes, and two cores train two of them at once."""
+    (tmp_path / "logs").mkdir(exist_ok=True)
     pool = SideBySide(runs, tmp_path / "logs", width=2, timeout_s=240)
     try:
         for r in runs:
@@ -49,7 +50,6 @@ def train_side_by_side(tmp_path: Path, runs: list[ChildRun]) -> None:
 def test_same_seed_gives_the_same_weights_and_a_loadable_folder(tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    (tmp_path / "logs").mkdir()
     train_side_by_side(tmp_path, [train_run(tmp_path / "a"), train_run(tmp_path / "b")])
     # a fine-tune of that folder, twice, beside a run with another seed
     a = str(tmp_path / "a")

@@ -175,6 +175,12 @@ class Composer(QFrame):
     def text(self) -> str:
         return self.edit.toPlainText()
 
+    def set_text(self, text: str) -> None:
+        """The draft's text replaced (an example question), the cursor at its end, ready to send."""
+        self.edit.setPlainText(text)
+        self.edit.moveCursor(self.edit.textCursor().MoveOperation.End)
+        self.edit.setFocus()
+
     def reading_chips(self) -> list[ReadingChip]:
         """This draft's PDFs and videos still being read."""
         return [c for c in self._reads.values() if c.chat == self._draft_chat]

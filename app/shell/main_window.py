@@ -36,7 +36,7 @@ from ..models import ModelPicker
 from ..settings import ApiConfig, Preferences, SettingsDialog
 from ..theme import apply_theme
 from ..version import VERSION
-from .empty_chat_button import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, is_demo
+from .empty_chat import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, EmptyChatActions, example_picture, is_demo
 from .window_chrome import SpeedMeter, StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         self.sidebar = Sidebar(history, self.chat_marks)
         self.chat = ChatView(self.messages)
         self.chat.delegate.picture_words = self.picture_marks.words
+        self.empty_actions = EmptyChatActions(self.chat, self.open_models)
         self.composer = Composer(self.intake)
         self.composer.set_document_options(prefs.document_text(), prefs.frame_sampling())
         self.notice = QLabel()
@@ -145,6 +146,7 @@ class MainWindow(QMainWindow):
     def _wire(self) -> None:
         b, c = self.bridge, self.controller
         b.modelLoading.connect(self._on_model_loading)
+        self.empty_actions.questionChosen.connect(self.ask_example)
         b.modelReady.connect(self._on_model_ready)
         b.modelFailed.connect(self._on_model_failed)
         b.turnStarted.connect(lambda ev: self.speed.started(ev.turn_id))
@@ -211,12 +213,12 @@ class MainWindow(QMainWindow):
         elif picker.wants_models:
             self.open_models()
 
-    def _models_button(self):
-        if getattr(self, "_empty_models_button", None) is None:
-            from .empty_chat_button import EmptyChatModelsButton
-
-            self._empty_models_button = EmptyChatModelsButton(self.chat, self.open_models)
-        return self._empty_models_button
+    def ask_example(self, question: str) -> None:
+        """An example question goes into the composer, with the example drawing if the draft has no
+        picture yet; the person sends it (or edits it first)."""
+        if not self.composer.attachments() and not self.composer.reading():
+            self.composer.take_files([str(example_picture())])
+        self.composer.set_text(question)
 
     def open_models(self) -> None:
         """The Models page: find, size up and download models; a finished one loads in one click."""
@@ -443,7 +445,7 @@ class MainWindow(QMainWindow):
         elif self.model_ready:
             self.chat.set_placeholder(HINT_EMPTY + ("\n\n" + HINT_DEMO if demo else ""))
         no_model = not self.model_ready and self.model_path is None and override is None
-        self._models_button().want(no_model or demo, GET_A_REAL_MODEL if demo else GET_A_MODEL)
+        self.empty_actions.want(GET_A_REAL_MODEL if demo else GET_A_MODEL if no_model else None, demo)
 
     # ------------------------------------------------------------ dialogs
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
+from tests.fixtures.pictures import make_picture
 from tests.helpers.window import TIMEOUT_MS, send, wait_reply
 
 
@@ -11,7 +12,7 @@ def test_empty_chat_button_opens_models_and_a_chosen_model_loads(make_window, qt
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests: the page says so and lists what is here
     w = make_window(load=False)
-    button = w._models_button()
+    button = w.empty_actions.models
     assert button.isVisible() and button.text() == "Get a model…"
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
     page = w.models_page
@@ -38,7 +39,7 @@ def test_the_demo_model_says_what_it_is_and_offers_a_real_one(make_window, qtbot
     qtbot.waitUntil(lambda: w.model_ready, timeout=TIMEOUT_MS)
     assert "small demo that only knows coloured shapes" in w.chat.placeholder
     demo_name = w.model_name
-    button = w._models_button()
+    button = w.empty_actions.models
     assert button.isVisible() and button.text() == "Get a real model…"
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
     page = w.models_page
@@ -56,6 +57,47 @@ def test_the_demo_model_says_what_it_is_and_offers_a_real_one(make_window, qtbot
     send(qtbot, w, "hello")  # ... and go with the first message, as the hint does
     wait_reply(qtbot, w)
     assert w.messages.rowCount() == 2 and not button.isVisible()
+
+
+def test_the_demo_offers_example_questions_with_their_drawing(make_window, qtbot, tiny_model, tmp_path):
+    """Issue 43: with the built-in demo, the first screen offers three questions it answers well. A
+    click puts one into the composer with the example drawing (once, and not over a picture the
+    person already attached); Send asks it; the questions go with the first message, and a real
+    model is not offered them."""
+    from app.shell.empty_chat import EXAMPLE_QUESTIONS, example_picture
+    from engine.platform.paths import DEMO_MODEL
+
+    w = make_window(load=False)
+    w.load_model(str(DEMO_MODEL))
+    qtbot.waitUntil(lambda: w.model_ready, timeout=TIMEOUT_MS)
+    demo_name = w.model_name
+    buttons = w.empty_actions.example_buttons()
+    assert [b.text() for b in buttons] == list(EXAMPLE_QUESTIONS)
+    assert all(b.isVisible() for b in buttons) and w.empty_actions.models.isVisible()
+    assert w.empty_actions.geometry().bottom() < w.chat.viewport().height()
+    qtbot.mouseClick(buttons[1], Qt.MouseButton.LeftButton)
+    assert w.composer.text() == EXAMPLE_QUESTIONS[1]
+    assert [a.name for a in w.composer.attachments()] == [example_picture().name]
+    qtbot.mouseClick(buttons[0], Qt.MouseButton.LeftButton)  # another question: the drawing is not added twice
+    assert w.composer.text() == EXAMPLE_QUESTIONS[0] and len(w.composer.attachments()) == 1
+    assert w.composer.edit.hasFocus()  # Enter sends it
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    wait_reply(qtbot, w)
+    assert w.messages.rowCount() == 2 and not any(b.isVisible() for b in buttons)
+    reply = w.messages.item(1).text
+    assert "red circle" in reply and "blue square" in reply, reply  # word for word: tests/packaging
+
+    w.new_chat()  # an empty chat again, a picture of the person's own in the draft
+    qtbot.waitUntil(lambda: all(b.isVisible() for b in buttons), timeout=TIMEOUT_MS)
+    tiny_picture = make_picture(tmp_path / "mine.png", seed=3)
+    w.composer.take_files([str(tiny_picture)])
+    qtbot.mouseClick(buttons[2], Qt.MouseButton.LeftButton)
+    assert w.composer.text() == EXAMPLE_QUESTIONS[2]
+    assert [a.name for a in w.composer.attachments()] == [tiny_picture.name]
+
+    w.load_model(str(tiny_model("llava")))  # a real model: no examples
+    qtbot.waitUntil(lambda: w.model_ready and w.model_name != demo_name, timeout=TIMEOUT_MS)
+    assert not any(b.isVisible() for b in buttons)
 
 
 def check_the_demo_row(qtbot, w, page) -> None:

@@ -37,6 +37,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,6 +58,16 @@ IMAGE_SIZE = 96
 GRID = 6  # 6 x 6 = 36 picture tokens, 2 x 2 for each cell of the world's 3 x 3 grid
 VISION_DIM = 128  # width of the picture tokens the vision tower hands the projector
 VOCAB_SIZE = 640
+
+
+@dataclass(frozen=True)
+class LanguageModelShape:
+    """The Llama language model's size (from scratch only; --init and --lm-from keep their folder's)."""
+
+    layers: int = 4
+    width: int = 192
+    ffn: int = 512
+    heads: int = 4
 
 
 # ---------------------------------------------------------------- tokenizer and processor
@@ -116,7 +127,7 @@ def build_processor(tokenizer):
     )
 
 
-def build_model(processor):
+def build_model(processor, lm=LanguageModelShape()):  # lm: LanguageModelShape
     from transformers import LevitConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tok = processor.tokenizer
@@ -142,11 +153,11 @@ def build_model(processor):
     vision.down_ops[0] = [""]
     text = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=192,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        hidden_size=lm.width,
+        intermediate_size=lm.ffn,
+        num_hidden_layers=lm.layers,
+        num_attention_heads=lm.heads,
+        num_key_value_heads=lm.heads,
         max_position_embeddings=2048,
         rope_theta=10000.0,
         bos_token_id=tok.bos_token_id,
@@ -299,6 +310,10 @@ def main(argv=None) -> None:
         help="with --init: stage-1 steps that train only the (new) probes, the model held still",
     )
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--lm-layers", type=int, default=LanguageModelShape.layers, help="from scratch: LM layers")
+    ap.add_argument("--lm-width", type=int, default=LanguageModelShape.width, help="from scratch: LM hidden size")
+    ap.add_argument("--lm-ffn", type=int, default=LanguageModelShape.ffn, help="from scratch: LM MLP size")
+    ap.add_argument("--lm-heads", type=int, default=LanguageModelShape.heads, help="from scratch: LM heads")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vision-steps", type=int, default=3000, help="stage 1: vision tower + cell probe")
     ap.add_argument(
@@ -354,7 +369,7 @@ def main(argv=None) -> None:
     else:
         tokenizer = build_tokenizer(args.seed)
         processor = build_processor(tokenizer)
-        model = build_model(processor)
+        model = build_model(processor, LanguageModelShape(args.lm_layers, args.lm_width, args.lm_ffn, args.lm_heads))
     check_rendering(processor, random.Random(args.seed + 1))
     n_params = sum(p.numel() for p in model.parameters())
     print(

@@ -54,7 +54,8 @@ def test_same_seed_gives_the_same_weights_and_a_loadable_folder(tmp_path):
     # a fine-tune of that folder, twice, beside a run with another seed
     a = str(tmp_path / "a")
     runs = [train_run(tmp_path / "ft1", "--init", a), train_run(tmp_path / "ft2", "--init", a)]
-    train_side_by_side(tmp_path, [*runs, train_run(tmp_path / "c", "--seed", "7")])
+    sized = ("--lm-layers", "2", "--lm-width", "64", "--lm-ffn", "96", "--lm-heads", "2")  # issue 43: a chosen size
+    train_side_by_side(tmp_path, [*runs, train_run(tmp_path / "c", "--seed", "7"), train_run(tmp_path / "d", *sized)])
     weights = lambda name: (tmp_path / name / "model.safetensors").read_bytes()  # noqa: E731
     assert weights("a") == weights("b")
     assert weights("a") != weights("c"), "the seed should matter"
@@ -62,6 +63,10 @@ def test_same_seed_gives_the_same_weights_and_a_loadable_folder(tmp_path):
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "a")
     assert model.config.model_type == "llava"
     assert processor.tokenizer.eos_token_id == model.generation_config.eos_token_id
+    assert (model.config.text_config.num_hidden_layers, model.config.text_config.hidden_size) == (4, 192)
+    text = AutoModelForImageTextToText.from_pretrained(tmp_path / "d").config.text_config
+    shape = (text.num_hidden_layers, text.hidden_size, text.intermediate_size, text.num_attention_heads)
+    assert shape == (2, 64, 96, 2)
 
     # the fine-tunes: the same bytes again, and not the folder they started from
     assert weights("ft1") == weights("ft2")

@@ -54,21 +54,21 @@ class EmptyChatActions(QWidget):
         self.models = QPushButton(GET_A_MODEL)
         self.models.setObjectName("emptyChatModels")
         self.models.clicked.connect(on_models)
-        self.examples = QBoxLayout(QBoxLayout.Direction.LeftToRight)
-        self.examples.setSpacing(6)
+        self.example_row = QBoxLayout(QBoxLayout.Direction.LeftToRight)
+        self.example_row.setSpacing(6)
         self._examples: list[QPushButton] = []
         for question in EXAMPLE_QUESTIONS:
             b = QPushButton(question)
             b.setObjectName("exampleQuestion")
             b.setToolTip("Put this question and an example drawing into the message box")
             b.clicked.connect(lambda _=False, q=question: self.questionChosen.emit(q))
-            self.examples.addWidget(b)
+            self.example_row.addWidget(b)
             self._examples.append(b)
         self.column = QVBoxLayout(self)
         self.column.setContentsMargins(0, 0, 0, 0)
         self.column.setSpacing(10)
         self.column.addWidget(self.models, 0, Qt.AlignmentFlag.AlignHCenter)
-        self.column.addLayout(self.examples)
+        self.column.addLayout(self.example_row)
         self.wanted_models = False
         self.wanted_examples = False
         chat_view.viewport().installEventFilter(self)
@@ -94,8 +94,8 @@ class EmptyChatActions(QWidget):
             for b in self.example_buttons():
                 b.setVisible(self.wanted_examples)
             r = self.chat.viewport().rect()
-            in_a_row = sum(b.sizeHint().width() for b in self.example_buttons()) + 2 * self.examples.spacing()
-            self.examples.setDirection(
+            in_a_row = sum(b.sizeHint().width() for b in self.example_buttons()) + 2 * self.example_row.spacing()
+            self.example_row.setDirection(
                 QBoxLayout.Direction.LeftToRight if in_a_row <= r.width() - 16 else QBoxLayout.Direction.TopToBottom
             )
             self.column.activate()

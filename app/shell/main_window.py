@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatView(self.messages)
         self.chat.delegate.picture_words = self.picture_marks.words
         self.empty_actions = EmptyChatActions(self.chat, self.open_models)
+        self.empty_actions.questionChosen.connect(self.ask_example)
         self.composer = Composer(self.intake)
         self.composer.set_document_options(prefs.document_text(), prefs.frame_sampling())
         self.notice = QLabel()
@@ -146,7 +147,6 @@ class MainWindow(QMainWindow):
     def _wire(self) -> None:
         b, c = self.bridge, self.controller
         b.modelLoading.connect(self._on_model_loading)
-        self.empty_actions.questionChosen.connect(self.ask_example)
         b.modelReady.connect(self._on_model_ready)
         b.modelFailed.connect(self._on_model_failed)
         b.turnStarted.connect(lambda ev: self.speed.started(ev.turn_id))
@@ -445,7 +445,7 @@ class MainWindow(QMainWindow):
         elif self.model_ready:
             self.chat.set_placeholder(HINT_EMPTY + ("\n\n" + HINT_DEMO if demo else ""))
         no_model = not self.model_ready and self.model_path is None and override is None
-        self.empty_actions.want(GET_A_REAL_MODEL if demo else GET_A_MODEL if no_model else None, demo)
+        self.empty_actions.want(GET_A_REAL_MODEL if demo else (GET_A_MODEL if no_model else None), demo)
 
     # ------------------------------------------------------------ dialogs
 

@@ -135,9 +135,13 @@ def test_the_first_screens_example_questions(demo):
     answers = [ask(demo, [user(q, 1)], [im]) for q in EXAMPLE_QUESTIONS]
     assert answers == [
         "A blue square at the top right and a red circle at the bottom left.",
-        "The circle is red.",
-        "The square is at the top right.",
+        "The red circle is at the bottom left.",
+        "The shape on the right is a blue square.",
     ]
+    # the questions around them, as a person goes on asking
+    assert ask(demo, [user("What shape is on the left?", 1)], [im]) == "The shape on the left is a red circle."
+    assert ask(demo, [user("Which shape is at the top?", 1)], [im]) == "The shape at the top is a blue square."
+    assert ask(demo, [user("What colour is the square?", 1)], [im]) == "The square is blue."
 
 
 def test_second_picture_and_follow_up(demo):

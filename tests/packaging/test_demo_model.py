@@ -128,7 +128,7 @@ def test_the_drawing_from_issue_17(demo):
 
 def test_the_first_screens_example_questions(demo):
     """Issue 43: the three questions the first screen offers with the demo, asked of the example
-    drawing a click puts with them, are answered word for word."""
+    drawing a click puts with them, and the ones a person asks next, are answered word for word."""
     from app.shell.empty_chat import EXAMPLE_QUESTIONS, example_picture
 
     im = Image.open(example_picture()).convert("RGB")

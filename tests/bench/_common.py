@@ -28,7 +28,12 @@ def precision(quick: bool) -> dict[str, str]:
     precision its figures are given in; in --quick on a CPU without bf16 units, fp32 (bf16 runs
     3.5-6.5x slower there). Both named, so a fresh data folder neither times every weight format
     (calibrate.py: 20-30 s at these shapes) nor compiles numba's kernels (8-12 s) first."""
-    if quick and not cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+    import torch
+
+    # torch's own kernels capped below AVX-512 (ATEN_CPU_CAPABILITY=avx2, how an AVX2-only CPU is
+    # simulated on a newer one) compute bf16 as slowly as a CPU without those units
+    no_bf16_units = not cpu_flags() & {"avx512_bf16", "amx_bf16"}
+    if quick and (no_bf16_units or not torch.backends.cpu.get_cpu_capability().startswith("AVX512")):
         return {"dtype": "float32", "weights": "fp32"}
     return {"dtype": "bfloat16", "weights": "bf16"}
 

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from _common import parse_args, ratio_line, workdir
+from _common import parse_args, precision, ratio_line, workdir
 
 from engine.protocol.events import Message, SpillState
 from tests.fixtures.published_configs import build_published, spec_for
@@ -102,7 +102,8 @@ def main() -> None:
         default="bfloat16",
         help="weights and KV precision (float32 is what dtype=auto picks on a CPU)",
     )
-    args = parse_args(ap, quick={"tokens": [512, 1024], "grow": [32, 128]})
+    # quick: the precision the CPU runs fast (precision()), the test suite's time on AVX2-only CPUs
+    args = parse_args(ap, quick={"tokens": [512, 1024], "grow": [32, 128], "dtype": precision(True)["dtype"]})
     reduce = QUICK if args.quick else {}
     spec = spec_for(SHAPE, **reduce)
     t = spec["text"]

@@ -91,10 +91,11 @@ class EmptyChatActions(QWidget):
         show = (self.wanted_models or self.wanted_examples) and self.chat.model().rowCount() == 0
         if show:
             self.models.setVisible(self.wanted_models)
-            for b in self.example_buttons():
+            buttons = self.example_buttons()
+            for b in buttons:
                 b.setVisible(self.wanted_examples)
             r = self.chat.viewport().rect()
-            in_a_row = sum(b.sizeHint().width() for b in self.example_buttons()) + 2 * self.example_row.spacing()
+            in_a_row = sum(b.sizeHint().width() for b in buttons) + (len(buttons) - 1) * self.example_row.spacing()
             self.example_row.setDirection(
                 QBoxLayout.Direction.LeftToRight if in_a_row <= r.width() - 16 else QBoxLayout.Direction.TopToBottom
             )

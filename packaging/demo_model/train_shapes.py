@@ -127,7 +127,7 @@ def build_processor(tokenizer):
     )
 
 
-def build_model(processor, lm=LanguageModelShape()):  # lm: LanguageModelShape
+def build_model(processor, lm: LanguageModelShape = LanguageModelShape()):
     from transformers import LevitConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tok = processor.tokenizer

@@ -127,7 +127,10 @@ def build_processor(tokenizer):
     )
 
 
-def build_model(processor, lm: LanguageModelShape = LanguageModelShape()):
+def build_model(processor, lm=LanguageModelShape()):
+    """A from-scratch LLaVA with a language model of shape `lm` (a LanguageModelShape). Unannotated:
+    mypy would check the body against the config classes' stubs, which lack keyword arguments
+    these configs take."""
     from transformers import LevitConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tok = processor.tokenizer

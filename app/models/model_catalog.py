@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.library.installed import snapshot_for
-from engine.platform.paths import DEMO_MODEL
+from engine.platform.paths import DEMO_MODEL, is_demo_model
 
 
 @dataclass
@@ -80,7 +80,7 @@ def demo_entry(check: Callable[[Path], str | None] | None = None) -> ModelEntry:
 def recent_entries(paths: list[str], check: Callable[[Path], str | None] | None = None) -> list[ModelEntry]:
     out = []
     for p in paths:
-        if Path(p).resolve() == DEMO_MODEL.resolve():
+        if is_demo_model(p):  # the Demo group has it
             continue
         config = read_config(Path(p))
         out.append(

@@ -153,8 +153,12 @@ class Preferences:
         v = self.qs.value("models/last")
         return str(v) if v else None
 
-    def set_last_model(self, path: str) -> None:
-        self.qs.setValue("models/last", path)
+    def set_last_model(self, path: str | None) -> None:
+        """None: no model of the person's own (the next start opens the demo)."""
+        if path is None:
+            self.qs.remove("models/last")
+        else:
+            self.qs.setValue("models/last", path)
 
     # ------------------------------------------------------------ API server
 

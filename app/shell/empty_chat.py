@@ -9,8 +9,6 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from engine.platform.paths import DEMO_MODEL
-
 from ..icons import resources_dir
 
 GET_A_MODEL = "Get a model…"
@@ -30,16 +28,6 @@ EXAMPLE_QUESTIONS = ("Describe the picture.", "Where is the red circle?", "What 
 
 def example_picture() -> Path:
     return resources_dir() / "examples" / EXAMPLE_PICTURE
-
-
-def is_demo(model_path: str | None) -> bool:
-    """Whether a loaded model's path is the built-in demo's folder (a server's address never is)."""
-    if not model_path or "://" in model_path:
-        return False
-    try:
-        return Path(model_path).resolve() == DEMO_MODEL.resolve()
-    except OSError:
-        return False
 
 
 class EmptyChatActions(QWidget):

@@ -11,7 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import QTimer, QtMsgType, qInstallMessageHandler
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from engine.platform.paths import DEMO_MODEL, create_data_dir
+from engine.platform.paths import DEMO_MODEL, create_data_dir, is_demo_model
 from engine.protocol.events import ModelFailed, ModelReady
 
 from ..icons import app_icon
@@ -105,10 +105,14 @@ def choose_data_dir(data_dir: Path, prefs: Preferences) -> Path:
 
 
 def choose_model(model_path: str | None, prefs: Preferences) -> str:
-    """An explicit path; else the model used last time, if still there; else the demo."""
+    """An explicit path; else the model used last time, if still there; else this install's demo.
+    The demo is remembered as no model at all (MainWindow), so an update or a moved install opens
+    its own demo; an older Parley remembered its install's folder, read as the demo too."""
     if model_path:
         return str(model_path)
     last = prefs.last_model()
+    if is_demo_model(last):
+        return str(DEMO_MODEL)
     if last and (Path(last) / "config.json").is_file():
         return last
     return str(DEMO_MODEL)

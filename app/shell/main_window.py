@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.platform.paths import is_demo_model
 from engine.protocol.events import ModelFailed, ModelLoading, ModelReady, Notice, TurnDone
 
 from ..chat import UNDO_SECONDS, ChatController, ChatExport, ChatView, MessageListModel, RetryButton, Sidebar
@@ -36,7 +37,7 @@ from ..models import ModelPicker
 from ..settings import ApiConfig, Preferences, SettingsDialog
 from ..theme import apply_theme
 from ..version import VERSION
-from .empty_chat import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, EmptyChatActions, example_picture, is_demo
+from .empty_chat import GET_A_MODEL, GET_A_REAL_MODEL, HINT_DEMO, EmptyChatActions, example_picture
 from .window_chrome import SpeedMeter, StatusBar, StatusLine, WindowMenus
 
 if TYPE_CHECKING:  # open_models imports it at run time, only when the Models page is used
@@ -266,7 +267,8 @@ class MainWindow(QMainWindow):
         self.memory_dock.on_model(ev.device, ev.name, ev.dtype if ev.family != "remote" else "")
         if ev.family != "remote":  # a server's address is not a model folder
             self.prefs.add_recent_model(ev.path)
-            self.prefs.set_last_model(ev.path)
+            # the demo is remembered as "the demo", not as this install's folder (main.choose_model)
+            self.prefs.set_last_model(None if is_demo_model(ev.path) else ev.path)
         self.notice.hide()
         self._update_hints()
 
@@ -437,7 +439,7 @@ class MainWindow(QMainWindow):
         return conv.title if conv else conversation_id[:8]
 
     def _update_hints(self, override: str | None = None) -> None:
-        demo = override is None and self.model_ready and is_demo(self.model_path)
+        demo = override is None and self.model_ready and is_demo_model(self.model_path)
         if override is not None:
             self.chat.set_placeholder(override)
         elif not self.model_ready and self.model_path is None:

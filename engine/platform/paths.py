@@ -11,6 +11,16 @@ import platformdirs
 # The shipped demo model (trained by packaging/demo_model/train_shapes.py); the default when no model is given.
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "parley-shapes"
 
+
+def is_demo_model(path: str | None) -> bool:
+    """Whether a model folder is the built-in demo: this install's, or another Parley install's (an
+    older version's, or one moved since, remembered in its settings), by the same
+    resources/models/<name> ending. A server's address never is."""
+    if not path or "://" in path:
+        return False
+    return Path(path).parts[-3:] == DEMO_MODEL.parts[-3:]
+
+
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 

@@ -71,6 +71,7 @@ def test_the_demo_offers_example_questions_with_their_drawing(make_window, qtbot
     w.load_model(str(DEMO_MODEL))
     qtbot.waitUntil(lambda: w.model_ready, timeout=TIMEOUT_MS)
     demo_name = w.model_name
+    assert w.prefs.last_model() is None  # remembered as "the demo", not as this install's folder
     buttons = w.empty_actions.example_buttons()
     assert [b.text() for b in buttons] == list(EXAMPLE_QUESTIONS)
     assert all(b.isVisible() for b in buttons) and w.empty_actions.models.isVisible()
@@ -98,6 +99,32 @@ def test_the_demo_offers_example_questions_with_their_drawing(make_window, qtbot
     w.load_model(str(tiny_model("llava")))  # a real model: no examples
     qtbot.waitUntil(lambda: w.model_ready and w.model_name != demo_name, timeout=TIMEOUT_MS)
     assert not any(b.isVisible() for b in buttons)
+    assert w.prefs.last_model() == str(tiny_model("llava"))
+
+
+def test_an_updated_or_moved_install_opens_its_own_demo(tmp_path):
+    """An older Parley remembered the demo as its install's folder: after an update (a new bundle
+    folder) or a move, the next start opened the old copy, with no demo hint and no example
+    questions. That folder is read as the demo, and this install's demo opens."""
+    from PySide6.QtCore import QSettings
+
+    from app.settings.preferences import Preferences
+    from app.shell.main import choose_model
+    from engine.platform.paths import DEMO_MODEL
+
+    old_install = tmp_path / "Parley-0.9" / "resources" / "models" / DEMO_MODEL.name
+    old_install.mkdir(parents=True)
+    (old_install / "config.json").write_text("{}")
+    prefs = Preferences(QSettings(str(tmp_path / "Parley.conf"), QSettings.Format.IniFormat))
+    prefs.set_last_model(str(old_install))
+    assert choose_model(None, prefs) == str(DEMO_MODEL)
+    own = tmp_path / "my-model"
+    own.mkdir()
+    (own / "config.json").write_text("{}")
+    prefs.set_last_model(str(own))  # a model of the person's own still opens
+    assert choose_model(None, prefs) == str(own)
+    prefs.set_last_model(None)
+    assert choose_model(None, prefs) == str(DEMO_MODEL)
 
 
 def check_the_demo_row(qtbot, w, page) -> None:

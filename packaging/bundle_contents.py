@@ -150,7 +150,7 @@ def requirement_names(path: Path = ROOT / "requirements.txt") -> list[str]:
         if not line or line.startswith("-"):
             continue
         m = _REQ_NAME.match(line)
-        if m:
+        if m and _marker_holds(line):  # tbb: Linux and Windows on x86-64 only
             names.append(m.group(1))
     return names
 

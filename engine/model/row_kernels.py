@@ -10,11 +10,16 @@ may be read-only), so only the first launch compiles.
 
 Where numba is missing, does not import or does not compile, torch's kernels run and one line
 says so; whether it is faster on this CPU is measured by calibrate.py, which records the answer
-(FormatSpeed.rows). Threads: numba's `workqueue` layer, as many as torch uses. Its threads sleep
-between calls; numba's OpenMP layer runs a second OpenMP runtime beside torch's, and the two spun
-against each other on a 2-core EPYC (a stream of fp32 one-row products 2.8 GB/s against 6.7 with
-workqueue, torch's ops between the calls). workqueue must not be entered from two threads at once
-(numba aborts the process), hence the lock.
+(FormatSpeed.rows). Threads: as many as torch uses, through numba's TBB layer where Intel's TBB
+loads (the `tbb` package: Linux and Windows on x86-64), else its `workqueue` layer. A call handed
+to two threads cost 2 us through TBB, whose workers wait for the next call spinning briefly, and
+86 us through workqueue, whose workers sleep (2-core AMD EPYC VM, Zen 4): a decode step makes
+about 90 such calls, and the int4 model's kernels streamed 29-30 GB/s against 21. numba's OpenMP
+layer is never taken: it runs a second OpenMP runtime beside torch's, and the two spun against
+each other on a 2-core EPYC (a stream of fp32 one-row products 2.8 GB/s against 6.7 with
+workqueue, torch's ops between the calls); torch's own spinning is cut short for the same reason
+(engine/__init__.py). workqueue must not be entered from two threads at once (numba
+aborts the process), hence the lock.
 
 Exactness: a kernel's row does not depend on the other rows it came with (each dot product is
 one loop whose order depends only on its length), so a token and its draft agree; prompt chunks
@@ -41,12 +46,16 @@ from .prompt_rows import PROMPT_ROWS
 
 log = logging.getLogger(__name__)
 
-LAYOUT = "numba-rows-v1"  # named in the KV store namespace (layout()): change it when a kernel's arithmetic changes
+# named in the KV store namespace (layout()): change it when a kernel's arithmetic changes
+# (v2: an int4 prompt chunk's product runs in bf16 in a bf16 model)
+LAYOUT = "numba-rows-v2"
 CACHE_FOLDER = "numba-cache"  # under the data folder
 
 # weights smaller than this go through the serial kernels on the calling thread: handing a call to
-# numba's threads cost 60-80 us on the 2-core EPYC, what one thread takes for 1536 x 256 fp32
-# weights (33 us); a weight's kernel never depends on how many rows come, so rows stay independent
+# numba's workqueue threads cost 60-80 us on the 2-core EPYC, what one thread takes for 1536 x 256
+# fp32 weights (33 us); through TBB (2 us) 256 KB decoded the int4 model no faster (2-core EPYC VM,
+# 20.3-23.4 tok/s against 22.4-25.3); a weight's kernel never depends on how many rows come, so
+# rows stay independent
 SERIAL_BYTES = 2 << 20
 _lock = threading.Lock()
 _loading = threading.Lock()
@@ -90,7 +99,9 @@ def _load(data_dir: Path | str | None) -> ModuleType | None:
             numba.config.CACHE_DIR = str(folder)  # type: ignore[attr-defined]  # and where numba was imported before
         import numba
 
-        numba.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
+        _load_tbb()
+        numba.config.THREADING_LAYER = "default"  # type: ignore[attr-defined]  # the first of these that loads:
+        numba.config.THREADING_LAYER_PRIORITY = ["tbb", "workqueue", "omp"]  # type: ignore[attr-defined]
         from . import numba_rows
 
         _warm_up(numba_rows)
@@ -100,12 +111,50 @@ def _load(data_dir: Path | str | None) -> ModuleType | None:
         return None
     _state["kernels"] = numba_rows
     log.info(
-        "one-row kernels: numba %s ready in %.2f s (cache %s)",
+        "one-row kernels: numba %s ready in %.2f s (threads: %s; cache %s)",
         version(),
         time.perf_counter() - t0,
+        threading_layer(),
         os.environ.get("NUMBA_CACHE_DIR", "next to the code"),
     )
     return numba_rows
+
+
+TBB_LIBRARY = {"linux": "libtbb.so.12", "win32": "tbb12.dll", "darwin": "libtbb.12.dylib"}
+
+
+def _load_tbb() -> None:
+    """Load Intel TBB's library from the `tbb` package, so that numba's TBB layer finds it: pip
+    puts it in the environment's own lib folder, where the system's loader does not look. Nothing
+    where the package is absent (numba then takes workqueue)."""
+    import ctypes
+    import sys
+
+    name = TBB_LIBRARY.get(sys.platform)
+    try:
+        files = importlib.metadata.files("tbb") or []
+    except importlib.metadata.PackageNotFoundError:
+        return
+    for f in files:
+        if f.name == name:
+            path = Path(str(f.locate())).resolve()
+            if path.is_file():
+                try:
+                    ctypes.CDLL(str(path), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+                except OSError as exc:
+                    log.info("one-row kernels: TBB not loaded (%s); numba's workqueue threads serve", exc)
+                return
+
+
+def threading_layer() -> str:
+    """numba's threading layer in this process ("tbb" or "workqueue"), or "none" before the first
+    parallel call."""
+    try:
+        import numba
+
+        return str(numba.threading_layer())  # type: ignore[attr-defined]
+    except (ImportError, ValueError):
+        return "none"
 
 
 def int4_path() -> str:
@@ -371,10 +420,18 @@ def _int4_reference(flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
     return (fake_quantized_activations(flat).double() @ w.dequantized().double().T).float()
 
 
+def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an int4 prompt chunk's dense product runs in: bf16 in a bf16 model, else fp32.
+    bf16 products ran 4.8x fp32's on a 2-core AMD EPYC with AVX512-BF16 (512 x 1536 x 8960: 16 ms
+    against 76; int4 prefill 61 tok/s with fp32 products); where a CPU has no bf16 units the
+    calibration times the model in both dtypes and keeps the faster (calibrate.py)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
 class Int4Linear(nn.Module):
     """y = x @ W.T + bias with W in Int4Weights. Decoded rows: the numba kernel on int8 blocks of
     activations. Prompt chunks: the same activations (fake_quantized_activations) times W
-    dequantized to fp32 a slice of output rows at a time, by the dense GEMM."""
+    dequantized a slice of output rows at a time, by the dense GEMM in gemm_dtype."""
 
     DEQUANTIZED_BYTES = 32 << 20  # fp32 weight rows held at once for a prompt chunk
 
@@ -402,7 +459,7 @@ class Int4Linear(nn.Module):
             out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
             w.rows(flat.float(), out.numpy(), self._kernels)
         else:
-            out = self._prompt_product(flat.float(), w)
+            out = self._prompt_product(flat, w)
         y = out.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
@@ -411,9 +468,11 @@ class Int4Linear(nn.Module):
     def _prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
         """The chunk's int8-per-block activations (as decoded rows see them) times the weights
         turned back into fp32 by numba a few groups of rows at a time (DEQUANTIZED_BYTES), both in
-        the order the weights are stored (numba_rows.dequantize_int4, dequantize_q4), by the dense GEMM."""
+        the order the weights are stored (numba_rows.dequantize_int4, dequantize_q4), by the dense
+        GEMM in the model's dtype (gemm_dtype)."""
         if w.path != "generic":
             return self._paired_prompt_product(flat, w)
+        flat = flat.float()
         xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
         xq[:, : self.in_features] = fake_quantized_activations(flat)
         xq = xq.reshape(len(flat), w.blocks, 2, 16).permute(0, 2, 3, 1).reshape(len(flat), -1).contiguous()
@@ -430,16 +489,21 @@ class Int4Linear(nn.Module):
         return out[:, : self.out_features]
 
     def _paired_prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
+        dtype = gemm_dtype(flat.dtype)
         xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
-        xq[:, : self.in_features] = fake_quantized_activations(flat)
+        xq[:, : self.in_features] = fake_quantized_activations(flat.float())
+        xq = xq.to(dtype)
         step = max(1, self.DEQUANTIZED_BYTES // (4 * BLOCK * w.blocks))  # rows at a time
-        out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
+        out = torch.empty(len(flat), self.out_features, dtype=dtype)
         buffer = np.empty((min(step, self.out_features), w.blocks * BLOCK), np.float32)
+        cast = torch.empty(buffer.shape, dtype=dtype) if dtype != torch.float32 else torch.from_numpy(buffer)
         nibbles, scales = w.nibbles.numpy(), w.scales.numpy()
         for j in range(0, self.out_features, step):
-            part = buffer[: min(step, self.out_features - j)]
-            _call(self._kernels.dequantize_q4, nibbles, scales, j, part)
-            torch.mm(xq, torch.from_numpy(part).T, out=out[:, j : j + len(part)])
+            n = min(step, self.out_features - j)
+            _call(self._kernels.dequantize_q4, nibbles, scales, j, buffer[:n])
+            if dtype != torch.float32:
+                cast[:n].copy_(torch.from_numpy(buffer[:n]))
+            torch.mm(xq, cast[:n].T, out=out[:, j : j + n])
         return out
 
     def extra_repr(self) -> str:

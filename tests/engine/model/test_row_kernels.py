@@ -184,11 +184,32 @@ def test_int4_prompt_and_decoded_rows_compute_the_same_product(fmt, kernels):
     assert (prompt - rows).abs().max() <= 1e-5 * rows.abs().max()
 
 
+@pytest.mark.parametrize("fmt", [f for f in INT4 if f != "int4:generic"])  # generic: CPUs without bf16 units
+def test_an_int4_prompt_chunk_of_a_bf16_model_multiplies_in_bf16(fmt, kernels):
+    """A bf16 model's prompt chunk: the product runs in bf16 (several times fp32's speed on a CPU
+    with bf16 units) and agrees with the fp32 model's product of the same rows to bf16's precision."""
+    g = torch.Generator().manual_seed(4)
+    m = _module(fmt, torch.randn(256, 1536, generator=g) * 0.05, None, kernels)
+    x = torch.randn(PROMPT_ROWS + 4, 1536, generator=g).bfloat16()
+    dtypes = []
+    real = torch.mm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "mm", lambda a, b, **kw: (dtypes.append((a.dtype, b.dtype)), real(a, b, **kw))[1])
+        with torch.inference_mode():
+            y16 = m(x)
+    with torch.inference_mode():
+        y32 = m(x.float())
+    assert y16.dtype == torch.bfloat16 and set(dtypes) == {(torch.bfloat16, torch.bfloat16)}
+    assert (y16.float() - y32).abs().max() <= 2e-2 * y32.abs().max()
+
+
 def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
     env.pop("NUMBA_CACHE_DIR", None)
+    if "GOMP_SPINCOUNT" not in (env_extra or {}):
+        env.pop("GOMP_SPINCOUNT", None)  # set in this process by importing the engine
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
     )
@@ -211,6 +232,45 @@ def test_the_compiled_kernels_are_cached_in_the_data_folder_and_read_back(tmp_pa
     assert second.returncode == 0, second.stderr
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*") if p.is_file()}
     assert after == files
+
+
+def _tbb_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        return any(f.name == "libtbb.so.12" for f in importlib.metadata.files("tbb") or [])
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or not _tbb_installed(),
+    reason="the tbb package (requirements.txt: Linux and Windows on x86-64) is not installed here",
+)
+@pytest.mark.parametrize(("tbb", "layer"), [(True, "tbb"), (False, "workqueue")])
+def test_the_kernels_run_on_tbbs_threads_and_on_workqueues_without_it(tmp_path, tbb, layer):
+    """With the tbb package numba's kernels run on TBB's threads; without it (its library is not
+    on the loader's path) on numba's workqueue; the same sums either way."""
+    code = f"""
+        import importlib.metadata
+        if not {tbb}:  # the package absent
+            files = importlib.metadata.files
+            def no_tbb(name):
+                if name == "tbb":
+                    raise importlib.metadata.PackageNotFoundError(name)
+                return files(name)
+            importlib.metadata.files = no_tbb
+        import numpy as np
+        from engine.model import row_kernels
+        k = row_kernels.load({str(tmp_path)!r})
+        x, w = np.ones((1, 64), np.float32), np.full((4096, 64), 0.5, np.float32)
+        out = np.empty((1, 4096), np.float32)
+        row_kernels._call(k.rows_f32, x, w, out)
+        print(row_kernels.threading_layer(), float(out.sum()))
+    """
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [layer, str(4096 * 32.0)]
 
 
 def test_without_numba_torch_serves_and_one_line_says_so(tmp_path, tiny_model):
@@ -363,3 +423,20 @@ def test_a_cpu_without_vnni_gets_its_own_int4_path_and_cache(tmp_path, cpu, feat
     assert here.stdout.split()[:4] == ["path", row_kernels.int4_path(), "close", "True"]
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*.nbc")}
     assert len(after) > len(files)  # compiled anew for this CPU, beside the other CPU's entries
+
+
+@pytest.mark.parametrize(
+    ("code", "user", "want"),
+    [
+        ("import engine", None, "2000"),
+        ("import engine", "77", "77"),  # the user's own setting wins
+        ("import torch, engine", None, "unset"),  # too late: torch's OpenMP has read its settings
+    ],
+)
+def test_the_engine_shortens_torchs_openmp_spin_before_torch_loads(code, user, want):
+    """Torch's OpenMP threads spin less between ops, so that numba's kernel threads get the cores
+    (engine/__init__.py): set by importing the engine before torch, as every entry does."""
+    env = {"GOMP_SPINCOUNT": user} if user else {}
+    res = _run(f"import os; {code}; print(os.environ.get('GOMP_SPINCOUNT', 'unset'))", env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [want]

@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import engine  # noqa: E402, F401  # before torch, as in the app: it sets how long torch's OpenMP threads spin
+
 
 def cpu_flags() -> set[str]:
     """This CPU's flags as lscpu names them (Linux; empty elsewhere)."""

@@ -12,8 +12,11 @@ import argparse
 import statistics
 import time
 
-import torch
 from _common import parse_args, ratio_line, workdir
+
+# _common first: importing the engine sets how long torch's OpenMP threads spin, before torch loads
+# isort: split
+import torch
 
 from engine.protocol.events import Message
 from tests.fixtures.pictures import make_picture, pics

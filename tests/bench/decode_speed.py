@@ -15,8 +15,11 @@ import argparse
 import statistics
 import time
 
-import torch
 from _common import parse_args, ratio_line, workdir
+
+# _common first: importing the engine sets how long torch's OpenMP threads spin, before torch loads
+# isort: split
+import torch
 
 from engine.platform.paths import DEMO_MODEL
 from engine.protocol.events import Message

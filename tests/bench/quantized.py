@@ -23,8 +23,11 @@ import shutil
 import statistics
 import time
 
-import torch
 from _common import ratio_line, workdir
+
+# _common first: importing the engine sets how long torch's OpenMP threads spin, before torch loads
+# isort: split
+import torch
 from transformers import DynamicCache
 
 from engine.device.ledger import model_bytes

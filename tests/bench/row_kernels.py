@@ -22,8 +22,11 @@ import sys
 import textwrap
 import time
 
-import torch
 from _common import ROOT, parse_args, ratio_line, workdir
+
+# _common first: importing the engine sets how long torch's OpenMP threads spin, before torch loads
+# isort: split
+import torch
 
 from engine.model import calibrate, packed_linear, row_kernels
 from engine.model.speed import LayerShape

@@ -221,3 +221,25 @@ def test_a_growing_kv_layer_holds_what_concatenation_would_and_copies_only_when_
     filled = 2 * grown.keys.numel() * grown.keys.element_size()
     assert filled <= held <= filled * 1.125 + 2 * 2 * ROOM_MIN * 8 * 4
     assert layer_refusal(grown) is None  # spilled to the KV store like a DynamicLayer
+
+
+def test_a_quantized_format_in_a_near_tie_computes_in_the_dtype_that_prefilled_faster():
+    """int8 decoding through numba runs the same kernel in fp32 and bf16, so its two candidates
+    differ by noise: within calibrate.TIE the dtype whose full-precision model prefilled faster
+    wins (the untimed rest of the model runs in it); outside it the faster turn still wins."""
+
+    def fs(fmt, dtype, decode, prefill):
+        return FormatSpeed(fmt, dtype, decode_tok_s=decode, prefill_tok_s=prefill, rows=True)
+
+    dense = [fs("fp32", "float32", 6.0, 170.0), fs("bf16", "bfloat16", 11.0, 340.0)]
+    tie = {
+        s.format: s.dtype
+        for s in calibrate._fastest([*dense, fs("int8", "float32", 12.0, 170.0), fs("int8", "bfloat16", 11.0, 176.0)])
+    }
+    assert tie == {"fp32": "float32", "bf16": "bfloat16", "int8": "bfloat16"}
+    clear = calibrate._fastest([*dense, fs("int8", "float32", 20.0, 170.0), fs("int8", "bfloat16", 11.0, 176.0)])
+    assert {s.format: s.dtype for s in clear}["int8"] == "float32"
+    # where bf16 prefilled slower (no bf16 units), the tie goes to fp32
+    slow16 = [fs("fp32", "float32", 6.0, 170.0), fs("bf16", "bfloat16", 5.0, 40.0)]
+    tie32 = calibrate._fastest([*slow16, fs("int8", "bfloat16", 12.0, 60.0), fs("int8", "float32", 11.5, 58.0)])
+    assert {s.format: s.dtype for s in tie32}["int8"] == "float32"

@@ -248,9 +248,13 @@ def _tbb_installed() -> bool:
     reason="the tbb package (requirements.txt: Linux and Windows on x86-64) is not installed here",
 )
 @pytest.mark.parametrize(("tbb", "layer"), [(True, "tbb"), (False, "workqueue")])
-def test_the_kernels_run_on_tbbs_threads_and_on_workqueues_without_it(tmp_path, tbb, layer):
+def test_the_kernels_run_on_tbbs_threads_and_on_workqueues_without_it(kernels, tbb, layer):
     """With the tbb package numba's kernels run on TBB's threads; without it (its library is not
-    on the loader's path) on numba's workqueue; the same sums either way."""
+    on the loader's path) on numba's workqueue; the same sums either way. (The compiled kernels
+    come from this process's cache folder: compiling afresh took 5-7 s a process.)"""
+    import os
+
+    data = Path(os.environ["NUMBA_CACHE_DIR"]).parent  # set by the `kernels` fixture's load
     code = f"""
         import importlib.metadata
         if not {tbb}:  # the package absent
@@ -262,7 +266,7 @@ def test_the_kernels_run_on_tbbs_threads_and_on_workqueues_without_it(tmp_path, 
             importlib.metadata.files = no_tbb
         import numpy as np
         from engine.model import row_kernels
-        k = row_kernels.load({str(tmp_path)!r})
+        k = row_kernels.load({str(data)!r})
         x, w = np.ones((1, 64), np.float32), np.full((4096, 64), 0.5, np.float32)
         out = np.empty((1, 4096), np.float32)
         row_kernels._call(k.rows_f32, x, w, out)

@@ -98,7 +98,7 @@ def int8_gemm_used() -> bool:
     chunk quantized, the int8 GEMM, the products scaled) is faster than the dequantized one it
     replaces, in the fastest dtype this CPU's oneDNN runs (bf16 where it has bf16 units, else
     fp32). Measured once per process (a fraction of a second; where the int8 GEMM is slow the
-    first timing decides): a 4096 x 1536 weight times PROMPT timing rows, best of two each after
+    first timing decides): a 4096 x 1536 weight times PROMPT_TIMING_ROWS rows, best of two each after
     a warm-up. Timing the GEMMs alone picked the int8 GEMM on a 2-core Zen 4 (AVX512-VNNI), where
     the int8 model at Qwen2-VL-2B's shape then prefilled 173-190 tok/s against 228-234 through the
     dequantized path. The size matters: at 512 x 1024 both took 0.12 ms and the answer changed

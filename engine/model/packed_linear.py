@@ -49,6 +49,12 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
 
 
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias through oneDNN with the weight as pack_weight left it."""
+    # oneDNN takes any leading dims; a non-contiguous input would be copied by it anyway
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [None], "")
+
+
 class PackedLinear(nn.Module):
     """y = x @ weight.T + bias through oneDNN with the prepacked weight."""
 
@@ -58,13 +64,14 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", packed, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
+    packed: torch.Tensor
+
     @classmethod
     def of(cls, linear: nn.Linear) -> PackedLinear:
         return cls(pack_weight(linear.weight), linear.in_features, linear.out_features, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # oneDNN takes any leading dims; a non-contiguous input would be copied by it anyway
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [None], "")
+        return linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.packed.dtype}, oneDNN-packed"

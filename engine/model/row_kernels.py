@@ -274,9 +274,7 @@ class RowLinear(nn.Module):
                 and w.numel() * 4 <= self.PACKED_PROMPT_BYTES
                 and packed_linear.available(w.dtype)
             ):
-                return torch.ops.mkldnn._linear_pointwise(
-                    x.contiguous(), packed_linear.pack_weight(w), self.bias, "none", [None], ""
-                )
+                return packed_linear.linear(x, packed_linear.pack_weight(w), self.bias)
             return F.linear(x, self.weight, self.bias)
         out = np.empty((len(flat), self.out_features), np.float32)
         fn, w = self._kernel_args()

@@ -238,7 +238,7 @@ def _tbb_installed() -> bool:
     import importlib.metadata
 
     try:
-        return any(f.name == "libtbb.so.12" for f in importlib.metadata.files("tbb") or [])
+        return any(f.name == row_kernels.TBB_LIBRARY["linux"] for f in importlib.metadata.files("tbb") or [])
     except importlib.metadata.PackageNotFoundError:
         return False
 

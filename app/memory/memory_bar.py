@@ -14,6 +14,7 @@ COLORS = {
     "hot_kv": "#2fb171",
     "image_cache_ram": "#f0a030",
     "processor": "#8a8f99",
+    "kernels": "#6b7280",
     "hot_kv#0": "#2fb171",  # one shade per conversation, alternating
     "hot_kv#1": "#5fd197",
     "hot_kv#2": "#1f8a55",

@@ -53,6 +53,7 @@ COMPONENT_NAMES = {
     "language_model": "Language model weights",
     "vision_encoder": "Vision encoder",
     "processor": "Tokenizer and processor",
+    "kernels": "Compiled CPU kernels",
     "hot_kv": "Hot KV cache",
     "image_cache_ram": "Image cache (RAM)",
     "image_cache_disk": "Image cache (disk)",

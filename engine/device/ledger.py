@@ -82,6 +82,8 @@ def build_report(
     components = {"language_model": lm, "vision_encoder": vision}
     if loaded.device.type == "cpu":  # device memory is this process's memory: its tokenizer is in it too
         components["processor"] = loaded.processor_bytes
+        if loaded.kernel_bytes:  # numba's compiled CPU kernels, loaded once for the process
+            components["kernels"] = loaded.kernel_bytes
     kv = {cid: s.kv_bytes() for cid, s in sessions.items() if s.cache is not None}
     components["hot_kv"] = sum(kv.values())
     components.update(extra_components or {})

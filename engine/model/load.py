@@ -56,6 +56,7 @@ class LoadedModel:
     weights: str = ""  # the language model's weight format as loaded: bf16 | fp16 | fp32 | int8 | 4bit
     weights_note: str = ""  # auto: which format it chose and why
     processor_bytes: int = 0  # host memory the tokenizer and processor took, measured around their load
+    kernel_bytes: int = 0  # host memory numba's compiled kernels hold in this process (row_kernels.memory_bytes)
 
     @property
     def context_tokens(self) -> int | None:
@@ -164,13 +165,13 @@ def load_model(
 
         speeds = speeds_for(config, speed_dir)
     plan = plan_weights(folder, family, dev, dtype, weights, free, speeds)
-    if plan.rows:
-        row_kernels.prepare(speed_dir)  # ready by the time the weights are: joined below
     dt, fmt = plan.dtype, plan.format
     try:
         processor, processor_bytes = growth_during(lambda: AutoProcessor.from_pretrained(folder))
     except Exception as exc:  # transformers raises many kinds; the user needs one sentence
         raise ModelLoadError(f"Cannot load the processor/tokenizer from {folder}: {exc}") from exc
+    if plan.rows:  # after the processor: each one's memory is measured as the growth around its load
+        row_kernels.prepare(speed_dir)  # ready by the time the weights are: joined below
     if not getattr(processor, "chat_template", None) and not getattr(processor.tokenizer, "chat_template", None):
         raise ModelLoadError(f"{folder} has no chat template, so Parley cannot format a conversation for it")
     if getattr(processor, "image_token", None) is None:
@@ -264,4 +265,5 @@ def load_model(
         weights=fmt,
         weights_note=plan.note,
         processor_bytes=processor_bytes,
+        kernel_bytes=row_kernels.memory_bytes() if dev.type == "cpu" else 0,
     )

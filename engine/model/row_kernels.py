@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device.process_memory import private_bytes
 from . import packed_linear
 from .prompt_rows import PROMPT_ROWS
 
@@ -61,7 +62,7 @@ SERIAL_BYTES = 2 << 20
 _lock = threading.Lock()
 _loading = threading.Lock()
 _threads = threading.local()  # the thread count numba was last given on this thread (numba's is per thread)
-_state: dict[str, object] = {}  # "kernels": the compiled module, or "why": why there is none
+_state: dict[str, object] = {}  # "kernels": the compiled module, or "why": why there is none; "bytes"
 
 
 def version() -> str:
@@ -73,7 +74,8 @@ def version() -> str:
 
 def prepare(data_dir: Path | str | None) -> None:
     """Start load() on a thread of its own, so importing numba and reading its cache overlap the
-    model's load (0.4-0.5 s on the 2-core EPYC, most of it numba's import); load() joins it."""
+    model's load (0.4-0.5 s on the 2-core EPYC, most of it numba's import); load() joins it.
+    Called after the processor's load, whose memory is measured the same way (memory_bytes)."""
     if "kernels" not in _state and "why" not in _state and not _loading.locked():
         threading.Thread(target=load, args=(data_dir,), name="numba-kernels", daemon=True).start()
 
@@ -90,6 +92,7 @@ def _load(data_dir: Path | str | None) -> ModuleType | None:
     if "kernels" in _state or "why" in _state:
         return _state.get("kernels")  # type: ignore[return-value]
     t0 = time.perf_counter()
+    before = private_bytes()
     try:
         if data_dir is not None and "NUMBA_CACHE_DIR" not in os.environ:
             folder = Path(data_dir) / CACHE_FOLDER
@@ -111,10 +114,12 @@ def _load(data_dir: Path | str | None) -> ModuleType | None:
         log.warning("one-row kernels: numba unavailable (%s); torch's kernels run", _state["why"])
         return None
     _state["kernels"] = numba_rows
+    _state["bytes"] = max(0, private_bytes() - before)
     log.info(
-        "one-row kernels: numba %s ready in %.2f s (threads: %s; cache %s)",
+        "one-row kernels: numba %s ready in %.2f s, %.0f MiB (threads: %s; cache %s)",
         version(),
         time.perf_counter() - t0,
+        memory_bytes() / 2**20,
         threading_layer(),
         os.environ.get("NUMBA_CACHE_DIR", "next to the code"),
     )
@@ -171,6 +176,14 @@ def int4_path() -> str:
 def layout() -> str:
     """The kernels' arithmetic, for the KV store namespace: LAYOUT and the int4 path."""
     return f"{LAYOUT};int4={int4_path() if 'kernels' in _state else 'none'}"
+
+
+def memory_bytes() -> int:
+    """Private memory that loading the kernels added to this process: numba, LLVM and the compiled
+    code, kept for the process's life (0 before). Measured around load() like the processor's
+    (engine/device/process_memory.py): close, not exact, where another thread allocated meanwhile.
+    2-core EPYC VM: about 100 MiB on the launch that compiles, 40 MiB reading the cache."""
+    return int(_state.get("bytes", 0))  # type: ignore[call-overload]
 
 
 def unavailable() -> str:

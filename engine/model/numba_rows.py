@@ -123,37 +123,81 @@ def _f32(x, w, out, j):
         out[r, j] = acc
 
 
+# int8, bf16 and fp16 rows are computed in spans of SPAN_BYTES of weights, each span's bytes
+# SPAN_AHEAD further on asked for just before it: a whole row's worth asked for at once (as _ahead
+# does) left long rows waiting on memory. Measured (2-core AMD EPYC VM, Zen 4, torch's sum 49-58
+# GB/s, 2 threads, weights streamed from memory, median of 8): int8 1536 x 8960 (Qwen2-VL-2B's
+# down projection, 8.75 KB rows) 23.1 -> 42.8 GB/s, 8960 x 1536 and 1536 x 1536 unchanged (46-47,
+# 44-45); bf16 29.6 -> 39.9, 41.5 -> 46.5, 41.7 -> 47.3. fp32 gained nothing (44-45 either way)
+# and keeps whole rows. A span's sum is added to the row's in order: the order still depends only
+# on the row's length.
+SPAN_BYTES = 1024
+SPAN_AHEAD = 4096
+
+
+@serial
+def _span_ahead(w, j, lo, hi):
+    """Weight row j's bytes of elements lo..hi, SPAN_AHEAD bytes further on."""
+    size = w.itemsize
+    start = (j * w.shape[1] + lo) * size + SPAN_AHEAD
+    for b in range(0, (hi - lo) * size, 64):
+        _prefetch(w, start + b)
+
+
 @serial
 def _bf16(x, w, out, j):
     """w: bf16 weights' bits (int16)."""
-    _ahead(w, j)
+    k = w.shape[1]
+    span = SPAN_BYTES // 2
     for r in range(x.shape[0]):
-        acc = np.float32(0)
-        for i in range(x.shape[1]):
-            acc += x[r, i] * _bf16_to_f32(w[j, i])
-        out[r, j] = acc
+        total = np.float32(0)
+        for lo in range(0, k, span):
+            hi = min(k, lo + span)
+            if r == 0:
+                _span_ahead(w, j, lo, hi)
+            xs, ws = x[r, lo:hi], w[j, lo:hi]
+            acc = np.float32(0)
+            for i in range(xs.shape[0]):
+                acc += xs[i] * _bf16_to_f32(ws[i])
+            total += acc
+        out[r, j] = total
 
 
 @serial
 def _f16(x, w, out, j):
     """w: fp16 weights' bits (int16)."""
-    _ahead(w, j)
+    k = w.shape[1]
+    span = SPAN_BYTES // 2
     for r in range(x.shape[0]):
-        acc = np.float32(0)
-        for i in range(x.shape[1]):
-            acc += x[r, i] * _f16_to_f32(w[j, i])
-        out[r, j] = acc
+        total = np.float32(0)
+        for lo in range(0, k, span):
+            hi = min(k, lo + span)
+            if r == 0:
+                _span_ahead(w, j, lo, hi)
+            xs, ws = x[r, lo:hi], w[j, lo:hi]
+            acc = np.float32(0)
+            for i in range(xs.shape[0]):
+                acc += xs[i] * _f16_to_f32(ws[i])
+            total += acc
+        out[r, j] = total
 
 
 @serial
 def _int8(x, w, scale, out, j):
     """w: int8 (n, k); scale: fp32 per output row."""
-    _ahead(w, j)
+    k = w.shape[1]
     for r in range(x.shape[0]):
-        acc = np.float32(0)
-        for i in range(x.shape[1]):
-            acc += x[r, i] * np.float32(w[j, i])
-        out[r, j] = acc * scale[j]
+        total = np.float32(0)
+        for lo in range(0, k, SPAN_BYTES):
+            hi = min(k, lo + SPAN_BYTES)
+            if r == 0:
+                _span_ahead(w, j, lo, hi)
+            xs, ws = x[r, lo:hi], w[j, lo:hi]
+            acc = np.float32(0)
+            for i in range(xs.shape[0]):
+                acc += xs[i] * np.float32(ws[i])
+            total += acc
+        out[r, j] = total * scale[j]
 
 
 # Output rows split across threads (`prange`) in chunks of CHUNK rows, and the same on the calling

@@ -49,8 +49,9 @@ from .prompt_rows import PROMPT_ROWS
 log = logging.getLogger(__name__)
 
 # named in the KV store namespace (layout()): change it when a kernel's arithmetic changes
-# (v2: an int4 prompt chunk's product runs in bf16 in a bf16 model, an fp32 one through oneDNN)
-LAYOUT = "numba-rows-v2"
+# (v2: an int4 prompt chunk's product runs in bf16 in a bf16 model, an fp32 one through oneDNN;
+# v3: int8, bf16 and fp16 rows sum in spans, numba_rows.SPAN_BYTES)
+LAYOUT = "numba-rows-v3"
 CACHE_FOLDER = "numba-cache"  # under the data folder
 
 # weights smaller than this go through the serial kernels on the calling thread: handing a call to

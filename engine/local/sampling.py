@@ -25,7 +25,9 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> int:
         """`logits`: [vocab] for the last position."""
         if self.s.greedy:
-            return int(torch.argmax(logits))
+            # in fp32: the same index (bf16 widens exactly), and torch 2.14's CPU argmax over bf16
+            # took 483 us for 151,936 logits against 116 with the conversion (2-core Zen 4)
+            return int(torch.argmax(logits.float()))
         probs = torch.softmax(logits.float() / self.s.temperature, dim=-1).cpu()
         if self.s.top_p < 1.0:
             sorted_p, idx = torch.sort(probs, descending=True)

@@ -123,10 +123,11 @@ def test_each_kernel_computes_its_own_weights(fmt, rows, kernels):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_decoded_row_is_the_same_alone_or_with_its_draft(fmt, kernels):
+@pytest.mark.parametrize("width", [200, 1100])  # not a multiple of 32; 1100: rows of several spans (SPAN_BYTES)
+def test_a_decoded_row_is_the_same_alone_or_with_its_draft(fmt, width, kernels):
     g = torch.Generator().manual_seed(7)
-    m = _module(fmt, torch.randn(96, 200, generator=g), None, kernels)  # 200: not a multiple of 32
-    x = torch.randn(PROMPT_ROWS - 1, 200, generator=g)
+    m = _module(fmt, torch.randn(96, width, generator=g), None, kernels)
+    x = torch.randn(PROMPT_ROWS - 1, width, generator=g)
     with torch.inference_mode():
         together = m(x)
         for i in range(len(x)):

@@ -235,9 +235,8 @@ def _decode(
             session.append([tok])
             logits = out.logits[0, -1]
             continue
-        choices = (
-            out.logits[0].float().argmax(-1).tolist()
-        )  # choices[i]: greedy token after ids[:i + 1] (fp32: sampling.py)
+        # choices[i]: greedy token after ids[:i + 1] (in fp32, as sampling.py picks)
+        choices = out.logits[0].float().argmax(-1).tolist()
         n_ok = accepted_prefix(draft, choices)
         assert drafter is not None  # a draft comes only from the drafter
         session.append([tok] + draft[:n_ok])  # the KV of the rejected draft tokens is dropped

@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from _common import build_big_tower_model, parse_args, ratio_line, workdir
+from _common import build_big_tower_model, parse_args, ratio_line, same_length_text, workdir
 
 from engine.protocol.events import Message
 from engine.protocol.turn_stats import LocalTurnStats
@@ -41,12 +41,15 @@ def main() -> None:
     pic = make_picture(d / "p.png", 1, size=(320, 240))
     question = "What is in this picture?"
 
-    gated = open_engine(model_dir, d / "data-gated", elastic=True, elastic_idle_s=3600)
+    # no prompt-lookup drafts: they speed up whichever reply happens to repeat its prompt, so the two
+    # turns would differ by what the (random) model writes, not by what the gate does
+    gated = open_engine(model_dir, d / "data-gated", elastic=True, elastic_idle_s=3600, lookup_decoding=False)
     ungated = open_engine(
         model_dir,
         d / "data-ungated",
         elastic=True,
         elastic_idle_s=3600,
+        lookup_decoding=False,
         image_cache_entries=0,
         image_cache_disk_bytes=0,
     )
@@ -58,16 +61,9 @@ def main() -> None:
         # the first picture turn: a miss, so the encoder loads and encodes
         t_new, s_new = turn_s(gated, "new", [Message("user", question, pics(pic))])
         gated.unload_encoder()
-        # a text-only prompt of exactly the same token length
-        n_prompt = s_new.prompt_tokens
-        filler = "word"
-        text = question
-        while True:
-            _, s = turn_s(gated, "probe", [Message("user", text)])
-            if s.prompt_tokens >= n_prompt:
-                break
-            text += " " + filler
-        text_len = s.prompt_tokens
+        # a text-only prompt of the same token length, of words that never repeat: one word over
+        # and over gave prompt-lookup drafts to the text turn only (image_gate_real does the same)
+        text, text_len = same_length_text(gated.loaded.processor, s_new.prompt_tokens, question)
 
         cached, textonly, nogate, loads = [], [], [], 0
         for r in range(args.repeats):
@@ -83,7 +79,7 @@ def main() -> None:
         ungated.shutdown()
     c, tx, ng = statistics.median(cached), statistics.median(textonly), statistics.median(nogate)
     print(
-        f"vision tower ≈ {vision_params / 1e6:.0f}M parameters; picture prompt {n_prompt} tokens, "
+        f"vision tower ≈ {vision_params / 1e6:.0f}M parameters; picture prompt {s_new.prompt_tokens} tokens, "
         f"text-only prompt {text_len} tokens; {NEW} new tokens; medians of {args.repeats}"
     )
     print(

@@ -91,17 +91,14 @@ def test_a_cpu_load_puts_the_tokenizer_and_processor_in_the_dock(tiny_model):
     report = build_report(loaded, {})
     assert report.components["processor"] == loaded.processor_bytes
     total = sum(report.components.values())
-    # numba's kernels, where an earlier load in this process compiled them, are the only other part
-    kernels = report.components.get("kernels", 0)
-    assert (
-        total
-        == report.components["language_model"] + report.components["vision_encoder"] + loaded.processor_bytes + kernels
-    )
+    # and numba's kernels, where an earlier load in this process compiled them: nothing else
+    parts = ("language_model", "vision_encoder", "processor", "kernels")
+    assert total == sum(report.components.get(k, 0) for k in parts)
 
 
 @pytest.mark.slow
 def test_numbas_compiled_kernels_are_in_the_dock(tiny_model, tmp_path):
-    # numba, LLVM and the compiled code hold 40-110 MiB no tensor shows (benchmarks/memory_ledger.py)
+    # numba, LLVM and the compiled code hold 40-110 MiB no tensor shows (tests/bench/memory_ledger.py)
     from engine.device.ledger import build_report
     from engine.model import row_kernels
 

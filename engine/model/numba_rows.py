@@ -27,41 +27,48 @@ parallel = njit(parallel=True, fastmath=True, cache=True, nogil=True, boundschec
 serial = njit(fastmath=True, cache=True, nogil=True, boundscheck=False)
 
 
-@intrinsic
-def _bf16_to_f32(typingctx, bits):
-    """A bf16's 16 bits (as int16/uint16) to its fp32 value: the bits shifted to the top half."""
-    if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
-        return None
+def _bf16_bits(builder, v):
+    """A bf16's 16 bits to its fp32 value: the bits shifted to the top half."""
+    wide = builder.zext(v, ir.IntType(32))
+    return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
-    def codegen(context, builder, signature, args):
-        wide = builder.zext(args[0], ir.IntType(32))
-        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
-    return types.float32(bits), codegen
+def _f16_bits(builder, v):
+    """An IEEE half's 16 bits to fp32 (one vcvtph2ps per 8 values where the CPU has F16C)."""
+    if "f16c" in target_features() or not _x86():
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+    # Without F16C LLVM calls __extendhfsf2, which numba's JIT does not link: the process
+    # aborted ("LLVM ERROR: Symbol not found", numba told to compile for a plain x86-64). The
+    # bits moved into fp32's places, times 2^112 (exact, subnormals included); 31 is inf/NaN.
+    i32 = ir.IntType(32)
+    h = builder.zext(v, i32)
+    moved = builder.shl(builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
+    finite = builder.fmul(builder.bitcast(moved, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0**112))
+    special = builder.icmp_unsigned(">=", moved, ir.Constant(i32, 0x7C00 << 13))
+    bits = builder.select(special, builder.or_(moved, ir.Constant(i32, 0x7F800000)), builder.bitcast(finite, i32))
+    sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+    return builder.bitcast(builder.or_(bits, sign), ir.FloatType())
 
 
 @intrinsic
 def _f16_to_f32(typingctx, bits):
-    """An IEEE half's 16 bits to fp32 (one vcvtph2ps per 8 values where the CPU has F16C)."""
+    """An IEEE half's 16 bits (as int16/uint16) to fp32."""
     if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
         return None
+    return types.float32(bits), lambda context, builder, signature, args: _f16_bits(builder, args[0])
 
-    def codegen(context, builder, signature, args):
-        if "f16c" in target_features() or not _x86():
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        # Without F16C LLVM calls __extendhfsf2, which numba's JIT does not link: the process
-        # aborted ("LLVM ERROR: Symbol not found", numba told to compile for a plain x86-64). The
-        # bits moved into fp32's places, times 2^112 (exact, subnormals included); 31 is inf/NaN.
-        i32 = ir.IntType(32)
-        h = builder.zext(args[0], i32)
-        moved = builder.shl(builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 13))
-        finite = builder.fmul(builder.bitcast(moved, ir.FloatType()), ir.Constant(ir.FloatType(), 2.0**112))
-        special = builder.icmp_unsigned(">=", moved, ir.Constant(i32, 0x7C00 << 13))
-        bits = builder.select(special, builder.or_(moved, ir.Constant(i32, 0x7F800000)), builder.bitcast(finite, i32))
-        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
-        return builder.bitcast(builder.or_(bits, sign), ir.FloatType())
 
-    return types.float32(bits), codegen
+@intrinsic
+def _to_f32(typingctx, value):
+    """A weight to fp32, its format told by its type: int8 a value, int16 a bf16's bits, uint16 an
+    IEEE half's (row_kernels.kernel_weight passes each weight so): one row loop for all three."""
+    if not isinstance(value, types.Integer) or value.bitwidth not in (8, 16):
+        return None
+    if value.bitwidth == 8:
+        widen = lambda builder, v: builder.sitofp(v, ir.FloatType())  # noqa: E731
+    else:
+        widen = _f16_bits if not value.signed else _bf16_bits
+    return types.float32(value), lambda context, builder, signature, args: widen(builder, args[0])
 
 
 # How far ahead of the row being computed the kernels ask for weight bytes (a software prefetch).
@@ -145,10 +152,11 @@ def _span_ahead(w, j, lo, hi):
 
 
 @serial
-def _bf16(x, w, out, j):
-    """w: bf16 weights' bits (int16)."""
+def _spans(x, w, out, j, scale):
+    """out[r, j] = dot(x[r], w[j]) * scale for int8 values or bf16/fp16 bits (_to_f32), span by
+    span (scale 1 for bf16/fp16: exact)."""
     k = w.shape[1]
-    span = SPAN_BYTES // 2
+    span = SPAN_BYTES // w.itemsize
     for r in range(x.shape[0]):
         total = np.float32(0)
         for lo in range(0, k, span):
@@ -158,46 +166,9 @@ def _bf16(x, w, out, j):
             xs, ws = x[r, lo:hi], w[j, lo:hi]
             acc = np.float32(0)
             for i in range(xs.shape[0]):
-                acc += xs[i] * _bf16_to_f32(ws[i])
+                acc += xs[i] * _to_f32(ws[i])
             total += acc
-        out[r, j] = total
-
-
-@serial
-def _f16(x, w, out, j):
-    """w: fp16 weights' bits (int16)."""
-    k = w.shape[1]
-    span = SPAN_BYTES // 2
-    for r in range(x.shape[0]):
-        total = np.float32(0)
-        for lo in range(0, k, span):
-            hi = min(k, lo + span)
-            if r == 0:
-                _span_ahead(w, j, lo, hi)
-            xs, ws = x[r, lo:hi], w[j, lo:hi]
-            acc = np.float32(0)
-            for i in range(xs.shape[0]):
-                acc += xs[i] * _f16_to_f32(ws[i])
-            total += acc
-        out[r, j] = total
-
-
-@serial
-def _int8(x, w, scale, out, j):
-    """w: int8 (n, k); scale: fp32 per output row."""
-    k = w.shape[1]
-    for r in range(x.shape[0]):
-        total = np.float32(0)
-        for lo in range(0, k, SPAN_BYTES):
-            hi = min(k, lo + SPAN_BYTES)
-            if r == 0:
-                _span_ahead(w, j, lo, hi)
-            xs, ws = x[r, lo:hi], w[j, lo:hi]
-            acc = np.float32(0)
-            for i in range(xs.shape[0]):
-                acc += xs[i] * np.float32(ws[i])
-            total += acc
-        out[r, j] = total * scale[j]
+        out[r, j] = total * scale
 
 
 # Output rows split across threads (`prange`) in chunks of CHUNK rows, and the same on the calling
@@ -223,31 +194,18 @@ def rows_f32_serial(x, w, out):
 
 
 @parallel
-def rows_bf16(x, w, out):
+def rows_half(x, w, out):
+    """bf16 (int16 bits) or fp16 (uint16 bits) weights: numba compiles one kernel for each."""
     n = w.shape[0]
     for c in prange((n + CHUNK - 1) // CHUNK):
         for j in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
-            _bf16(x, w, out, j)
+            _spans(x, w, out, j, np.float32(1))
 
 
 @serial
-def rows_bf16_serial(x, w, out):
+def rows_half_serial(x, w, out):
     for j in range(w.shape[0]):
-        _bf16(x, w, out, j)
-
-
-@parallel
-def rows_f16(x, w, out):
-    n = w.shape[0]
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        for j in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
-            _f16(x, w, out, j)
-
-
-@serial
-def rows_f16_serial(x, w, out):
-    for j in range(w.shape[0]):
-        _f16(x, w, out, j)
+        _spans(x, w, out, j, np.float32(1))
 
 
 @parallel
@@ -255,13 +213,13 @@ def rows_int8(x, w, scale, out):
     n = w.shape[0]
     for c in prange((n + CHUNK - 1) // CHUNK):
         for j in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
-            _int8(x, w, scale, out, j)
+            _spans(x, w, out, j, scale[j])
 
 
 @serial
 def rows_int8_serial(x, w, scale, out):
     for j in range(w.shape[0]):
-        _int8(x, w, scale, out, j)
+        _spans(x, w, out, j, scale[j])
 
 
 @serial

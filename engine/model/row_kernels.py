@@ -192,6 +192,16 @@ def unavailable() -> str:
     return str(_state.get("why", ""))
 
 
+def kernel_weight(w: torch.Tensor) -> tuple[str, np.ndarray]:
+    """(kernel name, the weight as that kernel reads it) for a full-precision weight: fp32 as it
+    is, bf16 as its bits in int16, fp16 as its bits in uint16 (numba_rows._to_f32 tells the two
+    half-width formats apart by that type)."""
+    if w.dtype == torch.float32:
+        return "rows_f32", w.numpy()
+    bits = w.view(torch.int16).numpy()
+    return "rows_half", bits if w.dtype == torch.bfloat16 else bits.view(np.uint16)
+
+
 def _warm_up(k: ModuleType) -> None:
     """Compile (or load from the cache) every kernel, parallel and serial, for the argument types
     Parley passes, and check each on a small product against numpy: a kernel that computes wrong
@@ -202,10 +212,10 @@ def _warm_up(k: ModuleType) -> None:
     checks: list[tuple[np.ndarray, np.ndarray]] = []
     paths = [int4_path()]  # the generic int4 kernel compiles only where it runs
     for suffix in ("", "_serial"):
-        for name, dtype in (("rows_f32", torch.float32), ("rows_bf16", torch.bfloat16), ("rows_f16", torch.float16)):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
             weight = torch.from_numpy(w).to(dtype)
             out = np.empty((2, 8), np.float32)
-            bits = weight.numpy() if dtype == torch.float32 else weight.view(torch.int16).numpy()
+            name, bits = kernel_weight(weight)
             _call(getattr(k, name + suffix), x, bits, out)
             checks.append((out, x.astype(np.float64) @ weight.double().numpy().T))
         out = np.empty((2, 8), np.float32)
@@ -269,9 +279,8 @@ class RowLinear(nn.Module):
         this module is made)."""
         w = self.weight.detach()
         if self._args[0] != w.data_ptr():
-            name = {torch.float32: "rows_f32", torch.bfloat16: "rows_bf16"}.get(w.dtype, "rows_f16")
-            fn = kernel(self._kernels, name, w.numel() * w.element_size())
-            self._args = (w.data_ptr(), fn, w.numpy() if w.dtype == torch.float32 else w.view(torch.int16).numpy())
+            name, bits = kernel_weight(w)
+            self._args = (w.data_ptr(), kernel(self._kernels, name, w.numel() * w.element_size()), bits)
         return self._args[1], self._args[2]
 
     # fp32 weights up to this size go through oneDNN for a prompt chunk, reordered on each call:

@@ -3,9 +3,10 @@ points numba's on-disk cache at the data folder before this module's functions a
 
 Every kernel computes out[r, j] = dot(x[r], w[j]) (times the row's scale where the format has one)
 for a few rows r of activations in fp32 against weights kept as loaded. The output rows are split
-across threads (`prange`); the dot product is one plain loop that LLVM vectorizes (fastmath lets
-it keep several partial sums): its order depends only on the row's length, never on how many rows
-came with it, so a row computes the same alone and inside a draft (checked by tests).
+across threads (`prange`); the dot product is a plain loop that LLVM vectorizes (fastmath lets
+it keep several partial sums), one per span of SPAN_BYTES for int8, bf16 and fp16 weights (_spans),
+one per row for fp32: its order depends only on the row's length, never on how many rows came
+with it, so a row computes the same alone and inside a draft (checked by tests).
 
 Measured on a 2-core AMD EPYC with AVX2 (znver3), one row, CPU time, weights in cache: int4 as
 below 10.5 G weights/s per core, where the same loop in int32 lanes ran 6.7 and the block-at-a-time

@@ -76,6 +76,7 @@ class StoreIndex:
         self._lock = threading.RLock()
         self._spill_pins: Counter = Counter()  # keys referenced by in-flight spill jobs
         self._read_pins: Counter = Counter()  # keys being read by a restore
+        self._held_back: set[bytes] = set()  # unreferenced keys garbage collection left to their pins
         self._active: Counter = Counter()  # session ids with an in-flight spill job
         self._jobs: set = set()
         self._counters: Counter = Counter({k: 0 for k in COUNTER_NAMES})
@@ -245,7 +246,11 @@ class StoreIndex:
             for p in job.written:
                 if p.key not in rows and not self._pinned(p.key):
                     unlink_quiet(p.path)
-            return 0
+            self._release_held_back()
+            # another spill installed while this one ran could not evict this session's old row:
+            # the store comes back under its cap now (the free-space floor is left to the next
+            # spill: a failure on a full disk should not empty the store)
+            return self._evict(set(), floor=False)
 
     def copy_session(self, source: str, dest: str) -> bool:
         """Install a copy of `source`'s row as `dest` (refcounts move with it; no blob is
@@ -307,6 +312,7 @@ class StoreIndex:
         with self._lock:
             self._read_pins.subtract(pins)
             self._read_pins += Counter()  # drop zero counts
+            self._release_held_back()
 
     def blob_failed(self, key: bytes, why: str, detail: str = "") -> None:
         """A restore found a blob missing or bad: count it; a bad one is removed (never served
@@ -368,12 +374,20 @@ class StoreIndex:
     def _collect_garbage(self) -> None:
         """Delete blobs no session references (rows first, then files: a crash in between leaves
         only an orphan file, which the startup sweep removes)."""
-        cands = [k for k, _ in self._manifest.unreferenced() if not self._pinned(k)]
+        unreferenced = [k for k, _ in self._manifest.unreferenced()]
+        cands = [k for k in unreferenced if not self._pinned(k)]
+        self._held_back = {k for k in unreferenced if self._pinned(k)}
         if not cands:
             return
         self._manifest.delete_blobs(cands)
         for k in cands:
             unlink_quiet(self.path(k))
+
+    def _release_held_back(self) -> None:
+        """Blobs an eviction or drop left because a restore or spill still held them: deleted
+        once the last pin is gone (else they would count against the cap until the next spill)."""
+        if any(not self._pinned(k) for k in self._held_back):
+            self._collect_garbage()
 
     def _evict_one(self, protect: set[str]) -> bool:
         """Drop the least recently used session that is neither protected nor being spilled."""
@@ -386,12 +400,12 @@ class StoreIndex:
                 return True
         return False
 
-    def _evict(self, protect: set[str]) -> int:
-        """Whole sessions, least recently used first, until under the cap and above the floor."""
+    def _evict(self, protect: set[str], floor: bool = True) -> int:
+        """Whole sessions, least recently used first, until under the cap (and above the floor)."""
         evicted = 0
         while True:
             _, total, _ = self._manifest.totals()
-            if total <= self.max_bytes and free_bytes(self.root) >= self.min_free_bytes:
+            if total <= self.max_bytes and (not floor or free_bytes(self.root) >= self.min_free_bytes):
                 return evicted
             if not self._evict_one(protect):
                 return evicted

@@ -49,6 +49,8 @@ from .prompt_rows import PROMPT_ROWS
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from .shared_input import SharedInput
+
 LAYOUT = "int8pack-rows-v4"  # named in the KV store namespace (with the prompt kernel: `layout`)
 
 # Input widths `_weight_int8pack_mm` is trusted with on CPU, by compute dtype. In torch 2.14.1 its
@@ -191,6 +193,7 @@ class Int8Linear(nn.Module):
         # model computing in bf16: its head and embedding are int8) must not round it to bf16.
         self.rows = rows
         self.scale32 = None if rows is None else scale.detach().float().contiguous()
+        self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
@@ -200,9 +203,12 @@ class Int8Linear(nn.Module):
             decode = len(flat) < PROMPT_ROWS  # a decoded token (and its draft): the fused one-row kernel
             row = self.decode_scale
             if decode and self.rows is not None and self.scale32 is not None and flat.device.type == "cpu":
-                from .row_kernels import int8_rows
+                shared = None if self.shared_input is None else self.shared_input.rows(self, x)
+                if shared is None:
+                    from .row_kernels import int8_rows
 
-                y = int8_rows(flat, self.weight, self.scale32, self.rows).to(flat.dtype)
+                    shared = int8_rows(flat, self.weight, self.scale32, self.rows)
+                y = shared.to(flat.dtype)
             elif decode and row is not None and _fused(flat, row.dtype):
                 y = torch._weight_int8pack_mm(flat.to(row.dtype), self.weight, row).to(flat.dtype)
             elif decode and _fused(flat):

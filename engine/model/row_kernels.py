@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from torch import nn
 from ..device.process_memory import private_bytes
 from . import packed_linear
 from .prompt_rows import PROMPT_ROWS
+
+if TYPE_CHECKING:
+    from .shared_input import SharedInput
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +271,9 @@ class RowLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight, self.bias = weight, bias
-        self._kernels = kernels
+        self.kernels = kernels  # numba_rows
         self._args: tuple = (None, None, None)  # (the weight's address, kernel, its numpy view), made on first use
+        self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
 
     @classmethod
     def of(cls, linear: nn.Linear, kernels: ModuleType) -> RowLinear:
@@ -280,7 +285,7 @@ class RowLinear(nn.Module):
         w = self.weight.detach()
         if self._args[0] != w.data_ptr():
             name, bits = kernel_weight(w)
-            self._args = (w.data_ptr(), kernel(self._kernels, name, w.numel() * w.element_size()), bits)
+            self._args = (w.data_ptr(), kernel(self.kernels, name, w.numel() * w.element_size()), bits)
         return self._args[1], self._args[2]
 
     # fp32 weights up to this size go through oneDNN for a prompt chunk, reordered on each call:
@@ -299,10 +304,13 @@ class RowLinear(nn.Module):
             ):
                 return packed_linear.linear(x, packed_linear.pack_weight(w), self.bias)
             return F.linear(x, self.weight, self.bias)
-        out = np.empty((len(flat), self.out_features), np.float32)
-        fn, w = self._kernel_args()
-        _call(fn, flat.detach().to(torch.float32).contiguous().numpy(), w, out)
-        y = torch.from_numpy(out).to(x.dtype)
+        rows = None if self.shared_input is None else self.shared_input.rows(self, x)
+        if rows is None:
+            out = np.empty((len(flat), self.out_features), np.float32)
+            fn, w = self._kernel_args()
+            _call(fn, flat.detach().to(torch.float32).contiguous().numpy(), w, out)
+            rows = torch.from_numpy(out)
+        y = rows.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -479,8 +487,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("nibbles", weights.nibbles, persistent=False)
         self.register_buffer("scales", weights.scales, persistent=False)
         self.bias = bias
-        self._kernels = kernels
+        self.kernels = kernels  # numba_rows
         self.path = weights.path
+        self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
 
     nibbles: torch.Tensor
     scales: torch.Tensor
@@ -493,8 +502,11 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).detach()
         w = self.weights
         if rows_served(flat):
-            out = torch.empty(len(flat), self.out_features, dtype=torch.float32)
-            w.rows(flat.float(), out.numpy(), self._kernels)
+            shared = None if self.shared_input is None else self.shared_input.rows(self, x)
+            if shared is None:
+                shared = torch.empty(len(flat), self.out_features, dtype=torch.float32)
+                w.rows(flat.float(), shared.numpy(), self.kernels)
+            out = shared
         else:
             out = self._prompt_product(flat, w)
         y = out.to(x.dtype)
@@ -521,7 +533,7 @@ class Int4Linear(nn.Module):
         for g in range(0, groups, step):
             n = min(step, groups - g)
             part = buffer[: n * w.per]
-            _call(self._kernels.dequantize_int4, nibbles, scales, g, part)
+            _call(self.kernels.dequantize_int4, nibbles, scales, g, part)
             torch.mm(xq, torch.from_numpy(part).reshape(len(part), -1).T, out=out[:, g * w.per : (g + n) * w.per])
         return out[:, : self.out_features]
 
@@ -537,7 +549,7 @@ class Int4Linear(nn.Module):
         nibbles, scales = w.nibbles.numpy(), w.scales.numpy()
         for j in range(0, self.out_features, step):
             n = min(step, self.out_features - j)
-            _call(self._kernels.dequantize_q4, nibbles, scales, j, buffer[:n])
+            _call(self.kernels.dequantize_q4, nibbles, scales, j, buffer[:n])
             if dtype != torch.float32:
                 cast[:n].copy_(torch.from_numpy(buffer[:n]))
             torch.mm(xq, cast[:n].T, out=out[:, j : j + n])

@@ -20,7 +20,7 @@ from safetensors import safe_open
 
 from ..device import choice as devices
 from ..protocol.settings import WEIGHT_FORMATS
-from . import packed_linear, row_kernels
+from . import packed_linear, row_kernels, shared_input
 from .families import FAMILIES
 from .folder_check import ModelLoadError
 from .int8_layers import layout as int8_layout, pack_int8
@@ -366,6 +366,8 @@ def finish_load(
         packed_linear.pack_linears(model, FAMILIES[family].vision_modules)
     if device.type == "cpu" and (not plan.quantized or plan.format == "int4"):
         own_weights(model, skip=tuple(m + "." for m in FAMILIES[family].vision_modules) if elastic else ())
+    if kernels is not None:  # after own_weights, which would copy the views apart
+        shared_input.share_inputs(model, vision)
     if plan.quantized:
         check_quantized(model, family, plan.format)
 

@@ -1,11 +1,11 @@
 """Linears of one layer that read the same input (attention's q, k and v; the MLP's gate and up)
 compute a decoded row's products in one kernel call over their weights stacked.
 
-Each numba kernel call costs 15-25 µs of torch and Python around it (the row converted, the
-output made, numba's dispatch, the threads woken), and a decoded token made 197 of them in
-Qwen2-VL-2B's 28 layers. Stacking q/k/v and gate/up makes it 85 calls. Measured in a 512-token
-int8 conversation at that shape, 2 threads, on the 2-core Zen 4, interleaved runs: a step took
-58 ms against 65 without, with the same tokens.
+Each numba kernel call costs torch and Python work around it (the row converted, the output
+made, numba's dispatch, the threads woken): q, k and v at Qwen2-VL-2B's shape took 136 µs as
+three int8 calls and 103 as one (2-core Zen 4, in cache). A decoded token made 197 kernel calls
+in that model's 28 layers and head, 113 stacked; a step of a 512-token int8 conversation took
+51.7 ms against 55.3 (interleaved runs, the same tokens).
 
 The stack is one tensor; the members' weights become row slices of it (views, no second copy),
 so their prompt chunks run as before. Each output row of a kernel depends only on that weight
@@ -43,14 +43,13 @@ def _held(m: Member) -> torch.Tensor:
 
 
 class SharedInput:
-    """The stacked rows of `members` (Int8Linear with numba rows, RowLinear, or Int4Linear stored
-    row by row), and the last
-    input's products until each member has taken its columns."""
+    """One kernel call over the stacked rows of `members` (Int8Linear with numba rows, RowLinear,
+    or Int4Linear stored row by row), and the last input's products until each member has taken
+    its columns. `run(x, out)` is that call, on fp32 rows of input, into fp32 products."""
 
     def __init__(
         self,
         members: Sequence[Member],
-        weight: torch.Tensor,
         dtype: torch.dtype,
         run: Callable[[np.ndarray, np.ndarray], None],
     ):
@@ -59,7 +58,6 @@ class SharedInput:
         self._ends = [0]
         for m in members:
             self._ends.append(self._ends[-1] + m.out_features)
-        self._weight = weight  # the stack, which the members' weights are views of
         self._pointers = [_held(m).data_ptr() for m in members]
         self._dtype = dtype  # the input is rounded to it first, as each member alone does
         self._run = run
@@ -122,14 +120,14 @@ def _int8_group(members: list[Int8Linear]) -> SharedInput:
     fn = kernel(members[0].rows, "rows_int8", weight.numel())
     w, s = weight.numpy(), scale.numpy()
     # Int8Linear's rows: the input in its scales' dtype, then fp32
-    return SharedInput(members, weight, members[0].scale.dtype, lambda x, out: row_kernels._call(fn, x, w, s, out))
+    return SharedInput(members, members[0].scale.dtype, lambda x, out: row_kernels._call(fn, x, w, s, out))
 
 
 def _full_group(members: list[RowLinear]) -> SharedInput:
     weight = _stack(members)
     name, bits = kernel_weight(weight)
     fn = kernel(members[0].kernels, name, weight.numel() * weight.element_size())
-    return SharedInput(members, weight, torch.float32, lambda x, out: row_kernels._call(fn, x, bits, out))
+    return SharedInput(members, torch.float32, lambda x, out: row_kernels._call(fn, x, bits, out))
 
 
 def _int4_group(members: list[Int4Linear]) -> SharedInput:
@@ -143,9 +141,7 @@ def _int4_group(members: list[Int4Linear]) -> SharedInput:
             a += m.out_features
     first = members[0]
     stacked = Int4Weights(nibbles, scales, first.in_features, a, first.path)
-    return SharedInput(
-        members, nibbles, torch.float32, lambda x, out: stacked.rows(torch.from_numpy(x), out, first.kernels)
-    )
+    return SharedInput(members, torch.float32, lambda x, out: stacked.rows(torch.from_numpy(x), out, first.kernels))
 
 
 def _groupable(members: list) -> bool:

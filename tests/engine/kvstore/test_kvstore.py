@@ -278,17 +278,23 @@ def test_the_store_is_private_in_an_open_data_folder(tmp_path):
         os.umask(old)
 
 
+def _room_for_one_and_a_half(tmp_path) -> tuple[dict, dict, int]:
+    """Sessions b and c of 48 tokens (their ids and KV), and a store cap that holds one, not both."""
+    toks = {s: tokens(48, seed=i) for i, s in enumerate("bc")}
+    kvs = {s: make_kv(48, seed=i) for i, s in enumerate("bc")}
+    with KVStore(str(tmp_path / "probe"), NS, block_tokens=16, min_free_bytes=0) as p:
+        one = p.spill("x", toks["b"], [], cache_of(kvs["b"])).bytes_written
+    return toks, kvs, one * 3 // 2
+
+
 def test_a_spill_that_fails_lets_the_store_evict_what_it_held_back(tmp_path):
     """A session with a spill in flight is never evicted, so another spill that completes
     meanwhile may leave the store over its cap until the first one ends. When that first one
     fails (a full disk, a cancel), the store must still come back under the cap. (A CI soak run
     found a store 10% over its quota for seven steps; this and the test below are the two ways
     reading the index showed.)"""
-    toks = {s: tokens(48, seed=i) for i, s in enumerate("bc")}
-    kvs = {s: make_kv(48, seed=i) for i, s in enumerate("bc")}
-    with KVStore(str(tmp_path / "probe"), NS, block_tokens=16, min_free_bytes=0) as p:
-        one = p.spill("x", toks["b"], [], cache_of(kvs["b"])).bytes_written
-    with KVStore(str(tmp_path / "kv"), NS, block_tokens=16, min_free_bytes=0, max_bytes=one * 3 // 2) as s:
+    toks, kvs, cap = _room_for_one_and_a_half(tmp_path)
+    with KVStore(str(tmp_path / "kv"), NS, block_tokens=16, min_free_bytes=0, max_bytes=cap) as s:
         assert s.spill("b", toks["b"], [], cache_of(kvs["b"])).ok
         longer = tokens(64, seed=0)
         again = s.begin_spill("b", longer, [], cache_of(make_kv(64, seed=0)))  # in flight: b is protected
@@ -305,11 +311,8 @@ def test_a_spill_that_fails_lets_the_store_evict_what_it_held_back(tmp_path):
 def test_blobs_read_while_their_session_was_evicted_go_when_the_read_ends(tmp_path):
     """Eviction never deletes a blob a restore is reading; once that restore ends, the blobs no
     session names any more are deleted then, so the store is back within its cap."""
-    toks = {s: tokens(48, seed=i) for i, s in enumerate("bc")}
-    kvs = {s: make_kv(48, seed=i) for i, s in enumerate("bc")}
-    with KVStore(str(tmp_path / "probe"), NS, block_tokens=16, min_free_bytes=0) as p:
-        one = p.spill("x", toks["b"], [], cache_of(kvs["b"])).bytes_written
-    with KVStore(str(tmp_path / "kv"), NS, block_tokens=16, min_free_bytes=0, max_bytes=one * 3 // 2) as s:
+    toks, kvs, cap = _room_for_one_and_a_half(tmp_path)
+    with KVStore(str(tmp_path / "kv"), NS, block_tokens=16, min_free_bytes=0, max_bytes=cap) as s:
         assert s.spill("b", toks["b"], [], cache_of(kvs["b"])).ok
         reading = s.begin_session_restore("b")  # resume-ahead reads b's blobs
         assert reading is not None and not reading.step()

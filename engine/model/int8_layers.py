@@ -195,6 +195,11 @@ class Int8Linear(nn.Module):
         self.scale32 = None if rows is None else scale.detach().float().contiguous()
         self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
 
+    def join(self, group: SharedInput, weight: torch.Tensor, scale32: torch.Tensor) -> None:
+        """Hold row views of the stack `group` decodes over (shared_input.py): the same values."""
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.scale32, self.shared_input = scale32, group
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
         if len(flat) >= PROMPT_ROWS and flat.device.type == "cpu" and int8_gemm_used():

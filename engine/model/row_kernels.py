@@ -288,6 +288,11 @@ class RowLinear(nn.Module):
             self._args = (w.data_ptr(), kernel(self.kernels, name, w.numel() * w.element_size()), bits)
         return self._args[1], self._args[2]
 
+    def join(self, group: SharedInput, weight: torch.Tensor) -> None:
+        """Hold a row view of the stack `group` decodes over (shared_input.py): the same values."""
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.shared_input = group
+
     # fp32 weights up to this size go through oneDNN for a prompt chunk, reordered on each call:
     # F.linear (MKL) ran 512 x 1536 x 8960 in 151 ms on a 2-core AMD EPYC (Zen 4), the reorder
     # and oneDNN's product in 89 (reorder 24); larger ones (an output head) keep F.linear
@@ -497,6 +502,11 @@ class Int4Linear(nn.Module):
     @property
     def weights(self) -> Int4Weights:
         return Int4Weights(self.nibbles, self.scales, self.in_features, self.out_features, self.path)
+
+    def join(self, group: SharedInput, nibbles: torch.Tensor, scales: torch.Tensor) -> None:
+        """Hold row views of the stack `group` decodes over (shared_input.py; row-by-row layouts
+        only): the same values."""
+        self.nibbles, self.scales, self.shared_input = nibbles, scales, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).detach()

@@ -47,20 +47,15 @@ class SharedInput:
     or Int4Linear stored row by row), and the last input's products until each member has taken
     its columns. `run(x, out)` is that call, on fp32 rows of input, into fp32 products."""
 
-    def __init__(
-        self,
-        members: Sequence[Member],
-        dtype: torch.dtype,
-        run: Callable[[np.ndarray, np.ndarray], None],
-    ):
+    def __init__(self, members: Sequence[Member], dtype: torch.dtype, run: Callable[[np.ndarray, np.ndarray], None]):
         self.members = list(members)
         self._index = {id(m): i for i, m in enumerate(members)}
-        self._ends = [0]
+        self._ends = [0]  # member i's columns (and rows of the stack): ends[i]:ends[i + 1]
         for m in members:
             self._ends.append(self._ends[-1] + m.out_features)
-        self._pointers = [_held(m).data_ptr() for m in members]
         self._dtype = dtype  # the input is rounded to it first, as each member alone does
         self._run = run
+        self._pointers: list[int] | None = None  # where the members' rows were at the first call
         self.on = True
         self._x: torch.Tensor | None = None  # the input the kept products are of, held until taken
         self._version = -1
@@ -79,7 +74,10 @@ class SharedInput:
             if not self._left:
                 self._x, self._outs = None, []
             return out
-        if i != 0 or [_held(m).data_ptr() for m in self.members] != self._pointers:
+        pointers = [_held(m).data_ptr() for m in self.members]
+        if self._pointers is None:
+            self._pointers = pointers
+        if i != 0 or pointers != self._pointers:
             self.on = False  # another input, another order, or weights moved since: alone from now on
             self._x, self._outs = None, []
             return None
@@ -91,6 +89,10 @@ class SharedInput:
         self._x, self._version, self._left = x, _version(x), set(range(1, len(self.members)))
         return self._outs[0]
 
+    def spans(self) -> list[tuple[int, int]]:
+        """Each member's rows of the stack."""
+        return list(zip(self._ends, self._ends[1:], strict=False))
+
 
 def _version(x: torch.Tensor) -> int:
     """x's in-place change count; inference-mode tensors (the engine's turns) keep none, and the
@@ -98,36 +100,29 @@ def _version(x: torch.Tensor) -> int:
     return -1 if x.is_inference() else x._version
 
 
-def _stack(members: Sequence[Int8Linear | RowLinear]) -> torch.Tensor:
-    """One tensor of the members' weight rows, the members' weights made views of it."""
-    with torch.no_grad():
-        stacked = torch.cat([m.weight.detach() for m in members])
-        a = 0
-        for m in members:
-            m.weight = nn.Parameter(stacked[a : a + m.out_features], requires_grad=False)
-            a += m.out_features
-    return stacked
-
-
 def _int8_group(members: list[Int8Linear]) -> SharedInput:
-    scale = torch.cat([m.scale32 for m in members if m.scale32 is not None])
-    weight = _stack(members)
-    a = 0
-    for m in members:
-        m.scale32 = scale[a : a + m.out_features]
-        a += m.out_features
+    with torch.no_grad():
+        weight = torch.cat([m.weight.detach() for m in members])
+        scale = torch.cat([m.scale32 for m in members if m.scale32 is not None])
     assert members[0].rows is not None  # _groupable checked it
     fn = kernel(members[0].rows, "rows_int8", weight.numel())
     w, s = weight.numpy(), scale.numpy()
     # Int8Linear's rows: the input in its scales' dtype, then fp32
-    return SharedInput(members, members[0].scale.dtype, lambda x, out: row_kernels._call(fn, x, w, s, out))
+    group = SharedInput(members, members[0].scale.dtype, lambda x, out: row_kernels._call(fn, x, w, s, out))
+    for m, (a, b) in zip(members, group.spans(), strict=True):
+        m.join(group, weight[a:b], scale[a:b])
+    return group
 
 
 def _full_group(members: list[RowLinear]) -> SharedInput:
-    weight = _stack(members)
+    with torch.no_grad():
+        weight = torch.cat([m.weight.detach() for m in members])
     name, bits = kernel_weight(weight)
     fn = kernel(members[0].kernels, name, weight.numel() * weight.element_size())
-    return SharedInput(members, torch.float32, lambda x, out: row_kernels._call(fn, x, bits, out))
+    group = SharedInput(members, torch.float32, lambda x, out: row_kernels._call(fn, x, bits, out))
+    for m, (a, b) in zip(members, group.spans(), strict=True):
+        m.join(group, weight[a:b])
+    return group
 
 
 def _int4_group(members: list[Int4Linear]) -> SharedInput:
@@ -135,13 +130,12 @@ def _int4_group(members: list[Int4Linear]) -> SharedInput:
     with torch.no_grad():
         nibbles = torch.cat([m.nibbles for m in members])
         scales = torch.cat([m.scales for m in members])
-        a = 0
-        for m in members:
-            m.nibbles, m.scales = nibbles[a : a + m.out_features], scales[a : a + m.out_features]
-            a += m.out_features
     first = members[0]
-    stacked = Int4Weights(nibbles, scales, first.in_features, a, first.path)
-    return SharedInput(members, torch.float32, lambda x, out: stacked.rows(torch.from_numpy(x), out, first.kernels))
+    stacked = Int4Weights(nibbles, scales, first.in_features, len(nibbles), first.path)
+    group = SharedInput(members, torch.float32, lambda x, out: stacked.rows(torch.from_numpy(x), out, first.kernels))
+    for m, (a, b) in zip(members, group.spans(), strict=True):
+        m.join(group, nibbles[a:b], scales[a:b])
+    return group
 
 
 def _groupable(members: list) -> bool:
@@ -184,8 +178,6 @@ def share_inputs(model: nn.Module, skip: tuple[str, ...]) -> int:
             if any(m is None for m in found) or not _groupable(found):
                 continue  # not this layer's shape, or not served by numba's rows
             members: list = found
-            group = _BUILDS[type(members[0])](members)
-            for m in members:
-                m.shared_input = group
+            _BUILDS[type(members[0])](members)
             count += 1
     return count

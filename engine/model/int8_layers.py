@@ -49,7 +49,7 @@ from .prompt_rows import PROMPT_ROWS
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from .shared_input import SharedInput
+    from .row_kernels import SharedRows
 
 LAYOUT = "int8pack-rows-v4"  # named in the KV store namespace (with the prompt kernel: `layout`)
 
@@ -193,9 +193,9 @@ class Int8Linear(nn.Module):
         # model computing in bf16: its head and embedding are int8) must not round it to bf16.
         self.rows = rows
         self.scale32 = None if rows is None else scale.detach().float().contiguous()
-        self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
+        self.shared_input: SharedRows | None = None  # set by join()
 
-    def join(self, group: SharedInput, weight: torch.Tensor, scale32: torch.Tensor) -> None:
+    def join(self, group: SharedRows, weight: torch.Tensor, scale32: torch.Tensor) -> None:
         """Hold row views of the stack `group` decodes over (shared_input.py): the same values."""
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.scale32, self.shared_input = scale32, group

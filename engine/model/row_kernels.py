@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -46,9 +46,6 @@ from torch import nn
 from ..device.process_memory import private_bytes
 from . import packed_linear
 from .prompt_rows import PROMPT_ROWS
-
-if TYPE_CHECKING:
-    from .shared_input import SharedInput
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +254,13 @@ def _call(fn, *args) -> None:
         fn(*args)
 
 
+class SharedRows(Protocol):
+    """The group a linear decodes in with its siblings (shared_input.SharedInput): its products
+    of the decoded rows `x` (fp32), or None when it computes them alone."""
+
+    def rows(self, member: nn.Module, x: torch.Tensor) -> torch.Tensor | None: ...
+
+
 def rows_served(x: torch.Tensor) -> bool:
     """Whether these flattened rows are decoded ones (fewer than PROMPT_ROWS) on the CPU."""
     return len(x) < PROMPT_ROWS and x.device.type == "cpu"
@@ -273,7 +277,7 @@ class RowLinear(nn.Module):
         self.weight, self.bias = weight, bias
         self.kernels = kernels  # numba_rows
         self._args: tuple = (None, None, None)  # (the weight's address, kernel, its numpy view), made on first use
-        self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
+        self.shared_input: SharedRows | None = None  # set by join()
 
     @classmethod
     def of(cls, linear: nn.Linear, kernels: ModuleType) -> RowLinear:
@@ -288,7 +292,7 @@ class RowLinear(nn.Module):
             self._args = (w.data_ptr(), kernel(self.kernels, name, w.numel() * w.element_size()), bits)
         return self._args[1], self._args[2]
 
-    def join(self, group: SharedInput, weight: torch.Tensor) -> None:
+    def join(self, group: SharedRows, weight: torch.Tensor) -> None:
         """Hold a row view of the stack `group` decodes over (shared_input.py): the same values."""
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.shared_input = group
@@ -494,7 +498,7 @@ class Int4Linear(nn.Module):
         self.bias = bias
         self.kernels = kernels  # numba_rows
         self.path = weights.path
-        self.shared_input: SharedInput | None = None  # set by shared_input.share_inputs
+        self.shared_input: SharedRows | None = None  # set by join()
 
     nibbles: torch.Tensor
     scales: torch.Tensor
@@ -503,7 +507,7 @@ class Int4Linear(nn.Module):
     def weights(self) -> Int4Weights:
         return Int4Weights(self.nibbles, self.scales, self.in_features, self.out_features, self.path)
 
-    def join(self, group: SharedInput, nibbles: torch.Tensor, scales: torch.Tensor) -> None:
+    def join(self, group: SharedRows, nibbles: torch.Tensor, scales: torch.Tensor) -> None:
         """Hold row views of the stack `group` decodes over (shared_input.py; row-by-row layouts
         only): the same values."""
         self.nibbles, self.scales, self.shared_input = nibbles, scales, group

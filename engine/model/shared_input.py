@@ -62,7 +62,7 @@ class SharedInput:
         self._left: set[int] = set()
         self._outs: list[torch.Tensor] = []
 
-    def rows(self, member: Member, x: torch.Tensor) -> torch.Tensor | None:
+    def rows(self, member: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """`member`'s products (fp32, rows x its outputs) of the decoded rows `x`, or None: the
         member computes them alone."""
         if not self.on:

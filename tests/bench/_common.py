@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +43,12 @@ def precision(quick: bool) -> dict[str, str]:
 
 
 def workdir(name: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"parley-bench-{name}-"))
+    """A scratch folder for this run, removed when the benchmark exits (its end, an error, a
+    SIGTERM that unwinds; a SIGKILL leaves it). Left behind they filled a CI machine's disk: one
+    full-size pass over every benchmark wrote 20 GB into the temporary folder."""
+    d = Path(tempfile.mkdtemp(prefix=f"parley-bench-{name}-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return d
 
 
 def parse_args(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespace:

@@ -107,8 +107,11 @@ def _run(cmd: list[str], log: Path, **kw) -> None:
             raise
         done = subprocess.CompletedProcess(cmd, proc.returncode)
     if done.returncode != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-        raise Unavailable(f"{Path(cmd[0]).name} failed (exit {done.returncode}; log {log}): {tail[0][:200]}")
+        # tqdm's bars are no reason; on a full disk the reason could not be written at all
+        said = [s for s in log.read_text(errors="replace").splitlines() if s.strip() and "%|" not in s]
+        free = shutil.disk_usage(log.parent).free
+        why = f"the disk is full ({free >> 20} MiB free)" if free < 256 << 20 else (said[-1:] or [""])[0][:200]
+        raise Unavailable(f"{Path(cmd[0]).name} failed (exit {done.returncode}; log {log}): {why}")
 
 
 @dataclass(frozen=True)

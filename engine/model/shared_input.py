@@ -105,10 +105,11 @@ def _int8_group(members: list[Int8Linear]) -> SharedInput:
         weight = torch.cat([m.weight.detach() for m in members])
         scale = torch.cat([m.scale32 for m in members if m.scale32 is not None])
     assert members[0].rows is not None  # _groupable checked it
-    fn = kernel(members[0].rows, "rows_int8", weight.numel())
-    w, s = weight.numpy(), scale.numpy()
+    kernels, w, s = members[0].rows, weight.numpy(), scale.numpy()
     # Int8Linear's rows: the input in its scales' dtype, then fp32
-    group = SharedInput(members, members[0].scale.dtype, lambda x, out: row_kernels._call(fn, x, w, s, out))
+    group = SharedInput(
+        members, members[0].scale.dtype, lambda x, out: row_kernels.int8_products(x, w, s, out, kernels)
+    )
     for m, (a, b) in zip(members, group.spans(), strict=True):
         m.join(group, weight[a:b], scale[a:b])
     return group

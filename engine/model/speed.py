@@ -24,10 +24,11 @@ from typing import Any
 from ..platform.files import atomic_write
 
 FILE = "speed.json"
-VERSION = 5  # of the measurement: a record of another version is measured again (2: int8 prompts through the
+VERSION = 6  # of the measurement: a record of another version is measured again (2: int8 prompts through the
 # int8 GEMM; 3: only where that GEMM is measured faster than the dense one, wall time, not CPU time, and
 # int8 in fp32 with its decoded rows in bf16 measured too; 4: numba's one-row kernels and int4; 5: those
-# kernels on TBB's threads, int8/bf16/fp16 rows in spans: faster, so the choices may differ)
+# kernels on TBB's threads, int8/bf16/fp16 rows in spans: faster, so the choices may differ; 6: int8's
+# decoded rows through the CPU's integer dot instructions)
 # the turn `auto` optimises for: a prompt of this many tokens, then this many decoded
 TURN_PROMPT, TURN_REPLY = 512, 128
 # language models smaller than this are not measured (calibrate.py says why): any format is fast

@@ -23,7 +23,9 @@ from engine.model.row_kernels import Int4Linear, Int4Weights, RowLinear
 ROOT = Path(__file__).resolve().parents[3]
 # int4 once per kernel path (int4_path() picks one per CPU); a path this CPU lacks is skipped
 INT4 = ("int4:generic", "int4:vnni512", "int4:vnni256", "int4:avx2")
-FORMATS = ("fp32", "bf16", "fp16", "int8", *INT4)
+# int8 the same way (int8_path(): fp32 activations or the int-dot paths on int8 blocks of them)
+INT8 = ("int8:fp32", "int8:vnni512", "int8:vnni256", "int8:avx2")
+FORMATS = ("fp32", "bf16", "fp16", *INT8, *INT4)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +35,17 @@ def kernels(tmp_path_factory):
     return k
 
 
+@pytest.fixture(autouse=True)
+def int8_path(request, monkeypatch):
+    """An int8 format's path for the whole test ("int8:avx2" runs the AVX2 path on this CPU)."""
+    fmt = request.node.callspec.params.get("fmt", "") if hasattr(request.node, "callspec") else ""
+    if fmt.startswith("int8:"):
+        monkeypatch.setattr(row_kernels, "int8_path", lambda: fmt.partition(":")[2])
+
+
 def _runs(fmt: str, kernels) -> None:
     path = fmt.partition(":")[2]
-    if path not in ("", "generic") and path not in kernels.q4_paths():
+    if path not in ("", "generic", "fp32") and path not in kernels.q4_paths():
         pytest.skip(f"this CPU has no {path} instructions")
 
 
@@ -66,7 +76,8 @@ def _module(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None, k) -> nn.
     if fmt in ("fp32", "bf16", "fp16"):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
         return RowLinear(frozen(weight.to(dtype)), b, k)
-    if fmt == "int8":
+    if fmt.startswith("int8"):
+        _runs(fmt, k)
         scale = weight.abs().amax(1) / 127
         q = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
         return Int8Linear(frozen(q), frozen(scale), b, None, k)
@@ -92,6 +103,8 @@ def _reference(fmt: str, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(m, RowLinear):
         y = x.double() @ m.weight.double().T
     elif isinstance(m, Int8Linear):
+        if row_kernels.int8_path() != "fp32" and m.in_features % 64 == 0:  # int8 blocks of activations
+            x = row_kernels.fake_quantized_activations(x.float())
         y = x.double() @ (m.weight.double() * m.scale.double()[:, None]).T
     else:
         assert isinstance(m, Int4Linear)
@@ -123,7 +136,8 @@ def test_each_kernel_computes_its_own_weights(fmt, rows, kernels):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("width", [200, 1100])  # not a multiple of 32; 1100: rows of several spans (SPAN_BYTES)
+# 200: not a multiple of 32; 1100: rows of several spans (SPAN_BYTES); 1536: int8's int-dot paths
+@pytest.mark.parametrize("width", [200, 1100, 1536])
 def test_a_decoded_row_is_the_same_alone_or_with_its_draft(fmt, width, kernels):
     g = torch.Generator().manual_seed(7)
     m = _module(fmt, torch.randn(96, width, generator=g), None, kernels)
@@ -155,7 +169,9 @@ def test_a_prompt_chunk_never_takes_a_row_kernel(fmt, kernels, monkeypatch):
         y = m(chunk)
     # the prompt path computes the same product (to its own rounding): int8's GEMM, where this CPU
     # takes it (int8_gemm_used: AVX512-VNNI ones), rounds each activation row to int8 as well
-    exact = dtype == torch.float32 and not (fmt == "int8" and int8_gemm_used())
+    exact = dtype == torch.float32 and not (
+        fmt.startswith("int8") and (int8_gemm_used() or row_kernels.int8_path() != "fp32")
+    )
     tol = 1e-5 if exact else 2e-2
     assert (y[:-1].double() - rows.double()).abs().max() <= tol * rows.double().abs().max()
 
@@ -377,7 +393,48 @@ def test_the_int4_path_follows_the_cpus_instructions(kernels):
     assert kernels.q4_paths(avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512vnni"}) == ["vnni512", "vnni256", "avx2"]
     assert kernels.q4_paths({"sse2", "avx"}) == [] and kernels.q4_paths({"neon"}) == []  # the generic kernel
     assert row_kernels.int4_path() == (kernels.q4_paths() or ["generic"])[0]
-    assert f"int4={row_kernels.int4_path()}" in row_kernels.layout()  # the KV namespace names it
+    assert row_kernels.int8_path() == (kernels.q4_paths() or ["fp32"])[0]
+    # the KV namespace names both
+    assert f"int4={row_kernels.int4_path()};int8={row_kernels.int8_path()}" in row_kernels.layout()
+
+
+@pytest.mark.parametrize("fmt", INT8)
+def test_every_int8_path_sums_the_same_integers(fmt, kernels):
+    """Whole-number weights and activations, each block holding a 127 activation (its scale 1) and
+    the extremes -128 and 127 among the weights: every product and sum is exact in fp32, so every
+    path equals float64 to the bit; a row alone, inside a draft, on one thread or several."""
+    g = torch.Generator().manual_seed(13)
+    n, k = 203, 1536  # 203: rows past the last group of four
+    w = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    w[:, 0], w[:, 1] = -128, 127
+    x = torch.randint(-127, 128, (PROMPT_ROWS - 1, k), generator=g).float()
+    x[:, 7::32] = 127
+    m = _module(fmt, torch.zeros(n, k), None, kernels)
+    m.weight.data, m.scale32 = w, torch.ones(n)
+    want = (x.double() @ w.double().T).float()
+    with torch.inference_mode():
+        assert torch.equal(m(x), want)
+        assert all(torch.equal(m(x[i : i + 1]), want[i : i + 1]) for i in range(len(x)))
+    out = np.empty((len(x), n), np.float32)
+    row_kernels.int8_products(x.numpy(), w.numpy(), np.ones(n, np.float32), out, kernels, serial=True)
+    assert np.array_equal(out, want.numpy())
+
+
+def test_the_int8_paths_agree_to_the_bit(kernels, monkeypatch):
+    """Each int32 lane holds the same exact four products on every path, turned into fp32 and added
+    in the same order: the 512- and 256-bit and AVX2 paths give the same bits on real values."""
+    paths = kernels.q4_paths()
+    if not paths:
+        pytest.skip("this CPU has no integer dot path")
+    g = torch.Generator().manual_seed(14)
+    w = torch.randint(-127, 128, (300, 1536), generator=g).to(torch.int8).numpy()
+    x, scale = torch.randn(3, 1536, generator=g).numpy(), (torch.rand(300, generator=g) / 127).numpy()
+    outs = {}
+    for path in paths:
+        monkeypatch.setattr(row_kernels, "int8_path", lambda path=path: path)
+        outs[path] = np.empty((3, 300), np.float32)
+        row_kernels.int8_products(x, w, scale, outs[path], kernels)
+    assert all(np.array_equal(outs[p], outs[paths[0]]) for p in paths)
 
 
 # numba compiling for another x86 CPU (its target machine; this CPU runs a subset of its code)
@@ -388,12 +445,15 @@ HASWELL = (
 X86_64 = "+64bit,+cmov,+cx8,+fxsr,+mmx,+sse,+sse2"
 
 
-@pytest.mark.parametrize(("cpu", "features", "path"), [("haswell", HASWELL, "avx2"), ("x86-64", X86_64, "generic")])
-def test_a_cpu_without_vnni_gets_its_own_int4_path_and_cache(tmp_path, cpu, features, path):
-    """An AVX2-only CPU runs the AVX2 path and one with neither the generic kernel (numba told to
-    compile for such a CPU); a VNNI kernel refuses to compile there (a TypingError, not LLVM's
-    abort); and this CPU, sharing the cache folder afterwards, is not served their code (numba's
-    cache is keyed on the CPU's name and features)."""
+@pytest.mark.parametrize(
+    ("cpu", "features", "path", "int8"), [("haswell", HASWELL, "avx2", "avx2"), ("x86-64", X86_64, "generic", "fp32")]
+)
+def test_a_cpu_without_vnni_gets_its_own_int4_path_and_cache(tmp_path, cpu, features, path, int8):
+    """An AVX2-only CPU runs the AVX2 paths (int4 and int8) and one with neither the generic int4
+    kernel and int8 with fp32 activations (numba told to compile for such a CPU); a VNNI kernel
+    refuses to compile there (a TypingError, not LLVM's abort); and this CPU, sharing the cache
+    folder afterwards, is not served their code (numba's cache is keyed on the CPU's name and
+    features)."""
     code = f"""
         import torch
         from engine.model import row_kernels
@@ -407,8 +467,15 @@ def test_a_cpu_without_vnni_gets_its_own_int4_path_and_cache(tmp_path, cpu, feat
             y = m(x)
         ref = row_kernels._int4_reference(x, m.weights)
         print("close", bool((y - ref).abs().max() <= 1e-5 * ref.abs().max()))
+        import numba, numpy as np
+        print("int8", row_kernels.int8_path())
+        w8, x8 = torch.randint(-127, 128, (96, 256), generator=g).to(torch.int8), torch.randn(3, 256, generator=g)
+        out = np.empty((3, 96), np.float32)
+        row_kernels.int8_products(x8.numpy(), w8.numpy(), np.ones(96, np.float32), out, k)
+        seen = row_kernels.fake_quantized_activations(x8) if row_kernels.int8_path() != "fp32" else x8
+        ref = (seen.double() @ w8.double().T).numpy()
+        print("close", bool(np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()))
         if row_kernels.int4_path() != "vnni512":
-            import numba, numpy as np
             q = row_kernels.Int4Weights.of(w, "avx2")
             try:
                 k.rows_q4_vnni512_serial(
@@ -421,11 +488,12 @@ def test_a_cpu_without_vnni_gets_its_own_int4_path_and_cache(tmp_path, cpu, feat
     """
     other = _run(code, {"NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features})
     assert other.returncode == 0, other.stderr
-    assert other.stdout.split() == ["path", path, "close", "True", "vnni512", "refused"]
+    assert other.stdout.split() == ["path", path, "close", "True", "int8", int8, "close", "True", "vnni512", "refused"]
     files = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*.nbc")}
     here = _run(code)
     assert here.returncode == 0, here.stderr
-    assert here.stdout.split()[:4] == ["path", row_kernels.int4_path(), "close", "True"]
+    want = ["path", row_kernels.int4_path(), "close", "True", "int8", row_kernels.int8_path(), "close", "True"]
+    assert here.stdout.split()[:8] == want
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*.nbc")}
     assert len(after) > len(files)  # compiled anew for this CPU, beside the other CPU's entries
 

@@ -239,17 +239,17 @@ def _warm_up(k: ModuleType) -> None:
         out = np.empty((2, 8), np.float32)
         _call(getattr(k, "rows_int8" + suffix), x, np.ones((8, 64), np.int8), np.full(8, 0.5, np.float32), out)
         checks.append((out, np.repeat(x.sum(1, keepdims=True) * 0.5, 8, 1)))
+        for path in paths:
+            q = Int4Weights.of(torch.from_numpy(w), path)
+            out = np.empty((2, 8), np.float32)
+            q.rows(torch.from_numpy(x), out, k, serial=bool(suffix))
+            checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
     w8 = np.clip(np.round(w * 40), -127, 127).astype(np.int8)
     seen = fake_quantized_activations(torch.from_numpy(x)).numpy() if int8_path() != "fp32" else x
     for serial in (False, True):
         out = np.empty((2, 8), np.float32)
         int8_products(x, w8, np.full(8, 0.5, np.float32), out, k, serial)
         checks.append((out, seen.astype(np.float64) @ w8.T * 0.5))
-        for path in paths:
-            q = Int4Weights.of(torch.from_numpy(w), path)
-            out = np.empty((2, 8), np.float32)
-            q.rows(torch.from_numpy(x), out, k, serial=bool(suffix))
-            checks.append((out, _int4_reference(torch.from_numpy(x), q).numpy()))
     for path in paths:
         q = Int4Weights.of(torch.from_numpy(w), path)
         prompt = Int4Linear(q, None, k)._prompt_product(torch.from_numpy(x), q)

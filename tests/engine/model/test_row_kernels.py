@@ -233,16 +233,22 @@ def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProces
 
 
 def test_the_compiled_kernels_are_cached_in_the_data_folder_and_read_back(tmp_path):
-    """The first process compiles into <data>/numba-cache; the next reads it and writes nothing."""
+    """The first process compiles into <data>/numba-cache every kernel this CPU runs, parallel and
+    serial (none is left to compile on a first decoded token); the next reads it and writes nothing."""
     code = f"""
         import logging, sys
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
         from engine.model import row_kernels
-        assert row_kernels.load({str(tmp_path)!r}) is not None
+        k = row_kernels.load({str(tmp_path)!r})
+        int4, int8 = row_kernels.int4_path(), row_kernels.int8_path()
+        runs = ["rows_f32", "rows_half", "rows_int8", "rows_int4" if int4 == "generic" else "rows_q4_" + int4]
+        runs += [] if int8 == "fp32" else ["rows_q8_" + int8]
+        print("not compiled:", [n + s for n in runs for s in ("", "_serial") if not getattr(k, n + s).signatures])
     """
     first = _run(code)
     assert first.returncode == 0, first.stderr
     assert "one-row kernels: numba" in first.stdout and str(tmp_path / "numba-cache") in first.stdout
+    assert "not compiled: []" in first.stdout.splitlines()
     files = {p: p.stat().st_mtime_ns for p in (tmp_path / "numba-cache").rglob("*") if p.is_file()}
     assert any(p.suffix == ".nbc" for p in files) and any(p.suffix == ".nbi" for p in files)
     second = _run(code)

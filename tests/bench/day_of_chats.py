@@ -61,7 +61,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -633,38 +632,35 @@ def main() -> None:
     model_dir, lm, mmproj = llama.picture_model(args.quick, "day")
     d = workdir("day-of-chats")
     size = tuple(int(x) for x in args.picture.split("x"))
-    try:
-        media = make_media(d, day, size, 2 if args.quick else 4, QUICK_PAGE_PT if args.quick else PAGE_PT)
-        from transformers import AutoTokenizer
+    media = make_media(d, day, size, 2 if args.quick else 4, QUICK_PAGE_PT if args.quick else PAGE_PT)
+    from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        n_turns = sum(isinstance(s, tuple) for s in day)
-        words = distinct_words(tok, n_turns * args.new, seed=44)
-        replies = [" ".join(words[i * args.new : (i + 1) * args.new]) for i in range(n_turns)]
-        runs = [parley_day(model_dir, day, media, replies, args.new, args.idle, args.quick, d)]
-        logs = d / "llama-logs"
-        n_chats = len({s[0] for s in day if isinstance(s, tuple)})
-        for name, tuned, extra in (
-            ("llama-server as shipped", False, []),
-            (
-                "llama-server tuned",
-                True,
-                [
-                    *("-np", str(n_chats), "-c", str(SLOT_TOKENS * n_chats)),
-                    *("--cache-reuse", str(CACHE_REUSE)),
-                ],
-            ),
-        ):
-            folder = logs / ("tuned" if tuned else "shipped")
-            folder.mkdir(parents=True)
-            if tuned:
-                extra = [*extra, "--slot-save-path", str(folder / "slots")]
-                (folder / "slots").mkdir()
-            runs.append(
-                llama_day(name, Server(llama, lm, mmproj, threads, extra, folder), tuned, day, media, replies, args.new)
-            )
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    n_turns = sum(isinstance(s, tuple) for s in day)
+    words = distinct_words(tok, n_turns * args.new, seed=44)
+    replies = [" ".join(words[i * args.new : (i + 1) * args.new]) for i in range(n_turns)]
+    runs = [parley_day(model_dir, day, media, replies, args.new, args.idle, args.quick, d)]
+    logs = d / "llama-logs"
+    n_chats = len({s[0] for s in day if isinstance(s, tuple)})
+    for name, tuned, extra in (
+        ("llama-server as shipped", False, []),
+        (
+            "llama-server tuned",
+            True,
+            [
+                *("-np", str(n_chats), "-c", str(SLOT_TOKENS * n_chats)),
+                *("--cache-reuse", str(CACHE_REUSE)),
+            ],
+        ),
+    ):
+        folder = logs / ("tuned" if tuned else "shipped")
+        folder.mkdir(parents=True)
+        if tuned:
+            extra = [*extra, "--slot-save-path", str(folder / "slots")]
+            (folder / "slots").mkdir()
+        runs.append(
+            llama_day(name, Server(llama, lm, mmproj, threads, extra, folder), tuned, day, media, replies, args.new)
+        )
     report(args, day, media, runs, threads, llama, time.perf_counter() - t_start)
 
 

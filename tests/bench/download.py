@@ -132,7 +132,6 @@ def main() -> int:
     client.close()
     hub.stop()
     mp.undo()
-    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

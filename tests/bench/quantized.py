@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shutil
 import statistics
 import time
 
@@ -168,10 +167,7 @@ def main() -> None:
     prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     others = args.formats.split(",") if args.formats else ["int8"] + (["4bit"] if args.device == "cuda" else [])
     formats = ["bf16"] + [f for f in others if f != "bf16"]
-    try:
-        runs = measure(folder, formats, prompt, args.device, args.quick)
-    finally:
-        shutil.rmtree(folder.parent, ignore_errors=True)  # 4.4 GB of random weights at the full shape
+    runs = measure(folder, formats, prompt, args.device, args.quick)  # its folder goes at exit (workdir)
     bf = runs["bf16"]
     shape = "quick: 2 text layers, 2 vision blocks" if args.quick else "28 text layers, 32 vision blocks"
     print(

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -640,7 +639,6 @@ def main() -> None:
             disk.free()
             unmount(disk)
     seconds = time.perf_counter() - t0
-    shutil.rmtree(work, ignore_errors=True)
     t = soak.t
     kills = ", ".join(f"{n} {k}" for k, n in sorted(t.kills.items())) or "none"
     print(

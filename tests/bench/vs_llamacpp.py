@@ -222,7 +222,6 @@ def main() -> None:
             mmproj = llama.convert(model_dir, "f16", gdir / "mmproj-f16.gguf", mmproj=True)
             pic = picture_ttft(llama, model_dir, bf16, mmproj, args.rounds, threads, size, d)
     finally:
-        shutil.rmtree(d, ignore_errors=True)
         if not args.keep_gguf:
             shutil.rmtree(gdir, ignore_errors=True)
 

@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 
 # named in the KV store namespace (layout()): change it when a kernel's arithmetic changes
 # (v2: an int4 prompt chunk's product runs in bf16 in a bf16 model, an fp32 one through oneDNN;
-# v3: int8, bf16 and fp16 rows sum in spans, numba_rows.SPAN_BYTES)
-LAYOUT = "numba-rows-v3"
+# v3: int8, bf16 and fp16 rows sum in spans, numba_rows.SPAN_BYTES; v4: fp32 rows in blocks of 16,
+# numba_rows._dot_row)
+LAYOUT = "numba-rows-v4"
 CACHE_FOLDER = "numba-cache"  # under the data folder
 
 # weights smaller than this go through the serial kernels on the calling thread: handing a call to
@@ -190,11 +191,23 @@ def int8_path() -> str:
     return str(_state["int8"])
 
 
+def bf16_path() -> str:
+    """How this process's bf16 weights take decoded rows: by the CPU's bf16 pair dot products
+    (numba_rows.BF16_PATHS: rows_bf16, the rows rounded to bf16 first) or "fp32" (rows_half: each
+    weight turned into fp32). Measured on a 2-core AMD EPYC (Zen 4), Qwen2-VL-2B's linears
+    streamed from memory: 71.6 GB/s against 56.5 (numbers in numba_rows)."""
+    if "bf16" not in _state:
+        from . import numba_rows
+
+        _state["bf16"] = (numba_rows.bf16_paths() or ["fp32"])[0]
+    return str(_state["bf16"])
+
+
 def layout() -> str:
-    """The kernels' arithmetic, for the KV store namespace: LAYOUT and the int4 and int8 paths."""
+    """The kernels' arithmetic, for the KV store namespace: LAYOUT and the int4, int8 and bf16 paths."""
     if "kernels" not in _state:
-        return f"{LAYOUT};int4=none;int8=none"
-    return f"{LAYOUT};int4={int4_path()};int8={int8_path()}"
+        return f"{LAYOUT};int4=none;int8=none;bf16=none"
+    return f"{LAYOUT};int4={int4_path()};int8={int8_path()};bf16={bf16_path()}"
 
 
 def memory_bytes() -> int:
@@ -210,14 +223,34 @@ def unavailable() -> str:
     return str(_state.get("why", ""))
 
 
-def kernel_weight(w: torch.Tensor) -> tuple[str, np.ndarray]:
-    """(kernel name, the weight as that kernel reads it) for a full-precision weight: fp32 as it
-    is, bf16 as its bits in int16, fp16 as its bits in uint16 (numba_rows._to_f32 tells the two
-    half-width formats apart by that type)."""
+class KernelWeight(NamedTuple):
+    """A full-precision weight as its one-row kernel reads it."""
+
+    name: str  # the kernel (numba_rows), parallel; kernel() picks the serial one for small weights
+    bits: np.ndarray  # fp32 as it is, bf16 as its bits in int16, fp16 as its bits in uint16
+    takes: torch.dtype  # the dtype of the rows of input the kernel multiplies (rows_input)
+
+
+def kernel_weight(w: torch.Tensor) -> KernelWeight:
+    """The kernel for a full-precision weight and the weight as it reads it: fp32 rows_f32; bf16
+    rows_bf16 on bf16 rows where the CPU has the instruction (bf16_path) and the width allows,
+    else rows_half, as fp16 (numba_rows._to_f32 tells the two half-width formats apart by type)."""
     if w.dtype == torch.float32:
-        return "rows_f32", w.numpy()
+        return KernelWeight("rows_f32", w.numpy(), torch.float32)
     bits = w.view(torch.int16).numpy()
-    return "rows_half", bits if w.dtype == torch.bfloat16 else bits.view(np.uint16)
+    if w.dtype != torch.bfloat16:
+        return KernelWeight("rows_half", bits.view(np.uint16), torch.float32)
+    from . import numba_rows
+
+    if bf16_path() != "fp32" and w.shape[1] % numba_rows.BF16_BLOCK == 0:
+        return KernelWeight("rows_bf16", bits, torch.bfloat16)
+    return KernelWeight("rows_half", bits, torch.float32)
+
+
+def rows_input(flat: torch.Tensor, takes: torch.dtype) -> np.ndarray:
+    """Decoded rows as a kernel taking `takes` reads them: fp32 values, or bf16 bits in int16."""
+    x = flat.detach().to(takes).contiguous()
+    return x.view(torch.int16).numpy() if takes == torch.bfloat16 else x.numpy()
 
 
 def _warm_up(k: ModuleType) -> None:
@@ -233,9 +266,14 @@ def _warm_up(k: ModuleType) -> None:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             weight = torch.from_numpy(w).to(dtype)
             out = np.empty((2, 8), np.float32)
-            name, bits = kernel_weight(weight)
-            _call(getattr(k, name + suffix), x, bits, out)
-            checks.append((out, x.astype(np.float64) @ weight.double().numpy().T))
+            name, bits, takes = kernel_weight(weight)
+            _call(getattr(k, name + suffix), rows_input(torch.from_numpy(x), takes), bits, out)
+            seen = torch.from_numpy(x).to(takes).double().numpy()
+            checks.append((out, seen @ weight.double().numpy().T))
+            if name == "rows_bf16":  # and rows_half for bf16 rows of other widths
+                out = np.empty((2, 8), np.float32)
+                _call(getattr(k, "rows_half" + suffix), x, bits, out)
+                checks.append((out, x.astype(np.float64) @ weight.double().numpy().T))
         out = np.empty((2, 8), np.float32)
         _call(getattr(k, "rows_int8" + suffix), x, np.ones((8, 64), np.int8), np.full(8, 0.5, np.float32), out)
         checks.append((out, np.repeat(x.sum(1, keepdims=True) * 0.5, 8, 1)))
@@ -299,7 +337,7 @@ class RowLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.weight, self.bias = weight, bias
         self.kernels = kernels  # numba_rows
-        self._args: tuple = (None, None, None)  # (the weight's address, kernel, its numpy view), made on first use
+        self._args: tuple = (None, None, None)  # (the weight's address, kernel, KernelWeight), made on first use
         self.shared_input: SharedRows | None = None  # set by join()
 
     @classmethod
@@ -307,12 +345,12 @@ class RowLinear(nn.Module):
         return cls(linear.weight, linear.bias, kernels)
 
     def _kernel_args(self) -> tuple:
-        """(kernel, weight as numpy) for the weight as it is now (own_weights may move it after
-        this module is made)."""
+        """(kernel, KernelWeight) for the weight as it is now (own_weights may move it after this
+        module is made)."""
         w = self.weight.detach()
         if self._args[0] != w.data_ptr():
-            name, bits = kernel_weight(w)
-            self._args = (w.data_ptr(), kernel(self.kernels, name, w.numel() * w.element_size()), bits)
+            found = kernel_weight(w)
+            self._args = (w.data_ptr(), kernel(self.kernels, found.name, w.numel() * w.element_size()), found)
         return self._args[1], self._args[2]
 
     def join(self, group: SharedRows, weight: torch.Tensor) -> None:
@@ -340,7 +378,7 @@ class RowLinear(nn.Module):
         if rows is None:
             out = np.empty((len(flat), self.out_features), np.float32)
             fn, w = self._kernel_args()
-            _call(fn, flat.detach().to(torch.float32).contiguous().numpy(), w, out)
+            _call(fn, rows_input(flat, w.takes), w.bits, out)
             rows = torch.from_numpy(out)
         y = rows.to(x.dtype)
         if self.bias is not None:

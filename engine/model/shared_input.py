@@ -28,7 +28,7 @@ from torch import nn
 
 from . import row_kernels
 from .int8_layers import Int8Linear
-from .row_kernels import Int4Linear, Int4Weights, RowLinear, kernel, kernel_weight
+from .row_kernels import Int4Linear, Int4Weights, RowLinear, kernel, kernel_weight, rows_input
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -45,15 +45,23 @@ def _held(m: Member) -> torch.Tensor:
 class SharedInput:
     """One kernel call over the stacked rows of `members` (Int8Linear with numba rows, RowLinear,
     or Int4Linear stored row by row), and the last input's products until each member has taken
-    its columns. `run(x, out)` is that call, on fp32 rows of input, into fp32 products."""
+    its columns. `run(x, out)` is that call, on rows of input rounded to `dtype` and handed over in
+    `takes` (row_kernels.rows_input), into fp32 products."""
 
-    def __init__(self, members: Sequence[Member], dtype: torch.dtype, run: Callable[[np.ndarray, np.ndarray], None]):
+    def __init__(
+        self,
+        members: Sequence[Member],
+        dtype: torch.dtype,
+        run: Callable[[np.ndarray, np.ndarray], None],
+        takes: torch.dtype = torch.float32,
+    ):
         self.members = list(members)
         self._index = {id(m): i for i, m in enumerate(members)}
         self._ends = [0]  # member i's columns (and rows of the stack): ends[i]:ends[i + 1]
         for m in members:
             self._ends.append(self._ends[-1] + m.out_features)
         self._dtype = dtype  # the input is rounded to it first, as each member alone does
+        self._takes = takes
         self._run = run
         self._pointers: list[int] | None = None  # where the members' rows were at the first call
         self.on = True
@@ -81,7 +89,7 @@ class SharedInput:
             self.on = False  # another input, another order, or weights moved since: alone from now on
             self._x, self._outs = None, []
             return None
-        flat = x.detach().reshape(-1, x.shape[-1]).to(self._dtype).to(torch.float32).contiguous().numpy()
+        flat = rows_input(x.detach().reshape(-1, x.shape[-1]).to(self._dtype), self._takes)
         products = np.empty((len(flat), self._ends[-1]), np.float32)
         self._run(flat, products)
         stacked = torch.from_numpy(products)
@@ -118,9 +126,10 @@ def _int8_group(members: list[Int8Linear]) -> SharedInput:
 def _full_group(members: list[RowLinear]) -> SharedInput:
     with torch.no_grad():
         weight = torch.cat([m.weight.detach() for m in members])
-    name, bits = kernel_weight(weight)
-    fn = kernel(members[0].kernels, name, weight.numel() * weight.element_size())
-    group = SharedInput(members, torch.float32, lambda x, out: row_kernels._call(fn, x, bits, out))
+    found = kernel_weight(weight)
+    fn = kernel(members[0].kernels, found.name, weight.numel() * weight.element_size())
+    run = lambda x, out: row_kernels._call(fn, x, found.bits, out)  # noqa: E731
+    group = SharedInput(members, found.takes, run, found.takes)
     for m, (a, b) in zip(members, group.spans(), strict=True):
         m.join(group, weight[a:b])
     return group

@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[3]
 INT4 = ("int4:generic", "int4:vnni512", "int4:vnni256", "int4:avx2")
 # int8 the same way (int8_path(): fp32 activations or the int-dot paths on int8 blocks of them)
 INT8 = ("int8:fp32", "int8:vnni512", "int8:vnni256", "int8:avx2")
-FORMATS = ("fp32", "bf16", "fp16", *INT8, *INT4)
+# bf16 too (bf16_path(): the weights turned into fp32, or the CPU's bf16 pair dot products)
+BF16 = ("bf16:fp32", "bf16:avx512bf16")
+FORMATS = ("fp32", *BF16, "fp16", *INT8, *INT4)
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +39,16 @@ def kernels(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def int8_path(request, monkeypatch):
-    """An int8 format's path for the whole test ("int8:avx2" runs the AVX2 path on this CPU)."""
+def format_path(request, monkeypatch):
+    """An int8 or bf16 format's path for the whole test ("int8:avx2" runs the AVX2 path on this CPU)."""
     fmt = request.node.callspec.params.get("fmt", "") if hasattr(request.node, "callspec") else ""
-    if fmt.startswith("int8:"):
-        monkeypatch.setattr(row_kernels, "int8_path", lambda: fmt.partition(":")[2])
+    if fmt.startswith(("int8:", "bf16:")):
+        monkeypatch.setattr(row_kernels, fmt.partition(":")[0] + "_path", lambda: fmt.partition(":")[2])
 
 
 def _runs(fmt: str, kernels) -> None:
     path = fmt.partition(":")[2]
-    if path not in ("", "generic", "fp32") and path not in kernels.q4_paths():
+    if path not in ("", "generic", "fp32") and path not in kernels.q4_paths() + kernels.bf16_paths():
         pytest.skip(f"this CPU has no {path} instructions")
 
 
@@ -74,8 +76,9 @@ def _q4_0_reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _module(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None, k) -> nn.Module:
     frozen = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
     b = None if bias is None else frozen(bias)
-    if fmt in ("fp32", "bf16", "fp16"):
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
+    if fmt.partition(":")[0] in ("fp32", "bf16", "fp16"):
+        _runs(fmt, k)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt.partition(":")[0]]
         return RowLinear(frozen(weight.to(dtype)), b, k)
     if fmt.startswith("int8"):
         _runs(fmt, k)
@@ -100,9 +103,9 @@ def _q4_values(q: Int4Weights) -> torch.Tensor:
 
 def _reference(fmt: str, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """float64 arithmetic on the module's own (rounded) weights; int4 on the int8 blocks of
-    activations its kernel sees."""
+    activations its kernel sees, bf16's dot path on the rows in bf16."""
     if isinstance(m, RowLinear):
-        y = x.double() @ m.weight.double().T
+        y = x.to(row_kernels.kernel_weight(m.weight.detach()).takes).double() @ m.weight.double().T
     elif isinstance(m, Int8Linear):
         if row_kernels.int8_path() != "fp32" and m.in_features % 64 == 0:  # int8 blocks of activations
             x = row_kernels.fake_quantized_activations(x.float())
@@ -154,7 +157,7 @@ def test_a_prompt_chunk_never_takes_a_row_kernel(fmt, kernels, monkeypatch):
     g = torch.Generator().manual_seed(3)
     weight = torch.randn(64, 128, generator=g)
     m = _module(fmt, weight, None, kernels)
-    dtype = getattr(m, "weight", torch.empty(0)).dtype if fmt in ("bf16", "fp16") else torch.float32
+    dtype = getattr(m, "weight", torch.empty(0)).dtype if fmt.startswith(("bf16", "fp16")) else torch.float32
     chunk = torch.randn(PROMPT_ROWS, 128, generator=g).to(dtype)
     with torch.inference_mode():
         rows = m(chunk[:-1])
@@ -242,6 +245,7 @@ def test_the_compiled_kernels_are_cached_in_the_data_folder_and_read_back(tmp_pa
         int4, int8 = row_kernels.int4_path(), row_kernels.int8_path()
         runs = ["rows_f32", "rows_half", "rows_int8", "rows_int4" if int4 == "generic" else "rows_q4_" + int4]
         runs += [] if int8 == "fp32" else ["rows_q8_" + int8]
+        runs += [] if row_kernels.bf16_path() == "fp32" else ["rows_bf16"]
         print("not compiled:", [n + s for n in runs for s in ("", "_serial") if not getattr(k, n + s).signatures])
     """
     first = _run(code)
@@ -399,6 +403,39 @@ def test_the_int4_path_follows_the_cpus_instructions(kernels):
     assert row_kernels.int8_path() == (kernels.q4_paths() or ["fp32"])[0]
     # the KV namespace names both
     assert f"int4={row_kernels.int4_path()};int8={row_kernels.int8_path()}" in row_kernels.layout()
+
+
+def test_the_bf16_path_follows_the_cpus_instructions(kernels):
+    assert kernels.bf16_paths({"avx", "avx2", "fma", "f16c", "avx512f", "avx512vnni"}) == []  # no bf16 units
+    assert kernels.bf16_paths({"avx2", "avx512f", "avx512bf16"}) == ["avx512bf16"]  # Zen 4, Cooper Lake on
+    assert row_kernels.bf16_path() == (kernels.bf16_paths() or ["fp32"])[0]
+    assert f"bf16={row_kernels.bf16_path()}" in row_kernels.layout()  # the KV namespace names it
+
+
+@pytest.mark.parametrize("fmt", BF16)
+def test_every_bf16_path_sums_the_same_exact_products(fmt, kernels):
+    """Weights and activations with few significant bits, so that every product and sum is exact
+    in fp32: both paths equal float64 to the bit, a row alone, inside a draft, on one thread or
+    several; rows of other dtypes are rounded to bf16 first on the dot path (as the model's are)."""
+    g = torch.Generator().manual_seed(17)
+    n, k = 203, 1536
+    w = torch.randint(-8, 9, (n, k), generator=g).to(torch.bfloat16)
+    x = torch.randint(-8, 9, (PROMPT_ROWS - 1, k), generator=g).to(torch.bfloat16)
+    m = _module(fmt, w.float(), None, kernels)
+    want = (x.double() @ w.double().T).float()
+    rounded = want.to(torch.bfloat16)  # a bf16 model's output
+    with torch.inference_mode():
+        assert torch.equal(m(x), rounded)
+        assert all(torch.equal(m(x[i : i + 1]), rounded[i : i + 1]) for i in range(len(x)))
+    found = row_kernels.kernel_weight(m.weight.detach())
+    out = np.empty((len(x), n), np.float32)
+    row_kernels._call(
+        row_kernels.kernel(kernels, found.name, 0, serial=True), row_kernels.rows_input(x, found.takes), found.bits, out
+    )
+    assert np.array_equal(out, want.numpy())
+    finer = x.float() * (1 + 2**-12)  # not bf16 values (but 0): the dot path rounds them back to x
+    with torch.inference_mode():
+        assert torch.equal(m(finer), want) == (fmt == "bf16:avx512bf16")
 
 
 @pytest.mark.parametrize("fmt", INT8)

@@ -138,7 +138,8 @@ def main() -> None:
     )
     print(
         f"memory speed (torch sum of {args.memory_mib} MiB): {mem:.2f} GB/s; threads {torch.get_num_threads()}; {flags};"  # noqa: E501
-        f" int4 kernel {row_kernels.int4_path()}, int8 kernel {row_kernels.int8_path()}"
+        f" int4 kernel {row_kernels.int4_path()}, int8 kernel {row_kernels.int8_path()},"
+        f" bf16 kernel {row_kernels.bf16_path()}"
     )
     for fmt, goal in GOALS.items():
         numba_speed = speeds[fmt, "numba"]

@@ -243,8 +243,8 @@ def test_the_compiled_kernels_are_cached_in_the_data_folder_and_read_back(tmp_pa
         from engine.model import row_kernels
         k = row_kernels.load({str(tmp_path)!r})
         int4, int8 = row_kernels.int4_path(), row_kernels.int8_path()
-        runs = ["rows_f32", "rows_half", "rows_int8", "rows_int4" if int4 == "generic" else "rows_q4_" + int4]
-        runs += [] if int8 == "fp32" else ["rows_q8_" + int8]
+        runs = ["rows_f32", "rows_half", "rows_int4" if int4 == "generic" else "rows_q4_" + int4]
+        runs += ["rows_int8" if int8 == "fp32" else "rows_q8_" + int8]
         runs += [] if row_kernels.bf16_path() == "fp32" else ["rows_bf16"]
         print("not compiled:", [n + s for n in runs for s in ("", "_serial") if not getattr(k, n + s).signatures])
     """

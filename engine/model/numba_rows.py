@@ -350,7 +350,7 @@ def dequantize_int4(q, d, first, out):
 # numba has no vector types, so a row's whole loop is one intrinsic that emits the LLVM IR; an
 # intrinsic refuses to compile (a TypingError, not LLVM's abort) on a CPU numba's target lacks.
 # Measured (2-core AMD EPYC znver4 with AVX512-VNNI, shared machine, one core, CPU time, best of
-# 25, 512 x 1536 weights in L2): 512 bits 48.3 G weights/s, AVX2 44.3 (four rows a dot, four
+# 25, 512 x 1536 weights in L2): 512 bits 48.3 G weights/s, AVX2 44.3 (in cache; four rows a dot then, four
 # pairs' scales converted at once; one row and scales one pair at a time: 36.0 and 35.2); the
 # generic rows_int4 on 8960 x 1536: 21.4 (10.5 by wall time on the same machine, busier).
 
@@ -525,13 +525,15 @@ def _pair(builder, path, module, fma, accs, nibbles, scales, xv, starts):
         builder.store(products, accs[h])
 
 
-ROWS = 4  # weight rows per dot: 4 ran 43.7 G weights/s a core against 36.0 for 1 (vnni512, before the quads)
-_vnni512, _vnni256, _avx2 = (_q4_dot(p, ROWS) for p in Q4_PATHS)
-_vnni512_1, _vnni256_1, _avx2_1 = (_q4_dot(p, 1) for p in Q4_PATHS)
+# One weight row per dot. Four rows a dot (sharing the activations' loads) ran faster in cache,
+# 43.7 G weights/s a core against 36.0 (vnni512), but streamed from memory they are four streams a
+# thread against one: Qwen2-VL-2B's seven linears in copies filling 1 GiB, one row, 2 threads
+# (2-core AMD EPYC VM, Zen 4, torch's sum 40.5-43.6 GB/s, 6 interleaved rounds) streamed 30.9-32.1
+# GB/s four rows a dot and 39.2-41.0 one, to the same bits.
+_vnni512, _vnni256, _avx2 = (_q4_dot(p, 1) for p in Q4_PATHS)
 
 # One kernel pair per path, written out (numba caches module-level functions, not closures); each
-# compiles on its first call only, so a CPU never compiles a path it lacks. Rows j.. of a chunk
-# ROWS at a time, the rest one by one: the same arithmetic per row either way.
+# compiles on its first call only, so a CPU never compiles a path it lacks.
 
 
 @parallel
@@ -540,78 +542,48 @@ def rows_q4_vnni512(xq, bias, xd, q, s, out):
     fp32 (m, pairs * 2) from quantize_q8_activations; q uint8 (n, pairs * 32), s int16 (n, pairs * 2)."""
     n = q.shape[0]
     for c in prange((n + CHUNK - 1) // CHUNK):
-        end = min(n, c * CHUNK + CHUNK)
-        for j in range(c * CHUNK, end, ROWS):
+        for j in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
             for r in range(xq.shape[0]):
-                if j + ROWS <= end:
-                    _vnni512(q, s, xq, bias, xd, out, j, r)
-                else:
-                    for jj in range(j, end):
-                        _vnni512_1(q, s, xq, bias, xd, out, jj, r)
+                _vnni512(q, s, xq, bias, xd, out, j, r)
 
 
 @serial
 def rows_q4_vnni512_serial(xq, bias, xd, q, s, out):
-    n = q.shape[0]
-    for j in range(0, n, ROWS):
+    for j in range(q.shape[0]):
         for r in range(xq.shape[0]):
-            if j + ROWS <= n:
-                _vnni512(q, s, xq, bias, xd, out, j, r)
-            else:
-                for jj in range(j, n):
-                    _vnni512_1(q, s, xq, bias, xd, out, jj, r)
+            _vnni512(q, s, xq, bias, xd, out, j, r)
 
 
 @parallel
 def rows_q4_vnni256(xq, bias, xd, q, s, out):
     n = q.shape[0]
     for c in prange((n + CHUNK - 1) // CHUNK):
-        end = min(n, c * CHUNK + CHUNK)
-        for j in range(c * CHUNK, end, ROWS):
+        for j in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
             for r in range(xq.shape[0]):
-                if j + ROWS <= end:
-                    _vnni256(q, s, xq, bias, xd, out, j, r)
-                else:
-                    for jj in range(j, end):
-                        _vnni256_1(q, s, xq, bias, xd, out, jj, r)
+                _vnni256(q, s, xq, bias, xd, out, j, r)
 
 
 @serial
 def rows_q4_vnni256_serial(xq, bias, xd, q, s, out):
-    n = q.shape[0]
-    for j in range(0, n, ROWS):
+    for j in range(q.shape[0]):
         for r in range(xq.shape[0]):
-            if j + ROWS <= n:
-                _vnni256(q, s, xq, bias, xd, out, j, r)
-            else:
-                for jj in range(j, n):
-                    _vnni256_1(q, s, xq, bias, xd, out, jj, r)
+            _vnni256(q, s, xq, bias, xd, out, j, r)
 
 
 @parallel
 def rows_q4_avx2(xq, bias, xd, q, s, out):
     n = q.shape[0]
     for c in prange((n + CHUNK - 1) // CHUNK):
-        end = min(n, c * CHUNK + CHUNK)
-        for j in range(c * CHUNK, end, ROWS):
+        for j in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
             for r in range(xq.shape[0]):
-                if j + ROWS <= end:
-                    _avx2(q, s, xq, bias, xd, out, j, r)
-                else:
-                    for jj in range(j, end):
-                        _avx2_1(q, s, xq, bias, xd, out, jj, r)
+                _avx2(q, s, xq, bias, xd, out, j, r)
 
 
 @serial
 def rows_q4_avx2_serial(xq, bias, xd, q, s, out):
-    n = q.shape[0]
-    for j in range(0, n, ROWS):
+    for j in range(q.shape[0]):
         for r in range(xq.shape[0]):
-            if j + ROWS <= n:
-                _avx2(q, s, xq, bias, xd, out, j, r)
-            else:
-                for jj in range(j, n):
-                    _avx2_1(q, s, xq, bias, xd, out, jj, r)
+            _avx2(q, s, xq, bias, xd, out, j, r)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)  # no fastmath: the same values as quantize_int4_activations
@@ -669,8 +641,8 @@ def dequantize_q4(q, s, first, out):
 # 62-67 G weights/s (vnni512), 58-59 compiled for haswell (avx2), where rows_int8 ran 21-29: it
 # turns each weight into fp32 first, 3 vector instructions per 16 weights. Streamed from memory on
 # 2 threads (memory 41-46 GB/s by torch's sum, medians of 15 interleaved): 44.2 vs 44.7 GB/s
-# (8960 x 1536), 45.2 vs 40.0 (1536 x 8960). One row at a time: four rows a dot (int4's way) were
-# faster in cache but streamed 38.5-40.7 GB/s, four streams a thread against one.
+# (8960 x 1536), 45.2 vs 40.0 (1536 x 8960). One row at a time: four rows a dot (int4's way until
+# it was measured the same way) were faster in cache but streamed 38.5-40.7 GB/s.
 
 Q8_PATHS = Q4_PATHS  # the same instructions, the same order
 Q8_AHEAD = 4096  # prefetch: the same bytes of the next row, and this much further

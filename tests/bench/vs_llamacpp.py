@@ -85,6 +85,20 @@ def parley_turn(engine, cid: str, text: str, new: int) -> tuple[float, float, in
     return s.prefill_tokens / s.prefill_s, (s.generated_tokens - 1) / s.decode_s, s.prompt_tokens
 
 
+def kernels_used(model) -> str:
+    """How Parley ran a format here (its calibration picks per CPU): the language model's dtype,
+    its linears' kinds (numba's one-row kernels or torch's), int8's prompt kernel."""
+    from collections import Counter
+
+    from engine.model import int8_layers, row_kernels
+
+    kinds = Counter(type(m).__name__ for m in model.get_decoder().modules() if "Linear" in type(m).__name__)
+    if "lm_head" in dict(model.named_children()):
+        kinds[type(model.lm_head).__name__ + " (head)"] += 1
+    int8 = f"; int8 prompts: {int8_layers.layout()}" if "Int8Linear" in kinds else ""
+    return f"computes in {model.dtype}; linears {dict(kinds)}; numba paths {row_kernels.layout()}{int8}"
+
+
 def measure_format(
     llama: LlamaCpp, model_dir, ggufs: dict, fmt: str, prompts: list[int], new: int, rounds: int, threads: int, d
 ) -> dict[int, tuple[Side, Side, int]]:
@@ -100,6 +114,7 @@ def measure_format(
             raise RuntimeError(f"asked Parley for {fmt}, it loaded {loaded}")
         processor = engine.loaded.processor
         parley_turn(engine, "warm-up", OPENING + " one two three", 4)  # one-time kernel set-up
+        print(f"  {fmt}: {kernels_used(engine.loaded.model)}", flush=True)
         for n in prompts:
             ours, theirs = Side(), Side()
             for r in range(rounds):

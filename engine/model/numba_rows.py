@@ -401,14 +401,11 @@ def _at(builder, index, n):
     return builder.mul(index, ir.Constant(index.type, n))
 
 
-def _q4_dot(path: str, rows: int):
-    """An intrinsic dot(q, s, xq, bias, xd, out, j, r): out[r, j + t] for t < `rows` = weight row
-    j + t of q (uint8 nibbles, n x pairs * 32) and s (fp16 scales' bits, n x pairs * 2) against
-    activation row r of xq (int8, m x pairs * 64), bias (int32, m x pairs * 16: lane 0 of each 8
-    is the block's -8 * sum(x)) and xd (fp32 scales, m x pairs * 2); all C-contiguous. Several
-    weight rows at once share the activations' loads and keep independent sums in flight; each
-    row's arithmetic is the same as alone. The kernels take one row a dot (faster streamed from
-    memory, measured below)."""
+def _q4_dot(path: str):
+    """An intrinsic dot(q, s, xq, bias, xd, out, j, r): out[r, j] = weight row j of q (uint8
+    nibbles, n x pairs * 32) and s (fp16 scales' bits, n x pairs * 2) against activation row r of
+    xq (int8, m x pairs * 64), bias (int32, m x pairs * 16: lane 0 of each 8 is the block's
+    -8 * sum(x)) and xd (fp32 scales, m x pairs * 2); all C-contiguous."""
 
     @intrinsic
     def dot(typingctx, q, s, xq, bias, xd, out, j, r):
@@ -430,14 +427,11 @@ def _q4_dot(path: str, rows: int):
             module = builder.module
             fma = _declare(module, f"llvm.fma.v{wide}f32", _vector(_F32, wide), [_vector(_F32, wide)] * 3)
             zero = ir.Constant(_vector(_F32, wide), [ir.Constant(_F32, 0.0)] * wide)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(16 // wide)] for _ in range(rows)]
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(16 // wide)]
             pairs = builder.udiv(width[0], ir.Constant(width[0].type, 32))
 
-            def scale_pointer(t, p):
-                return builder.gep(sp, [builder.add(builder.mul(ir.Constant(p.type, t), width[1]), _at(builder, p, 2))])
-
-            def step(p, scales_of):
-                """Pair p of every row; scales_of(t): row t's two block scales (weight's x activation's)."""
+            def step(p, pair_scales):
+                """Pair p; pair_scales: its two block scales (weight's x activation's)."""
                 xs, bs = builder.gep(xp, [_at(builder, p, 64)]), builder.gep(bp, [_at(builder, p, 16)])
                 if wide == 16:
                     xv = builder.bitcast(_load(builder, xs, _at(builder, p, 0), _I8, 64), _vector(_I32, 16))
@@ -445,15 +439,14 @@ def _q4_dot(path: str, rows: int):
                 else:
                     xv = [_load(builder, xs, ir.Constant(p.type, 32 * h), _I8, 32) for h in range(2)]
                     starts = [_load(builder, bs, ir.Constant(p.type, 8 * h), _I32, 8) for h in range(2)]
-                for t in range(rows):
-                    at = builder.add(builder.mul(ir.Constant(p.type, t), width[0]), _at(builder, p, 32))
-                    nibbles = _load(builder, builder.gep(qp, [at]), ir.Constant(p.type, 0), _I8, 32)
-                    _pair(builder, path, module, fma, accs[t], nibbles, scales_of(t), xv, starts)
+                nibbles = _load(builder, builder.gep(qp, [_at(builder, p, 32)]), ir.Constant(p.type, 0), _I8, 32)
+                _pair(builder, path, module, fma, accs, nibbles, pair_scales, xv, starts)
 
-            def scales(t, p, n):
-                """Row t's scales of n blocks from pair p on, times the activation's (exact fp16 to
-                fp32, one rounded product each: the same values however many come at once)."""
-                halves = _load(builder, scale_pointer(t, p), ir.Constant(p.type, 0), _I16, n)
+            def scales(p, n):
+                """The scales of n blocks from pair p on, times the activation's (exact fp16 to fp32,
+                one rounded product each: the same values however many come at once)."""
+                at = builder.gep(sp, [_at(builder, p, 2)])
+                halves = _load(builder, at, ir.Constant(p.type, 0), _I16, n)
                 halves = builder.fpext(builder.bitcast(halves, _vector(ir.HalfType(), n)), _vector(_F32, n))
                 return builder.fmul(halves, _load(builder, dp, _at(builder, p, 2), _F32, n))
 
@@ -461,33 +454,28 @@ def _q4_dot(path: str, rows: int):
             quads = builder.udiv(pairs, ir.Constant(pairs.type, 4))
             with cgutils.for_range(builder, quads) as loop:
                 first = _at(builder, loop.index, 4)
-                for t in range(rows):  # these 4 pairs' bytes AHEAD on (scales: an eighth as far)
-                    at = builder.add(builder.mul(ir.Constant(first.type, t), width[0]), _at(builder, first, 32))
-                    for extra in (AHEAD, AHEAD + 64):
-                        _prefetch_at(builder, builder.gep(qp, [builder.add(at, ir.Constant(at.type, extra))]))
-                    line = builder.gep(scale_pointer(t, first), [ir.Constant(first.type, AHEAD // 16)])
-                    _prefetch_at(builder, builder.bitcast(line, _I8.as_pointer()))
-                eight = [scales(t, first, 8) for t in range(rows)]
+                at = _at(builder, first, 32)  # these 4 pairs' bytes AHEAD on (scales: an eighth as far)
+                for extra in (AHEAD, AHEAD + 64):
+                    _prefetch_at(builder, builder.gep(qp, [builder.add(at, ir.Constant(at.type, extra))]))
+                line = builder.gep(sp, [builder.add(_at(builder, first, 2), ir.Constant(first.type, AHEAD // 16))])
+                _prefetch_at(builder, builder.bitcast(line, _I8.as_pointer()))
+                eight = scales(first, 8)
                 for u in range(4):
                     pick = _constant(_I32, [2 * u, 2 * u + 1])
-                    p = builder.add(first, ir.Constant(first.type, u))
-                    step(p, lambda t, pick=pick: builder.shuffle_vector(eight[t], eight[t], pick))
+                    step(builder.add(first, ir.Constant(first.type, u)), builder.shuffle_vector(eight, eight, pick))
             with cgutils.for_range(builder, builder.sub(pairs, _at(builder, quads, 4)), intp=pairs.type) as loop:
                 p = builder.add(_at(builder, quads, 4), loop.index)
-                step(p, lambda t, p=p: scales(t, p, 2))
-            for t in range(rows):
-                acc = builder.load(accs[t][0])
-                if len(accs[t]) == 2:  # the 512-bit path's first step below adds the same halves
-                    acc = builder.fadd(acc, builder.load(accs[t][1]))
-                n = wide
-                while n > 1:  # a fixed tree of additions
-                    n //= 2
-                    a = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n))))
-                    b = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n, 2 * n))))
-                    acc = builder.fadd(a, b)
-                builder.store(
-                    builder.extract_element(acc, ir.Constant(_I32, 0)), builder.gep(op, [ir.Constant(p.type, t)])
-                )
+                step(p, scales(p, 2))
+            acc = builder.load(accs[0])
+            if len(accs) == 2:  # the 512-bit path's first step below adds the same halves
+                acc = builder.fadd(acc, builder.load(accs[1]))
+            n = wide
+            while n > 1:  # a fixed tree of additions
+                n //= 2
+                a = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n))))
+                b = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n, 2 * n))))
+                acc = builder.fadd(a, b)
+            builder.store(builder.extract_element(acc, ir.Constant(_I32, 0)), op)
             return context.get_dummy_value()
 
         return signature, codegen
@@ -531,7 +519,7 @@ def _pair(builder, path, module, fma, accs, nibbles, scales, xv, starts):
 # thread against one: Qwen2-VL-2B's seven linears in copies filling 1 GiB, one row, 2 threads
 # (2-core AMD EPYC VM, Zen 4, torch's sum 40.5-43.6 GB/s, 6 interleaved rounds) streamed 30.9-32.1
 # GB/s four rows a dot and 39.2-41.0 one, to the same bits.
-_vnni512, _vnni256, _avx2 = (_q4_dot(p, 1) for p in Q4_PATHS)
+_vnni512, _vnni256, _avx2 = (_q4_dot(p) for p in Q4_PATHS)
 
 # One kernel pair per path, written out (numba caches module-level functions, not closures); each
 # compiles on its first call only, so a CPU never compiles a path it lacks.

@@ -20,7 +20,7 @@ import argparse
 import gc
 import json
 
-from _common import parse_args, ratio_line, workdir
+from _common import parse_args, precision, ratio_line, workdir
 
 from engine.device.heap_trim import return_freed_heap
 from engine.local.engine import Engine
@@ -60,6 +60,9 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the measured steps here")
     args = parse_args(ap, quick={"long_tokens": 512})
     reduce = QUICK if args.quick else {}
+    # --quick: both named (precision), so a CPU without bf16 units computes in fp32 and nothing
+    # calibrates; the full run keeps bf16 with the weight format the calibration picks
+    dtype = precision(True) if args.quick else {"dtype": "bfloat16"}
     model_dir = build_published(SHAPE, **reduce)
     d = workdir("ledger")
     pic = make_picture(d / "p.png", 1, size=(640, 480))
@@ -70,7 +73,7 @@ def main() -> None:
     from PIL import Image  # noqa: F401
 
     engine = Engine(
-        EngineSettings().with_changes({"dtype": "bfloat16", "elastic_idle_s": 86400.0, "spill_idle_s": 86400.0}),
+        EngineSettings().with_changes({**dtype, "elastic_idle_s": 86400.0, "spill_idle_s": 86400.0}),
         d / "data",
     ).start()
     steps = []

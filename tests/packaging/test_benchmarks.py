@@ -55,7 +55,10 @@ SKIPPED = re.compile(r"^skipped: .+$", re.MULTILINE)
 @pytest.fixture(scope="module")
 def quick_runs(request, tmp_path_factory):
     """The collected benchmarks' quick runs, two at a time in collection order (pytest's own order
-    for this module): the tests wait on them one by one."""
+    for this module): the tests wait on them one by one. Under pytest-xdist this module must stay
+    on one worker (`make test`'s `--dist loadfile`): each worker would start every quick run."""
+    if getattr(request.config.option, "dist", "no") not in ("no", "loadfile"):
+        pytest.fail("run the benchmarks' quick runs with --dist loadfile: each worker would start all of them")
     scripts = [item.callspec.params["script"] for item in request.session.items if item.originalname == _QUICK]
     runs = []
     for script in scripts:

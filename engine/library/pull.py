@@ -192,6 +192,9 @@ def _link(snapshot: Path, name: str, blob: Path) -> None:
         pointer.unlink()
     try:
         os.symlink(target, pointer)
+    except FileExistsError:  # another pull of the same repo linked it between the check and here
+        if not (pointer.is_symlink() and os.readlink(pointer) == target):
+            raise
     except OSError:  # Windows without symlink rights: huggingface_hub copies too
         shutil.copyfile(blob, pointer)
 

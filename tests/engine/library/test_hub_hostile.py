@@ -257,3 +257,25 @@ def test_a_password_in_the_hub_endpoint_is_never_shown(hub, monkeypatch):
     with pytest.raises(NetworkUnreachable) as exc:
         plan_pull(REPO)
     assert "s3cret-pw" not in str(exc.value) and "127.0.0.1" in str(exc.value)
+
+
+def test_a_link_another_pull_made_first_is_kept(tmp_path, monkeypatch):
+    """Two pulls of one repo link the same snapshot file: the one that finds the link made between
+    its check and its own symlink keeps it (seen in the two-pulls test above: it copied the blob
+    onto itself and failed the pull)."""
+    from engine.library import pull as pull_module
+
+    blob = tmp_path / "blobs" / "abc"
+    blob.parent.mkdir()
+    blob.write_bytes(b"weights")
+    snapshot = tmp_path / "snapshots" / "c0"
+    real_symlink = os.symlink
+
+    def other_pull_first(target, pointer):
+        real_symlink(target, pointer)  # the other pull, between this one's check and its symlink
+        real_symlink(target, pointer)
+
+    monkeypatch.setattr(pull_module.os, "symlink", other_pull_first)
+    pull_module._link(snapshot, "model.safetensors", blob)
+    assert (snapshot / "model.safetensors").is_symlink()
+    assert (snapshot / "model.safetensors").read_bytes() == b"weights"

@@ -397,6 +397,18 @@ def _load(builder, base, index, t, n):
     return builder.load(builder.bitcast(builder.gep(base, [index]), _vector(t, n).as_pointer()), align=1)
 
 
+def _lane_sum(builder, acc, lanes: int):
+    """The sum of a vector's `lanes` fp32 lanes by a fixed tree of additions (halves added until
+    one lane is left): the same order on every call, so a row's sum never depends on its company."""
+    n = lanes
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n))))
+        hi = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n, 2 * n))))
+        acc = builder.fadd(lo, hi)
+    return builder.extract_element(acc, ir.Constant(_I32, 0))
+
+
 def _at(builder, index, n):
     return builder.mul(index, ir.Constant(index.type, n))
 
@@ -469,13 +481,7 @@ def _q4_dot(path: str):
             acc = builder.load(accs[0])
             if len(accs) == 2:  # the 512-bit path's first step below adds the same halves
                 acc = builder.fadd(acc, builder.load(accs[1]))
-            n = wide
-            while n > 1:  # a fixed tree of additions
-                n //= 2
-                a = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n))))
-                b = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n, 2 * n))))
-                acc = builder.fadd(a, b)
-            builder.store(builder.extract_element(acc, ir.Constant(_I32, 0)), op)
+            builder.store(_lane_sum(builder, acc, wide), op)
             return context.get_dummy_value()
 
         return signature, codegen
@@ -683,15 +689,7 @@ def _q8_dot(path: str):
             acc = builder.load(accs[0])
             if halves == 2:  # the 512-bit path's first step below adds the same halves
                 acc = builder.fadd(acc, builder.load(accs[1]))
-            n = wide
-            while n > 1:  # a fixed tree of additions
-                n //= 2
-                a = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n))))
-                b = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n, 2 * n))))
-                acc = builder.fadd(a, b)
-            total = builder.fmul(
-                builder.extract_element(acc, ir.Constant(_I32, 0)), builder.load(builder.gep(parts[3].data, [row]))
-            )
+            total = builder.fmul(_lane_sum(builder, acc, wide), builder.load(builder.gep(parts[3].data, [row])))
             builder.store(total, builder.gep(parts[4].data, [builder.add(builder.mul(col, width[4]), row)]))
             return context.get_dummy_value()
 
@@ -877,13 +875,7 @@ def _dot_row(kind: str):
                 block(builder.add(_at(builder, quads, 4), loop.index), accs[0])
             a, b, c, d = (builder.load(acc) for acc in accs)
             acc = builder.fadd(builder.fadd(a, b), builder.fadd(c, d))
-            n = 16
-            while n > 1:  # a fixed tree of additions
-                n //= 2
-                lo = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n))))
-                hi = builder.shuffle_vector(acc, acc, _constant(_I32, list(range(n, 2 * n))))
-                acc = builder.fadd(lo, hi)
-            total = builder.extract_element(acc, ir.Constant(_I32, 0))
+            total = _lane_sum(builder, acc, 16)
             builder.store(total, builder.gep(parts[2].data, [builder.add(builder.mul(col, width[2]), row)]))
             return context.get_dummy_value()
 

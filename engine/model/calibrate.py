@@ -6,7 +6,8 @@ through the very modules the engine runs (nn.Linear, packed_linear.PackedLinear,
 int8_layers.Int8Linear) and timed for one row (a decoded token) and for PROMPT rows (a prompt chunk). One row is timed
 over enough copies of the layer to fill WORKING_SET bytes, so the weights stream from memory as
 a real model's do, not from the CPU's cache. Full-precision formats are timed plain and packed,
-int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units), and
+int8 with bf16 and with fp32 activations (which a CPU runs well depends on its bf16 units; bf16
+ones left untimed where their prompts alone would lose, _cannot_win), and
 each of them with its decoded rows through numba's kernels (row_kernels.py) where numba runs
 here; int4 only runs on those. The fastest of each format is kept, and the record says which
 (FormatSpeed.packed, .decode_dtype, .rows). A few seconds in all,
@@ -180,27 +181,30 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS, kernels=None)
                 runs.append((fmt, dtype, True, functools.partial(_float_layer, packed=True), None, False))
             if kernels is not None:
                 runs.append((fmt, dtype, False, rows, None, True))
-        elif fmt == "int8":
+        elif fmt == "int8":  # fp32 first: its turn time is what _cannot_win weighs bf16's against
             runs += [
-                ("int8", torch.bfloat16, False, _int8_layer, None, False),
                 ("int8", torch.float32, False, _int8_layer, None, False),
                 # fp32 prompts and bf16 decoded rows: both fast on a CPU without bf16 units
                 ("int8", torch.float32, False, _int8_layer, torch.bfloat16, False),
             ]
+            make8: Callable[..., Any] = functools.partial(_int8_row_layer, kernels=kernels)
             if kernels is not None:
-                make8: Callable[..., Any] = functools.partial(_int8_row_layer, kernels=kernels)
-                runs += [
-                    ("int8", torch.bfloat16, False, make8, None, True),
-                    ("int8", torch.float32, False, make8, None, True),
-                ]
+                runs.append(("int8", torch.float32, False, make8, None, True))
+            runs.append(("int8", torch.bfloat16, False, _int8_layer, None, False))
+            if kernels is not None:
+                runs.append(("int8", torch.bfloat16, False, make8, None, True))
         elif fmt == "int4" and kernels is not None:
             make4: Callable[..., Any] = functools.partial(_int4_layer, kernels=kernels)
             runs += [
-                ("int4", torch.bfloat16, False, make4, None, True),
                 ("int4", torch.float32, False, make4, None, True),
+                ("int4", torch.bfloat16, False, make4, None, True),
             ]
     candidates: list[FormatSpeed] = []
     for fmt, dtype, packed, make, decode_dtype, by_rows in runs:
+        why = _cannot_win(fmt, DTYPE_NAMES[dtype], candidates)
+        if why:
+            log.info("calibration %s (%s) not timed: %s", fmt, DTYPE_NAMES[dtype], why)
+            continue
         t0 = time.perf_counter()
         try:
             rows = make if decode_dtype is None else functools.partial(make, decode_dtype=decode_dtype)
@@ -230,6 +234,35 @@ def measure(shape: LayerShape, formats: tuple[str, ...] = FORMATS, kernels=None)
         )
         candidates.append(s)
     return _fastest(candidates)
+
+
+# How much faster than the full-precision model in the same dtype a quantized format's prompt
+# chunks are taken to be at most. Measured: int8 and int4 computing in bf16 prefilled at 0.89-0.96
+# of the bf16 model on a 2-core AMD EPYC without bf16 units (AVX2 only, Zen 3 class); the bound
+# leaves half again as much.
+PREFILL_BOUND = 1.5
+
+
+def _cannot_win(fmt: str, dtype: str, candidates: list[FormatSpeed]) -> str:
+    """Why a quantized format's candidate computing in `dtype` need not be timed, '' when it must:
+    even prefilling at PREFILL_BOUND times the full-precision model in that dtype and decoding in
+    no time at all, its turn would take longer than the format's fastest candidate timed so far.
+    Why: on a CPU without bf16 units a bf16 prompt pass takes 4-5 s of the calibration each (three
+    of them for int8 and int4: 14 of 30 s on that EPYC, at every first launch) and never wins."""
+    if fmt not in ("int8", "int4"):
+        return ""
+    dense = [c.prefill_tok_s for c in candidates if c.dtype == dtype and c.format in ("fp32", "bf16", "fp16")]
+    rivals = [c for c in candidates if c.format == fmt]
+    if not dense or not rivals:
+        return ""
+    best = min(rivals, key=lambda c: c.turn_s())
+    floor = speed.TURN_PROMPT / (PREFILL_BOUND * max(dense))
+    if floor <= best.turn_s():
+        return ""
+    return (
+        f"its prompts alone would take {floor:.2f} s of a turn (the {dtype} model prefilled "
+        f"{max(dense):.0f} tok/s), {fmt} in {best.dtype} took {best.turn_s():.2f} s in all"
+    )
 
 
 # Within this fraction of each other's turn time, a quantized format's candidates count as a tie.

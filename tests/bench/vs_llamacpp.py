@@ -23,7 +23,8 @@ when not met).
 llama.cpp is built once from the pinned `llama-cpp-python` sdist into ~/.cache/parley-bench
 (tests/bench/_llamacpp.py); where it cannot be built the benchmark prints one line and stops.
 `--quick`: 2 text layers and 3 vision blocks at the published widths, a 4096-token vocabulary,
-short prompts, bf16, int8 and int4 only.
+short prompts, int8, int4 and one full-precision format, also the picture turn's: bf16, or fp32 on
+a CPU without bf16 units (_common.precision: bf16 runs several times slower there).
 
     python tests/bench/vs_llamacpp.py [--formats bf16,int8] [--prompts 512,2048] [--new 128]
                                       [--rounds 3] [--threads 2] [--no-picture] [--quick]
@@ -39,7 +40,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from _common import parse_args, ratio_line, same_length_text, workdir
+from _common import parse_args, precision, ratio_line, same_length_text, workdir
 from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, PEER_QUICK, PEER_SHAPE, LlamaCpp, Unavailable, ensure
 
 SHAPE = PEER_SHAPE
@@ -135,16 +136,17 @@ def measure_format(
     return out
 
 
-def picture_ttft(llama: LlamaCpp, model_dir, gguf, mmproj, rounds: int, threads: int, size: tuple[int, int], d):
+def picture_ttft(
+    llama: LlamaCpp, model_dir, fmt: str, gguf, mmproj, rounds: int, threads: int, size: tuple[int, int], d
+):
     """(Parley's, llama-mtmd-cli's) seconds to the first token of a new-picture turn, per round;
-    a new picture every round (no cache can answer it), the encoder already loaded on both sides."""
+    a new picture every round (no cache can answer it), the encoder already loaded on both sides.
+    Parley in weights `fmt`, llama.cpp's language model `gguf` in the same bytes."""
     from engine.protocol.events import Message
     from tests.fixtures.pictures import make_picture, pics
     from tests.helpers.engine_helpers import ask, expect_done, open_engine
 
-    engine = open_engine(
-        model_dir, d / "data", weights="bf16", lookup_decoding=False, elastic=True, elastic_idle_s=86400
-    )
+    engine = open_engine(model_dir, d / "data", weights=fmt, lookup_decoding=False, elastic=True, elastic_idle_s=86400)
     ours, theirs = [], []
     try:
         warm = make_picture(d / "warm.png", 999, size=size)
@@ -195,7 +197,12 @@ def main() -> None:
     ap.add_argument("--picture", default="448x336", help="picture size of the time-to-first-token turn")
     ap.add_argument("--no-picture", action="store_true", help="skip the picture turn")
     ap.add_argument("--keep-gguf", action="store_true", help="keep the converted GGUF files (next to the model)")
-    args = parse_args(ap, {"formats": "bf16,int8,int4", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"})
+    full = precision(True)["weights"]  # in --quick: what this CPU runs fast
+    args = parse_args(
+        ap, {"formats": f"{full},int8,int4", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"}
+    )
+    pic_fmt = precision(args.quick)["weights"]
+    _, pic_type, _ = GGUF[pic_fmt]
     try:
         llama = ensure(
             build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1",
@@ -226,16 +233,16 @@ def main() -> None:
             source = llama.convert(model_dir, outtype, gdir / f"lm-{outtype}.gguf")
             ggufs[fmt] = llama.quantize(source, quant, gdir / f"lm-{name}.gguf") if quant else source
             results[fmt] = measure_format(llama, model_dir, ggufs, fmt, prompts, args.new, args.rounds, threads, d)
-            if not args.keep_gguf:  # GBs each at full size; bf16 stays for the picture turn
-                for f in {source, ggufs[fmt]} - {gdir / "lm-bf16.gguf"}:
+            if not args.keep_gguf:  # GBs each at full size; the picture turn's stays
+                for f in {source, ggufs[fmt]} - {gdir / f"lm-{pic_type}.gguf"}:
                     f.unlink(missing_ok=True)
         auto = auto_pick(model_dir, d / "data")
         pic = None
         if not args.no_picture:
             size = tuple(int(x) for x in args.picture.split("x"))
-            bf16 = ggufs.get("bf16") or llama.convert(model_dir, "bf16", gdir / "lm-bf16.gguf")
+            lm = ggufs.get(pic_fmt) or llama.convert(model_dir, pic_type, gdir / f"lm-{pic_type}.gguf")
             mmproj = llama.convert(model_dir, "f16", gdir / "mmproj-f16.gguf", mmproj=True)
-            pic = picture_ttft(llama, model_dir, bf16, mmproj, args.rounds, threads, size, d)
+            pic = picture_ttft(llama, model_dir, pic_fmt, lm, mmproj, args.rounds, threads, size, d)
     finally:
         if not args.keep_gguf:
             shutil.rmtree(gdir, ignore_errors=True)
@@ -323,7 +330,8 @@ def main() -> None:
         )
         print(
             ratio_line(
-                f"picture turn time to first token Parley / llama-mtmd-cli ({args.picture}, bf16 vs bf16 + f16 mmproj)",
+                f"picture turn time to first token Parley / llama-mtmd-cli "
+                f"({args.picture}, {pic_fmt} vs {pic_type} + f16 mmproj)",
                 paired(ours, theirs),
                 at_most=1.0,
             )

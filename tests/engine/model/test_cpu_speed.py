@@ -243,3 +243,34 @@ def test_a_quantized_format_in_a_near_tie_computes_in_the_dtype_that_prefilled_f
     slow16 = [fs("fp32", "float32", 6.0, 170.0), fs("bf16", "bfloat16", 5.0, 40.0)]
     tie32 = calibrate._fastest([*slow16, fs("int8", "bfloat16", 12.0, 60.0), fs("int8", "float32", 11.5, 58.0)])
     assert {s.format: s.dtype for s in tie32}["int8"] == "float32"
+
+
+def test_a_quantized_format_in_bf16_is_not_timed_where_its_prompts_alone_would_lose():
+    """On a CPU without bf16 units each bf16 prompt pass costs the first launch seconds and never
+    wins: a quantized format's bf16 candidate is skipped when even prefilling at PREFILL_BOUND
+    times the bf16 model and decoding in no time its turn is slower than one already timed; it is
+    timed wherever it could still win."""
+
+    def fs(fmt, dtype, decode, prefill):
+        return FormatSpeed(fmt, dtype, decode_tok_s=decode, prefill_tok_s=prefill, rows=True)
+
+    # the AVX2-only EPYC's calibration: bf16 prefilled 113 tok/s, int8 in fp32 took 1.71 s a turn
+    no_units = [fs("fp32", "float32", 63.5, 512.0), fs("bf16", "bfloat16", 102.3, 113.0)]
+    int8_fp32 = fs("int8", "float32", 189.5, 496.0)
+    assert calibrate._cannot_win("int8", "bfloat16", [*no_units, int8_fp32]).startswith("its prompts alone")
+    assert calibrate._cannot_win("int4", "bfloat16", [*no_units, int8_fp32]) == ""  # no int4 timed yet
+    # with bf16 units (the Zen 4: bf16 prefilled faster than fp32) every candidate is timed
+    units = [fs("fp32", "float32", 6.0, 170.0), fs("bf16", "bfloat16", 11.0, 340.0)]
+    assert calibrate._cannot_win("int8", "bfloat16", [*units, fs("int8", "float32", 12.0, 170.0)]) == ""
+    # nor is anything skipped before the dense model in that dtype was timed, or for full precision
+    assert calibrate._cannot_win("int8", "bfloat16", [no_units[0], int8_fp32]) == ""
+    assert calibrate._cannot_win("bf16", "bfloat16", [*no_units, int8_fp32]) == ""
+    # the bound itself: the floor is the prompt at PREFILL_BOUND × 113 tok/s; an fp32 turn just
+    # longer than it leaves bf16 a chance (timed), one just shorter does not (skipped)
+    floor = speed.TURN_PROMPT / (calibrate.PREFILL_BOUND * 113.0)
+    near = fs("int8", "float32", speed.TURN_REPLY / (floor * 0.5), speed.TURN_PROMPT / (floor * 0.5))
+    assert near.turn_s() == pytest.approx(floor)
+    slower = fs("int8", "float32", near.decode_tok_s * 0.99, near.prefill_tok_s * 0.99)
+    faster = fs("int8", "float32", near.decode_tok_s * 1.01, near.prefill_tok_s * 1.01)
+    assert calibrate._cannot_win("int8", "bfloat16", [*no_units, slower]) == ""
+    assert calibrate._cannot_win("int8", "bfloat16", [*no_units, faster]) != ""

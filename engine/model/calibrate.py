@@ -251,7 +251,11 @@ def _cannot_win(fmt: str, dtype: str, candidates: list[FormatSpeed]) -> str:
     of them for int8 and int4: 14 of 30 s on that EPYC, at every first launch) and never wins."""
     if fmt not in ("int8", "int4"):
         return ""
-    dense = [c.prefill_tok_s for c in candidates if c.dtype == dtype and c.format in ("fp32", "bf16", "fp16")]
+    # through torch's kernels, as the quantized formats' prompts in that dtype are (RowLinear's may
+    # compute a bf16 model's prompts in fp32: row_kernels.half_prompt_path)
+    dense = [
+        c.prefill_tok_s for c in candidates if c.dtype == dtype and c.format in ("fp32", "bf16", "fp16") and not c.rows
+    ]
     rivals = [c for c in candidates if c.format == fmt]
     if not dense or not rivals:
         return ""

@@ -62,6 +62,9 @@ class WeightPlan:
     packed: bool = False  # full precision on a CPU: linears prepacked for oneDNN (packed_linear.py)
     decode_dtype: torch.dtype | None = None  # int8 on a CPU: its decoded rows' dtype, where not `dtype`
     rows: bool = False  # on a CPU: decoded rows through numba's kernels (row_kernels.py); int4 always
+    # on a CPU, bf16/fp16 compute: the vision tower's products, and with `rows` the language model's
+    # prompt chunks, computed in fp32 (row_kernels.half_prompt_path: where this CPU runs that faster)
+    fp32_products: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -73,6 +76,8 @@ class WeightPlan:
         packed; quantized ones add the format and the library version, whose rounding the KV
         depends on."""
         rows = f";rows={row_kernels.layout()};numba={row_kernels.version()}" if self.rows else ""
+        if self.fp32_products:
+            rows += ";products=fp32"
         if not self.quantized:
             return (f"kernel={packed_linear.LAYOUT}" if self.packed else "").encode() + rows.encode()
         lib = LIBRARY[self.format]
@@ -191,7 +196,14 @@ def _plan(
     decode_dtype: torch.dtype | None = None,
 ) -> WeightPlan:
     rows = _rows(fmt, device, speeds)
-    return WeightPlan(fmt, dtype, note, _packed(fmt, device, speeds), None if rows else decode_dtype, rows)
+    fp32_products = (
+        device.type == "cpu"
+        and dtype in (torch.bfloat16, torch.float16)
+        and row_kernels.half_prompt_path(dtype) == "fp32"
+    )
+    return WeightPlan(
+        fmt, dtype, note, _packed(fmt, device, speeds), None if rows else decode_dtype, rows, fp32_products
+    )
 
 
 def _rates(s: FormatSpeed) -> str:
@@ -362,6 +374,8 @@ def finish_load(
     model.eval()
     if kernels is not None and not plan.quantized:
         row_kernels.use_rows(model, vision, kernels)
+    if plan.fp32_products:
+        row_kernels.use_fp32_products(model, vision)
     if plan.packed:  # before own_weights: packing reads the file mapping once, copying nothing twice
         packed_linear.pack_linears(model, FAMILIES[family].vision_modules)
     if device.type == "cpu" and (not plan.quantized or plan.format == "int4"):

@@ -251,20 +251,24 @@ def test_a_quantized_format_in_bf16_is_not_timed_where_its_prompts_alone_would_l
     times the bf16 model and decoding in no time its turn is slower than one already timed; it is
     timed wherever it could still win."""
 
-    def fs(fmt, dtype, decode, prefill):
-        return FormatSpeed(fmt, dtype, decode_tok_s=decode, prefill_tok_s=prefill, rows=True)
+    def fs(fmt, dtype, decode, prefill, rows=True):
+        return FormatSpeed(fmt, dtype, decode_tok_s=decode, prefill_tok_s=prefill, rows=rows)
 
     # the AVX2-only EPYC's calibration: bf16 prefilled 113 tok/s, int8 in fp32 took 1.71 s a turn
-    no_units = [fs("fp32", "float32", 63.5, 512.0), fs("bf16", "bfloat16", 102.3, 113.0)]
+    no_units = [fs("fp32", "float32", 63.5, 512.0), fs("bf16", "bfloat16", 95.4, 113.0, rows=False)]
     int8_fp32 = fs("int8", "float32", 189.5, 496.0)
     assert calibrate._cannot_win("int8", "bfloat16", [*no_units, int8_fp32]).startswith("its prompts alone")
     assert calibrate._cannot_win("int4", "bfloat16", [*no_units, int8_fp32]) == ""  # no int4 timed yet
     # with bf16 units (the Zen 4: bf16 prefilled faster than fp32) every candidate is timed
-    units = [fs("fp32", "float32", 6.0, 170.0), fs("bf16", "bfloat16", 11.0, 340.0)]
+    units = [fs("fp32", "float32", 6.0, 170.0), fs("bf16", "bfloat16", 11.0, 340.0, rows=False)]
     assert calibrate._cannot_win("int8", "bfloat16", [*units, fs("int8", "float32", 12.0, 170.0)]) == ""
     # nor is anything skipped before the dense model in that dtype was timed, or for full precision
     assert calibrate._cannot_win("int8", "bfloat16", [no_units[0], int8_fp32]) == ""
     assert calibrate._cannot_win("bf16", "bfloat16", [*no_units, int8_fp32]) == ""
+    # the bound is torch's bf16 prompt path, not the bf16 model's numba rows, whose prompts may
+    # run in fp32 (row_kernels.half_prompt_path) as int8's and int4's in bf16 do not
+    fast_rows = fs("bf16", "bfloat16", 102.3, 480.0)
+    assert calibrate._cannot_win("int8", "bfloat16", [*no_units, fast_rows, int8_fp32]) != ""
     # the bound itself: the floor is the prompt at PREFILL_BOUND × 113 tok/s; an fp32 turn just
     # longer than it leaves bf16 a chance (timed), one just shorter does not (skipped)
     floor = speed.TURN_PROMPT / (calibrate.PREFILL_BOUND * 113.0)

@@ -180,6 +180,82 @@ def test_a_prompt_chunk_never_takes_a_row_kernel(fmt, kernels, monkeypatch):
     assert (y[:-1].double() - rows.double()).abs().max() <= tol * rows.double().abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("path", ["fp32", "own"])
+def test_a_half_precision_prompt_chunk_computes_in_the_path_the_namespace_names(dtype, path, kernels, monkeypatch):
+    """A bf16/fp16 model's prompt chunk through RowLinear: in fp32 (the weights turned into fp32
+    a slice at a time, every sum rounded once) or through torch's own product, as
+    half_prompt_path says; the plan's fingerprint (the KV store namespace) names which."""
+    from engine.model.weights import plan_weights
+
+    monkeypatch.setitem(row_kernels._half_prompts, dtype, path)
+    monkeypatch.setattr(row_kernels, "HALF_PROMPT_SLICE_BYTES", 4 * 1100 * 40)  # 40 rows a slice: 8 slices
+    g = torch.Generator().manual_seed(5)
+    m = _module("fp16" if dtype == torch.float16 else "bf16", torch.randn(300, 1100, generator=g) * 0.05, None, kernels)
+    m.bias = nn.Parameter(torch.randn(300, generator=g).to(dtype), requires_grad=False)
+    chunk = torch.randn(2, PROMPT_ROWS, 1100, generator=g).to(dtype)
+    with torch.inference_mode():
+        y = m(chunk)
+    assert y.dtype == dtype and y.shape == (2, PROMPT_ROWS, 300)
+    exact = chunk.double() @ m.weight.double().T + m.bias.double()
+    if path == "fp32":  # within fp32's sums of 1100 terms of what rounding the exact value gives
+        assert (y.double() - exact.to(dtype).double()).abs().max() <= torch.finfo(dtype).eps * exact.abs().max()
+    else:
+        assert torch.equal(y, torch.nn.functional.linear(chunk, m.weight, m.bias))
+    # the plan follows the same answer, and its fingerprint (the KV store namespace) says it
+    plan = plan_weights(
+        Path("."), "qwen2_vl", torch.device("cpu"), "auto", "bf16" if dtype == torch.bfloat16 else "fp16", 0
+    )
+    assert plan.fp32_products == (path == "fp32")
+    assert plan.fingerprint_part().endswith(b";products=fp32") == (path == "fp32")
+    assert not plan_weights(Path("."), "qwen2_vl", torch.device("cpu"), "auto", "fp32", 0).fp32_products
+
+
+def test_the_half_precision_prompt_path_is_timed_once_per_process(monkeypatch):
+    monkeypatch.setattr(row_kernels, "_half_prompts", {})
+    timed = []
+    monkeypatch.setattr(row_kernels, "_fp32_faster", lambda dtype: timed.append(dtype) or True)
+    assert [row_kernels.half_prompt_path(torch.bfloat16) for _ in range(3)] == ["fp32"] * 3
+    assert timed == [torch.bfloat16]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["fp32", "own"])
+def test_a_bf16_vision_tower_on_either_path_answers_a_picture_as_a_fresh_prefill(
+    path, tiny_model, tmp_path, monkeypatch
+):
+    """A bf16 model's vision tower multiplies in fp32 where half_prompt_path says so (its linears
+    Fp32ProductLinear over the same parameters, nothing else swapped): a picture turn equals a
+    fresh full prefill's reply, before and after the encoder's weights were released and read
+    back, and the two paths never share a KV namespace."""
+    from engine.model.families import FAMILIES
+    from engine.protocol.events import Message
+    from tests.fixtures.pictures import make_picture, pics
+    from tests.helpers.engine_helpers import Reference, ask, expect_done, open_engine, wait_report
+
+    monkeypatch.setitem(row_kernels._half_prompts, torch.bfloat16, path)
+    model_dir = tiny_model("qwen2_vl")
+    ref = Reference(model_dir, dtype="bfloat16", weights="bf16")
+    vision = tuple(p + "." for p in FAMILIES["qwen2_vl"].vision_modules)
+    swapped = [n for n, m in ref.loaded.model.named_modules() if type(m) is row_kernels.Fp32ProductLinear]
+    plain = [n for n, m in ref.loaded.model.named_modules() if type(m) is nn.Linear and n.startswith(vision)]
+    assert all(n.startswith(vision) for n in swapped)
+    assert (bool(swapped), bool(plain)) == ((True, False) if path == "fp32" else (False, True))
+    engine = open_engine(model_dir, tmp_path / "d", dtype="bfloat16", weights="bf16", elastic_idle_s=3600)
+    try:
+        for i in (1, 2):  # the second after the encoder's weights were released and read back
+            convo = [Message("user", "What is this?", pics(make_picture(tmp_path / f"{i}.png", i, size=(96, 72))))]
+            done = expect_done(ask(engine, f"c{i}", convo, 6))
+            assert done.stats.pictures_encoded == 1 and done.token_ids == ref.reply_ids(convo, 6)
+            engine.unload_encoder()
+            wait_report(engine, lambda r: r.encoder_state == "unloaded")
+        assert done.stats.encoder_loads == 1
+    finally:
+        engine.shutdown()
+    monkeypatch.setitem(row_kernels._half_prompts, torch.bfloat16, "own" if path == "fp32" else "fp32")
+    assert Reference(model_dir, dtype="bfloat16", weights="bf16").loaded.fingerprint != ref.loaded.fingerprint
+
+
 @pytest.mark.parametrize("path", ["generic", "avx2"])  # the two layouts (every int-dot path shares the second)
 def test_int4_holds_q4_0s_bytes_and_rounding(path):
     g = torch.Generator().manual_seed(1)

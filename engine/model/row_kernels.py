@@ -330,7 +330,8 @@ def rows_served(x: torch.Tensor) -> bool:
 # next, since the choice is in the KV store namespace (a flip would strand spilled KV).
 HALF_PROMPT_MARGIN = 1.5
 HALF_PROMPT_SLICE_BYTES = 32 << 20  # fp32 weight rows held at once for such a chunk
-_half_prompts: dict[torch.dtype, str] = {}
+_half_prompts: dict[torch.dtype, str] = {}  # half_prompt_path's answers, under _half_prompts_lock
+_half_prompts_lock = threading.Lock()  # the engine thread (load, calibration) and the model's
 
 
 def half_prompt_path(dtype: torch.dtype) -> str:
@@ -341,9 +342,10 @@ def half_prompt_path(dtype: torch.dtype) -> str:
     must win by HALF_PROMPT_MARGIN. It serves the language model's prompt chunks (RowLinear) and
     the vision tower (Fp32ProductLinear), which in bf16 encoded a 448 x 336 picture 6.6x slower
     than in fp32 on that CPU, 1.4x with its linears through this path."""
-    if dtype not in _half_prompts:
-        _half_prompts[dtype] = "fp32" if _fp32_faster(dtype) else "own"
-    return _half_prompts[dtype]
+    with _half_prompts_lock:  # one timing per process: two answers would split the KV namespace
+        if dtype not in _half_prompts:
+            _half_prompts[dtype] = "fp32" if _fp32_faster(dtype) else "own"
+        return _half_prompts[dtype]
 
 
 PROMPT_TIMING_ROWS = 256

@@ -27,7 +27,7 @@ check: $(STAMP)
 # Two pytest workers (pytest-xdist), each given whole files so a module's fixtures run once: on a
 # 2-core AVX2-only AMD EPYC the suite took 19 min 04 s in one process and 12 min 02 s so (measured)
 test: check
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 # Every benchmark at full size (minutes each), stopping at the first that fails; then every goal
 # line again, together. `make bench BENCH_ARGS=--quick`: all of them small, in seconds each.

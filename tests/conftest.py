@@ -22,21 +22,6 @@ from tests.helpers.platform_sim import MISSING, from_environment  # noqa: E402
 SIMULATED_PLATFORM = from_environment()
 
 
-# Test files that take a worker for minutes, started first (longest first, the other worker fills
-# in around them). Collected in folder order, the benchmarks' quick runs (9 of the suite's 12
-# minutes on one of 2 workers, 2-core AVX2-only EPYC) started last, and the other worker sat idle
-# while they finished. Only the order changes, never what runs.
-FIRST = ("tests/packaging/test_benchmarks.py", "tests/packaging/test_train_shapes.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        path = item.path.relative_to(config.rootpath).as_posix()
-        return FIRST.index(path) if path in FIRST else len(FIRST)
-
-    items.sort(key=rank)  # stable: each file keeps its own tests' order
-
-
 def pytest_report_header(config):
     if SIMULATED_PLATFORM:
         return f"parley platform simulation: {SIMULATED_PLATFORM} (absent: {', '.join(MISSING[SIMULATED_PLATFORM])})"

@@ -329,7 +329,8 @@ def rows_served(x: torch.Tensor) -> bool:
 # AVX512-BF16). The margin keeps a CPU near a tie on torch's own path from one process to the
 # next, since the choice is in the KV store namespace (a flip would strand spilled KV).
 HALF_PROMPT_MARGIN = 1.5
-HALF_PROMPT_SLICE_BYTES = 32 << 20  # fp32 weight rows held at once for such a chunk
+# fp32 weight rows held at once for a prompt chunk: half_product_in_fp32's and int4's dequantized ones
+PROMPT_SLICE_BYTES = 32 << 20
 _half_prompts: dict[torch.dtype, str] = {}  # half_prompt_path's answers, under _half_prompts_lock
 _half_prompts_lock = threading.Lock()  # the engine thread (load, calibration) and the model's
 
@@ -337,7 +338,7 @@ _half_prompts_lock = threading.Lock()  # the engine thread (load, calibration) a
 def half_prompt_path(dtype: torch.dtype) -> str:
     """How this process multiplies a prompt chunk by bf16 or fp16 weights: "fp32" (the chunk and
     the weights a slice at a time turned into fp32, the products rounded back) or "own" (torch's
-    product in `dtype`). Timed once per process and dtype (0.3 s on the AVX2-only EPYC): a 2048 x
+    product in `dtype`). Timed once per process and dtype (0.4 s on the AVX2-only EPYC): a 2048 x
     1536 weight times PROMPT_TIMING_ROWS rows, best of three after a warm-up, where the fp32 path
     must win by HALF_PROMPT_MARGIN. It serves the language model's prompt chunks (RowLinear) and
     the vision tower (Fp32ProductLinear), which in bf16 encoded a 448 x 336 picture 6.6x slower
@@ -371,10 +372,10 @@ def _fp32_faster(dtype: torch.dtype) -> bool:
 
 def half_product_in_fp32(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """flat @ weight.T + bias for a bf16/fp16 prompt chunk, computed in fp32: the weight turned
-    into fp32 a slice of output rows at a time (HALF_PROMPT_SLICE_BYTES, so an output head never
+    into fp32 a slice of output rows at a time (PROMPT_SLICE_BYTES, so an output head never
     exists in fp32 whole), the sums rounded to flat's dtype once, with the bias added."""
     x = flat.float()
-    step = max(1, HALF_PROMPT_SLICE_BYTES // (4 * flat.shape[1]))
+    step = max(1, PROMPT_SLICE_BYTES // (4 * flat.shape[1]))
     out = flat.new_empty(len(flat), weight.shape[0])
     for a in range(0, weight.shape[0], step):
         b = min(weight.shape[0], a + step)
@@ -649,8 +650,6 @@ class Int4Linear(nn.Module):
     activations. Prompt chunks: the same activations (fake_quantized_activations) times W
     dequantized a slice of output rows at a time, by the dense GEMM in gemm_dtype."""
 
-    DEQUANTIZED_BYTES = 32 << 20  # fp32 weight rows held at once for a prompt chunk
-
     def __init__(self, weights: Int4Weights, bias: nn.Parameter | None, kernels: ModuleType):
         super().__init__()
         self.in_features, self.out_features = weights.in_features, weights.out_features
@@ -692,7 +691,7 @@ class Int4Linear(nn.Module):
 
     def _prompt_product(self, flat: torch.Tensor, w: Int4Weights) -> torch.Tensor:
         """The chunk's int8-per-block activations (as decoded rows see them) times the weights
-        turned back into fp32 by numba a few groups of rows at a time (DEQUANTIZED_BYTES), both in
+        turned back into fp32 by numba a few groups of rows at a time (PROMPT_SLICE_BYTES), both in
         the order the weights are stored (numba_rows.dequantize_int4, dequantize_q4), by the dense
         GEMM in the model's dtype (gemm_dtype)."""
         if w.path != "generic":
@@ -702,7 +701,7 @@ class Int4Linear(nn.Module):
         xq[:, : self.in_features] = fake_quantized_activations(flat)
         xq = xq.reshape(len(flat), w.blocks, 2, 16).permute(0, 2, 3, 1).reshape(len(flat), -1).contiguous()
         groups = len(w.nibbles)
-        step = max(1, self.DEQUANTIZED_BYTES // (4 * BLOCK * w.blocks * w.per))  # groups at a time
+        step = max(1, PROMPT_SLICE_BYTES // (4 * BLOCK * w.blocks * w.per))  # groups at a time
         out = torch.empty(len(flat), groups * w.per, dtype=torch.float32)
         buffer = np.empty((min(step, groups) * w.per, 2, 16, w.blocks), np.float32)
         nibbles, scales = w.nibbles.numpy(), w.scales.numpy()
@@ -718,7 +717,7 @@ class Int4Linear(nn.Module):
         xq = torch.zeros(len(flat), w.blocks * BLOCK, dtype=torch.float32)
         xq[:, : self.in_features] = fake_quantized_activations(flat.float())
         xq = xq.to(dtype)
-        step = max(1, self.DEQUANTIZED_BYTES // (4 * BLOCK * w.blocks))  # rows at a time
+        step = max(1, PROMPT_SLICE_BYTES // (4 * BLOCK * w.blocks))  # rows at a time
         out = torch.empty(len(flat), self.out_features, dtype=dtype)
         buffer = np.empty((min(step, self.out_features), w.blocks * BLOCK), np.float32)
         cast = torch.empty(buffer.shape, dtype=dtype) if dtype != torch.float32 else torch.from_numpy(buffer)

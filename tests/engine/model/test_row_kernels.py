@@ -189,7 +189,7 @@ def test_a_half_precision_prompt_chunk_computes_in_the_path_the_namespace_names(
     from engine.model.weights import plan_weights
 
     monkeypatch.setitem(row_kernels._half_prompts, dtype, path)
-    monkeypatch.setattr(row_kernels, "HALF_PROMPT_SLICE_BYTES", 4 * 1100 * 40)  # 40 rows a slice: 8 slices
+    monkeypatch.setattr(row_kernels, "PROMPT_SLICE_BYTES", 4 * 1100 * 40)  # 40 rows a slice: 8 slices
     g = torch.Generator().manual_seed(5)
     m = _module("fp16" if dtype == torch.float16 else "bf16", torch.randn(300, 1100, generator=g) * 0.05, None, kernels)
     m.bias = nn.Parameter(torch.randn(300, generator=g).to(dtype), requires_grad=False)

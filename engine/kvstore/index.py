@@ -93,7 +93,7 @@ class StoreIndex:
             self.max_bytes = int(max_bytes)
             self.min_free_bytes = int(min_free_bytes)
             evicted = 0
-            while not self._closed and self._manifest.totals()[1] > self.max_bytes and self._evict_one(set()):
+            while not self._closed and self._kept_bytes() > self.max_bytes and self._evict_one(set()):
                 evicted += 1
             return evicted
 
@@ -134,11 +134,13 @@ class StoreIndex:
             return self._manifest.totals() if not self._closed else (0, 0, 0)
 
     def counters(self) -> dict:
-        """A snapshot: spills, blocks_written, reused_blobs, ..., bytes_on_disk, blobs_on_disk."""
+        """A snapshot: spills, blocks_written, reused_blobs, ..., bytes_on_disk, blobs_on_disk, and
+        held_bytes: of bytes_on_disk, the blobs no session names that a read still holds."""
         with self._lock:
             n, total, sessions = self._manifest.totals() if not self._closed else (0, 0, 0)
             out = dict(self._counters)
-        out.update(bytes_on_disk=total, blobs_on_disk=n, sessions=sessions)
+            held = self._held_bytes() if not self._closed else 0
+        out.update(bytes_on_disk=total, blobs_on_disk=n, sessions=sessions, held_bytes=held)
         return out
 
     def session_ids(self) -> list[str]:
@@ -389,6 +391,16 @@ class StoreIndex:
         if any(not self._pinned(k) for k in self._held_back):
             self._collect_garbage()
 
+    def _held_bytes(self) -> int:
+        """Blobs no session names that a restore or spill in flight still holds: deleted when it ends."""
+        return sum(size for key, size in self._manifest.unreferenced() if self._pinned(key))
+
+    def _kept_bytes(self) -> int:
+        """What the store holds once the reads and spills in flight end: what the cap is kept on.
+        Counting the held-back blobs too evicted further sessions for bytes about to go anyway
+        (a chat read back ahead, evicted meanwhile, took the next least recently used with it)."""
+        return self._manifest.totals()[1] - self._held_bytes()
+
     def _evict_one(self, protect: set[str]) -> bool:
         """Drop the least recently used session that is neither protected nor being spilled."""
         for sid, _ in self._manifest.lru_sessions():
@@ -404,8 +416,7 @@ class StoreIndex:
         """Whole sessions, least recently used first, until under the cap (and above the floor)."""
         evicted = 0
         while True:
-            _, total, _ = self._manifest.totals()
-            if total <= self.max_bytes and (not floor or free_bytes(self.root) >= self.min_free_bytes):
+            if self._kept_bytes() <= self.max_bytes and (not floor or free_bytes(self.root) >= self.min_free_bytes):
                 return evicted
             if not self._evict_one(protect):
                 return evicted

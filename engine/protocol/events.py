@@ -152,6 +152,7 @@ class StoreCounters:
     bytes_on_disk: int = 0
     blobs_on_disk: int = 0
     sessions: int = 0
+    held_bytes: int = 0  # of bytes_on_disk: blobs no session names, deleted when the read holding them ends
     host_buffer_bytes: int = 0
 
 

@@ -323,3 +323,26 @@ def test_blobs_read_while_their_session_was_evicted_go_when_the_read_ends(tmp_pa
         stored = sorted(name.split(".")[0] for name in blob_files(tmp_path / "kv"))
         assert stored == sorted(map(bytes.hex, s.index.session("c").keys()))
         assert not s.verify()["refcount_errors"]
+
+
+def test_blobs_held_by_a_read_do_not_make_the_cap_evict_another_session(tmp_path):
+    """A session evicted while resume-ahead reads it keeps its blobs until the read ends; those
+    bytes are already on their way out, so eviction stops once the rest is within the cap rather
+    than taking the next least recently used session as well."""
+    toks = {s: tokens(48, seed=i) for i, s in enumerate("abc")}
+    kvs = {s: make_kv(48, seed=i) for i, s in enumerate("abc")}
+    with KVStore(str(tmp_path / "probe"), NS, block_tokens=16, min_free_bytes=0) as p:
+        one = p.spill("x", toks["a"], [], cache_of(kvs["a"])).bytes_written
+    with KVStore(str(tmp_path / "kv"), NS, block_tokens=16, min_free_bytes=0, max_bytes=one * 5 // 2) as s:
+        for sid in "ab":
+            assert s.spill(sid, toks[sid], [], cache_of(kvs[sid])).ok
+        reading = s.begin_session_restore("a")  # a, least recently used, read back ahead
+        assert reading is not None and not reading.step()
+        r = s.spill("c", toks["c"], [], cache_of(kvs["c"]))
+        assert r.ok and r.evicted_sessions == 1 and sorted(s.sessions()) == ["b", "c"]
+        held = s.counters
+        assert held["held_bytes"] == one and held["bytes_on_disk"] - held["held_bytes"] <= s.max_bytes
+        reading.run()
+        assert s.counters["held_bytes"] == 0 and s.counters["bytes_on_disk"] == 2 * one
+        assert_prefix(s.restore("b", toks["b"]), kvs["b"], 48)
+        assert not s.verify()["refcount_errors"]

@@ -28,7 +28,8 @@ Checked as it goes (each broken one is printed with its step):
   every kill;
 - after every start, no temp file and no file the sweeps should have removed (a KV blob the
   manifest does not name, a picture no message names);
-- the KV store within its quota (`--cap`) after every step;
+- the KV store within its quota (`--cap`) after every step (blobs a read in flight holds, deleted
+  when it ends, not counted);
 - a damaged blob is never used (the sampled replies stay exact; the store counts it bad);
 - nothing the app does fails outside a full-disk window (an unrecovered state otherwise).
 
@@ -369,9 +370,14 @@ class Soak:
             chat.length = len(path)
         store = state.get("store")
         if store is not None:
-            if store["bytes_on_disk"] > self.args.cap:
+            # blobs a read in flight holds (resume-ahead reading a chat evicted meanwhile) go when it
+            # ends (tests/engine/kvstore/test_kvstore.py): the cap is on what the store keeps
+            kept = store["bytes_on_disk"] - store["held_bytes"]
+            if kept > self.args.cap:
                 self.t.over_quota += 1
-                self.t.problem(step, f"store holds {store['bytes_on_disk']} bytes, cap {self.args.cap}")
+                self.t.problem(
+                    step, f"store keeps {kept} bytes ({store['bytes_on_disk']} on disk), cap {self.args.cap}"
+                )
             self.life_counters = store
             self.t.peak_bytes = max(self.t.peak_bytes, store["bytes_on_disk"])
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,21 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tests.helpers.platform_sim import MISSING, from_environment  # noqa: E402
 
 SIMULATED_PLATFORM = from_environment()
-
-# One numba cache for the whole run: the workers and every process a test starts (a benchmark's
-# quick run, `parley serve`, a platform simulation's suite). With a fresh data folder each process
-# compiled the same kernels again: 11.7 s, against 2.3 s read back (2-core AVX2-only EPYC). Set
-# before pytest-xdist starts its workers, which inherit it. The tests of the cache itself give
-# their processes a folder of their own (test_row_kernels._run, bench/row_kernels.py).
-_OWN_NUMBA_CACHE = None
-if "NUMBA_CACHE_DIR" not in os.environ:
-    _OWN_NUMBA_CACHE = Path(tempfile.mkdtemp(prefix="parley-tests-"))
-    os.environ["NUMBA_CACHE_DIR"] = str(_OWN_NUMBA_CACHE / "numba-cache")
-
-
-def pytest_unconfigure(config):
-    if _OWN_NUMBA_CACHE is not None:
-        shutil.rmtree(_OWN_NUMBA_CACHE, ignore_errors=True)
 
 
 def pytest_report_header(config):

@@ -301,9 +301,8 @@ def test_an_int4_prompt_chunk_of_a_bf16_model_multiplies_in_bf16(fmt, kernels):
 
 
 def _run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("NUMBA_CACHE_DIR", None)  # the data folder's cache, unless `env_extra` names one
-    env.update(env_extra or {})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    env.pop("NUMBA_CACHE_DIR", None)
     if "GOMP_SPINCOUNT" not in (env_extra or {}):
         env.pop("GOMP_SPINCOUNT", None)  # set in this process by importing the engine
     return subprocess.run(
@@ -355,6 +354,7 @@ def test_the_kernels_run_on_tbbs_threads_and_on_workqueues_without_it(kernels, t
     """With the tbb package numba's kernels run on TBB's threads; without it (its library is not
     on the loader's path) on numba's workqueue; the same sums either way. (The compiled kernels
     come from this process's cache folder: compiling afresh took 5-7 s a process.)"""
+    data = Path(os.environ["NUMBA_CACHE_DIR"]).parent  # set by the `kernels` fixture's load
     code = f"""
         import importlib.metadata
         if not {tbb}:  # the package absent
@@ -366,13 +366,13 @@ def test_the_kernels_run_on_tbbs_threads_and_on_workqueues_without_it(kernels, t
             importlib.metadata.files = no_tbb
         import numpy as np
         from engine.model import row_kernels
-        k = row_kernels.load(None)
+        k = row_kernels.load({str(data)!r})
         x, w = np.ones((1, 64), np.float32), np.full((4096, 64), 0.5, np.float32)
         out = np.empty((1, 4096), np.float32)
         row_kernels._call(k.rows_f32, x, w, out)
         print(row_kernels.threading_layer(), float(out.sum()))
     """
-    res = _run(code, {"NUMBA_CACHE_DIR": os.environ["NUMBA_CACHE_DIR"]})  # set by the `kernels` fixture's load
+    res = _run(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [layer, str(4096 * 32.0)]
 

@@ -392,11 +392,14 @@ class StoreIndex:
             self._collect_garbage()
 
     def _held_bytes(self) -> int:
-        """Blobs no session names that a restore or spill in flight still holds: deleted when it ends."""
-        return sum(size for key, size in self._manifest.unreferenced() if self._pinned(key))
+        """Blobs no session names that only a restore in flight holds: deleted when it ends (one a
+        spill in flight holds is named again when that spill installs)."""
+        return sum(
+            size for key, size in self._manifest.unreferenced() if self._read_pins[key] and not self._spill_pins[key]
+        )
 
     def _kept_bytes(self) -> int:
-        """What the store holds once the reads and spills in flight end: what the cap is kept on.
+        """What the store holds once the restores in flight end: what the cap is kept on.
         Counting the held-back blobs too evicted further sessions for bytes about to go anyway
         (a chat read back ahead, evicted meanwhile, took the next least recently used with it)."""
         return self._manifest.totals()[1] - self._held_bytes()

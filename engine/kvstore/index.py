@@ -394,6 +394,8 @@ class StoreIndex:
     def _held_bytes(self) -> int:
         """Blobs no session names that only a restore in flight holds: deleted when it ends (one a
         spill in flight holds is named again when that spill installs)."""
+        if not self._read_pins:  # most calls (every memory report): no restore in flight, no query
+            return 0
         return sum(
             size for key, size in self._manifest.unreferenced() if self._read_pins[key] and not self._spill_pins[key]
         )

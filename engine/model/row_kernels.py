@@ -332,7 +332,7 @@ HALF_PROMPT_MARGIN = 1.5
 # fp32 weight rows held at once for a prompt chunk: half_product_in_fp32's and int4's dequantized ones
 PROMPT_SLICE_BYTES = 32 << 20
 _half_prompts: dict[torch.dtype, str] = {}  # half_prompt_path's answers, under _half_prompts_lock
-_half_prompts_lock = threading.Lock()  # the engine thread (load, calibration) and the model's
+_half_prompts_lock = threading.Lock()  # the thread loading a model (its plan) and the one running it
 
 
 def half_prompt_path(dtype: torch.dtype) -> str:

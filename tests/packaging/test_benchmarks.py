@@ -61,15 +61,19 @@ def quick_runs(request, tmp_path_factory):
         pytest.fail("run the benchmarks' quick runs with --dist loadfile: each worker would start all of them")
     scripts = [item.callspec.params["script"] for item in request.session.items if item.originalname == _QUICK]
     runs = []
+    # the published shapes' model folders, built once for all the runs: six of them build the
+    # Qwen2-VL-2B quick shapes (two of them), about 9 s a build on one core of a 2-core AMD EPYC (AVX2 only)
+    shapes = tmp_path_factory.mktemp("shapes")
     for script in scripts:
         tmp = tmp_path_factory.mktemp(script.stem)
-        # the benchmark's scratch folders (models, stores) go under its own TMPDIR, which pytest
+        # the benchmark's other scratch folders (stores, data) go under its own TMPDIR, which pytest
         # cleans up; PARLEY_BENCH_NO_BUILD: vs_llamacpp uses a llama.cpp `make bench-tools` built
         # (.ci/run does), and skips with that line where none is built: a 20-minute compile has no
         # place in the suite
         env = dict(
             os.environ,
             TMPDIR=str(tmp),
+            PARLEY_SHAPES_DIR=str(shapes),
             QT_QPA_PLATFORM="offscreen",
             TOKENIZERS_PARALLELISM="false",
             HF_HUB_OFFLINE="1",

@@ -1,9 +1,10 @@
 """Parley against llama.cpp on this CPU, at equal bytes: prefill and decode tokens/s side by side.
 
 The same random-weight model for both: the language model of Qwen2-VL-2B-Instruct at its
-published shape (tests/fixtures/published_configs.py), converted to GGUF by llama.cpp's own
-`convert_hf_to_gguf.py` (f32 / bf16 / f16 / q8_0, and q4_0 through `llama-quantize`). Each pair
-of formats stores the weights in the same bytes per weight, give or take the scales:
+published shape (tests/fixtures/published_configs.py), converted to a bf16 GGUF (the checkpoint's
+own dtype) by llama.cpp's `convert_hf_to_gguf.py`, and from that to f32 / f16 / q8_0 / q4_0 by
+`llama-quantize`, as GGUF files are usually made. Each pair of formats stores the weights in the
+same bytes per weight, give or take the scales:
 
     Parley fp32 ~ f32, bf16 ~ bf16, fp16 ~ f16, int8 (per-row) ~ q8_0, int4 ~ q4_0 (the same
     blocks of 32 with an fp16 scale), 4bit (NF4, `--formats`) ~ q4_0
@@ -39,21 +40,18 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from _common import parse_args, precision, ratio_line, same_length_text, workdir
 from _llamacpp import LLAMA_CPP_PYTHON, NO_REPACK, PEER_QUICK, PEER_SHAPE, LlamaCpp, Unavailable, ensure
 
 SHAPE = PEER_SHAPE
 QUICK = PEER_QUICK
-# Parley's weights -> (llama.cpp's type, how it is made: converter outtype, or quantized from that)
-GGUF = {
-    "fp32": ("f32", "f32", None),
-    "bf16": ("bf16", "bf16", None),
-    "fp16": ("f16", "f16", None),
-    "int8": ("q8_0", "q8_0", None),
-    "int4": ("q4_0", "bf16", "q4_0"),
-    "4bit": ("q4_0", "bf16", "q4_0"),
-}
+# Parley's weights -> llama.cpp's type: the bf16 conversion itself, or `llama-quantize`d from it.
+# One conversion, not one a type: llama.cpp's Python converter took about 5 s a file at the quick
+# shape on the AVX2-only EPYC (the quantizer well under one), minutes at the full shape.
+GGUF = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "q8_0", "int4": "q4_0", "4bit": "q4_0"}
+SOURCE = "bf16"
 OPENING = "Please read these words:"
 QUESTION = "What is in this picture?"
 
@@ -202,7 +200,6 @@ def main() -> None:
         ap, {"formats": f"{full},int8,int4", "prompts": "64", "new": 16, "rounds": 2, "picture": "224x168"}
     )
     pic_fmt = precision(args.quick)["weights"]
-    _, pic_type, _ = GGUF[pic_fmt]
     try:
         llama = ensure(
             build=os.environ.get("PARLEY_BENCH_NO_BUILD") != "1",
@@ -228,19 +225,22 @@ def main() -> None:
     ggufs = {}
     results = {}
     try:
+        source = llama.convert(model_dir, SOURCE, gdir / f"lm-{SOURCE}.gguf")
+
+        def gguf(fmt: str) -> Path:
+            name = GGUF[fmt]
+            return source if name == SOURCE else llama.quantize(source, name, gdir / f"lm-{name}.gguf")
+
         for fmt in formats:
-            name, outtype, quant = GGUF[fmt]
-            source = llama.convert(model_dir, outtype, gdir / f"lm-{outtype}.gguf")
-            ggufs[fmt] = llama.quantize(source, quant, gdir / f"lm-{name}.gguf") if quant else source
+            ggufs[fmt] = gguf(fmt)
             results[fmt] = measure_format(llama, model_dir, ggufs, fmt, prompts, args.new, args.rounds, threads, d)
-            if not args.keep_gguf:  # GBs each at full size; the picture turn's stays
-                for f in {source, ggufs[fmt]} - {gdir / f"lm-{pic_type}.gguf"}:
-                    f.unlink(missing_ok=True)
+            if not args.keep_gguf and ggufs[fmt] not in (source, gdir / f"lm-{GGUF[pic_fmt]}.gguf"):
+                ggufs[fmt].unlink(missing_ok=True)  # GBs each at full size; the source and the picture turn's stay
         auto = auto_pick(model_dir, d / "data")
         pic = None
         if not args.no_picture:
             size = tuple(int(x) for x in args.picture.split("x"))
-            lm = ggufs.get(pic_fmt) or llama.convert(model_dir, pic_type, gdir / f"lm-{pic_type}.gguf")
+            lm = ggufs.get(pic_fmt) or gguf(pic_fmt)
             mmproj = llama.convert(model_dir, "f16", gdir / "mmproj-f16.gguf", mmproj=True)
             pic = picture_ttft(llama, model_dir, pic_fmt, lm, mmproj, args.rounds, threads, size, d)
     finally:
@@ -266,13 +266,13 @@ def main() -> None:
         for ours, theirs, length in by_len.values():
             pr, dr = paired(ours.prefill, theirs.prefill), paired(ours.decode, theirs.decode)
             print(
-                f"{fmt + ' vs ' + GGUF[fmt][0]:>20} {length:>6} | {statistics.median(ours.prefill):9.1f} / "
+                f"{fmt + ' vs ' + GGUF[fmt]:>20} {length:>6} | {statistics.median(ours.prefill):9.1f} / "
                 f"{statistics.median(theirs.prefill):9.1f} {pr:6.2f} | {statistics.median(ours.decode):8.2f} / "
                 f"{statistics.median(theirs.decode):8.2f} {dr:6.2f}"
             )
     for fmt, by_len in results.items():
         for ours, theirs, length in by_len.values():
-            label = f"{fmt} vs {GGUF[fmt][0]}, {length}-token prompt"
+            label = f"{fmt} vs {GGUF[fmt]}, {length}-token prompt"
             print(
                 ratio_line(
                     f"decode tok/s Parley / llama.cpp, {label}", paired(ours.decode, theirs.decode), at_least=1.0
@@ -331,7 +331,7 @@ def main() -> None:
         print(
             ratio_line(
                 f"picture turn time to first token Parley / llama-mtmd-cli "
-                f"({args.picture}, {pic_fmt} vs {pic_type} + f16 mmproj)",
+                f"({args.picture}, {pic_fmt} vs {GGUF[pic_fmt]} + f16 mmproj)",
                 paired(ours, theirs),
                 at_most=1.0,
             )

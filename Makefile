@@ -25,7 +25,7 @@ check: $(STAMP)
 	$(PY) -m mypy
 
 # Two pytest workers (pytest-xdist), each given whole files so a module's fixtures run once: on a
-# 2-core AVX2-only AMD EPYC the suite took 19 min 04 s in one process and 11 min 48 s to 13 min 11 s so
+# 2-core AVX2-only AMD EPYC the suite took 19 min 04 s in one process and 11 min 57 s to 12 min 46 s so
 # (measured, five fresh clones)
 test: check
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests

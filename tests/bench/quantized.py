@@ -160,7 +160,7 @@ def measure(folder, formats: list[str], prompt: torch.Tensor, device: str, quick
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 text layers, 2 vision blocks, vocabulary 4096")
+    ap.add_argument("--quick", action="store_true", help=f"2 text layers, 2 vision blocks, vocabulary {VOCAB[True]}")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--formats",
@@ -177,7 +177,7 @@ def main() -> None:
     bf = runs["bf16"]
     shape = "28 text layers, 32 vision blocks"
     if args.quick:
-        shape = "quick: 2 text layers, 2 vision blocks, vocabulary 4096"
+        shape = f"quick: 2 text layers, 2 vision blocks, vocabulary {VOCAB[True]}"
     print(
         f"Qwen2-VL-2B-Instruct shape ({shape}), random weights, device {args.device}, "
         f"CPU threads {torch.get_num_threads()}, setup+runs {time.perf_counter() - t0:.0f} s"

@@ -225,16 +225,16 @@ def main() -> None:
     ggufs = {}
     results = {}
     try:
+        lm_file = lambda fmt: gdir / f"lm-{GGUF[fmt]}.gguf"  # noqa: E731
         source = llama.convert(model_dir, SOURCE, gdir / f"lm-{SOURCE}.gguf")
 
         def gguf(fmt: str) -> Path:
-            name = GGUF[fmt]
-            return source if name == SOURCE else llama.quantize(source, name, gdir / f"lm-{name}.gguf")
+            return source if GGUF[fmt] == SOURCE else llama.quantize(source, GGUF[fmt], lm_file(fmt))
 
         for fmt in formats:
             ggufs[fmt] = gguf(fmt)
             results[fmt] = measure_format(llama, model_dir, ggufs, fmt, prompts, args.new, args.rounds, threads, d)
-            if not args.keep_gguf and ggufs[fmt] not in (source, gdir / f"lm-{GGUF[pic_fmt]}.gguf"):
+            if not args.keep_gguf and ggufs[fmt] not in (source, lm_file(pic_fmt)):
                 ggufs[fmt].unlink(missing_ok=True)  # GBs each at full size; the source and the picture turn's stay
         auto = auto_pick(model_dir, d / "data")
         pic = None

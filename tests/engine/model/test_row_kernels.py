@@ -597,6 +597,7 @@ def test_each_cpu_compiles_into_the_data_folder_once_and_gets_its_own_paths(tmp_
         return " ".join(lines[lines.index("not-compiled []") + 1 :]).split()
 
     entries = lambda: {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}  # noqa: E731
+    code_files = lambda files: sum(p.suffix == ".nbc" for p in files)  # noqa: E731  (.nbi: their index)
     files: dict = {}
     for cpu, features, path, int8 in [] if "NUMBA_CPU_NAME" in os.environ else OTHER_CPUS:
         other = _run(code, {"NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features})
@@ -604,7 +605,7 @@ def test_each_cpu_compiles_into_the_data_folder_once_and_gets_its_own_paths(tmp_
         want = ["path", path, "close", "True", "int8", int8, "close", "True", "vnni512", "refused"]
         assert after_load(other.stdout) == want, cpu
         before, files = files, entries()
-        assert sum(p.suffix == ".nbc" for p in files) > sum(p.suffix == ".nbc" for p in before), cpu
+        assert code_files(files) > code_files(before), cpu
     here = _run(code)
     assert here.returncode == 0, here.stderr
     assert "one-row kernels: numba" in here.stdout and str(cache) in here.stdout
@@ -612,7 +613,7 @@ def test_each_cpu_compiles_into_the_data_folder_once_and_gets_its_own_paths(tmp_
     assert after_load(here.stdout)[:8] == want
     compiled = entries()
     # compiled anew for this CPU, beside the other CPUs' entries: code (.nbc) and its index (.nbi)
-    assert sum(p.suffix == ".nbc" for p in compiled) > sum(p.suffix == ".nbc" for p in files)
+    assert code_files(compiled) > code_files(files)
     assert any(p.suffix == ".nbi" for p in compiled)
     again = _run(code)
     assert again.returncode == 0, again.stderr
